@@ -1,0 +1,1 @@
+"""The DAM sidecar: samplers (probe file, NVML, CPU) and the Prometheus exporter."""

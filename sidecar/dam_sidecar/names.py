@@ -1,0 +1,53 @@
+"""Metric names: the contract of DESIGN.md §4, in one place.
+
+The sidecar exports these, the operator and ``dam evaluate`` read them, the
+Grafana dashboard and the alert rules query them. Nothing else in the code
+base spells a ``dam_`` metric name by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- training loop (from the in-process probe) -----------------------------
+DATALOADER_WAIT_SECONDS_TOTAL: Final = "dam_dataloader_wait_seconds_total"
+STEP_SECONDS_TOTAL: Final = "dam_step_seconds_total"
+STEPS_TOTAL: Final = "dam_steps_total"
+PROBE_UP: Final = "dam_probe_up"
+BATCH_SIZE: Final = "dam_batch_size"
+MODEL_FLOPS_PER_STEP: Final = "dam_model_flops_per_step"
+
+# --- accelerator (NVML; GPM on Hopper and newer) ---------------------------
+GPU_UTILIZATION_RATIO: Final = "dam_gpu_utilization_ratio"
+GPU_MEMORY_BUSY_RATIO: Final = "dam_gpu_memory_busy_ratio"
+GPU_SM_ACTIVE_RATIO: Final = "dam_gpu_sm_active_ratio"
+GPU_SM_OCCUPANCY_RATIO: Final = "dam_gpu_sm_occupancy_ratio"
+GPU_TENSOR_ACTIVE_RATIO: Final = "dam_gpu_tensor_active_ratio"
+GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO: Final = "dam_gpu_dram_bandwidth_utilization_ratio"
+GPU_FP16_ACTIVE_RATIO: Final = "dam_gpu_fp16_active_ratio"
+GPU_FP32_ACTIVE_RATIO: Final = "dam_gpu_fp32_active_ratio"
+GPU_MEMORY_USED_BYTES: Final = "dam_gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL_BYTES: Final = "dam_gpu_memory_total_bytes"
+GPU_POWER_WATTS: Final = "dam_gpu_power_watts"
+GPU_SM_CLOCK_HERTZ: Final = "dam_gpu_sm_clock_hertz"
+GPU_TEMPERATURE_CELSIUS: Final = "dam_gpu_temperature_celsius"
+GPU_THROTTLE_REASON: Final = "dam_gpu_clock_throttle_reason"
+GPU_PCIE_TX_BYTES_PER_SECOND: Final = "dam_gpu_pcie_tx_bytes_per_second"
+GPU_PCIE_RX_BYTES_PER_SECOND: Final = "dam_gpu_pcie_rx_bytes_per_second"
+GPU_INFO: Final = "dam_gpu_info"
+NVML_UP: Final = "dam_nvml_up"
+GPU_ATTRIBUTION: Final = "dam_gpu_attribution"
+
+# --- host CPU ----------------------------------------------------------------
+PROCESS_CPU_SECONDS_TOTAL: Final = "dam_process_cpu_seconds_total"
+CONTAINER_CPU_THROTTLED_SECONDS_TOTAL: Final = "dam_container_cpu_throttled_seconds_total"
+CONTAINER_CPU_LIMIT_CORES: Final = "dam_container_cpu_limit_cores"
+NODE_CPU_UTILIZATION_RATIO: Final = "dam_node_cpu_utilization_ratio"
+
+# --- the sidecar itself ------------------------------------------------------
+SAMPLER_ERRORS_TOTAL: Final = "dam_sampler_errors_total"
+SNAPSHOT_TIMESTAMP_SECONDS: Final = "dam_snapshot_timestamp_seconds"
+
+# Label values that are bounded by construction.
+ROLE_MAIN: Final = "main"
+ROLE_WORKER: Final = "worker"
