@@ -1,0 +1,28 @@
+"""Names of the operator's own metrics (its ``/metrics``), in one place.
+
+The Grafana dashboard, the alert rules and the tests use these; the sidecar's
+names live in ``dam_sidecar.names``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# One series per profile; label values bounded (axis/regime are enums).
+PROFILE_VERDICT: Final = "dam_profile_verdict"  # {namespace, profile, axis, regime} = 1
+PROFILE_CONFIDENCE_RATIO: Final = "dam_profile_confidence_ratio"  # {namespace, profile}
+PROFILE_IRON_LAW_SECONDS: Final = "dam_profile_iron_law_seconds"  # {namespace, profile, term}
+PROFILE_DATA_WAIT_RATIO: Final = "dam_profile_data_wait_ratio"  # {namespace, profile}
+PROFILE_STEPS_PER_SECOND: Final = "dam_profile_steps_per_second"  # {namespace, profile}
+PROFILE_MFU_RATIO: Final = "dam_profile_mfu_ratio"  # {namespace, profile}
+PROFILE_PODS: Final = "dam_profile_pods"  # {namespace, profile, state=matched|instrumented|reporting}
+PROFILE_LAST_EVALUATION_TIMESTAMP_SECONDS: Final = "dam_profile_last_evaluation_timestamp_seconds"
+
+OPERATOR_EVALUATIONS_TOTAL: Final = "dam_operator_evaluations_total"
+OPERATOR_EVALUATION_ERRORS_TOTAL: Final = "dam_operator_evaluation_errors_total"  # {reason}
+OPERATOR_SCRAPE_DURATION_SECONDS: Final = "dam_operator_scrape_duration_seconds"  # histogram
+OPERATOR_WEBHOOK_REQUESTS_TOTAL: Final = "dam_operator_webhook_requests_total"  # {result}
+OPERATOR_PROFILES: Final = "dam_operator_profiles"
+
+IRON_LAW_TERMS: Final = ("data", "compute", "latency")
+POD_STATES: Final = ("matched", "instrumented", "reporting")

@@ -1,0 +1,20 @@
+"""Shared pytest configuration: GPU tests are skipped where no GPU is present."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+
+def _has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
