@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of PyTorch (lies on disk here; never a multi-GB CUDA wheel).
-	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION) numpy
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
