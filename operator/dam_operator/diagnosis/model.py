@@ -76,6 +76,9 @@ class Observation(_Wire):
 
     batch_size: Annotated[int, Field(ge=0, le=10**9)] | None = None
     flops_per_step: NonNeg | None = None
+    """Model FLOPs of one counted step (what one ``dam_steps_total`` increment computed)."""
+    bytes_per_step: NonNeg | None = None
+    """Device-memory bytes moved by one counted step, when a profiler measured it."""
     gpu_model: Annotated[str, Field(max_length=64)] | None = None
 
 
@@ -102,6 +105,12 @@ class Thresholds(_Wire):
     mfu_efficient: Ratio = 0.50
     main_cpu_saturated_cores: Annotated[float, Field(gt=0.0, le=4.0)] = 0.90
     cpu_throttled_suspect: Ratio = 0.10
+    tensor_active_low: Ratio = 0.20
+    """Tensor pipes busier than this count as "tensor cores in use" (compute-bound lever choice)."""
+    worker_cpu_saturated: Ratio = 0.90
+    """Loader workers using this share of the container's CPU limit (or more) saturate it."""
+    min_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 3
+    """Fewer steps than this in a window is too little evidence for a verdict."""
 
 
 class IronLaw(_Wire):

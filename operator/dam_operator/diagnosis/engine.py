@@ -1,0 +1,631 @@
+"""The D·A·M decision rules: one window of observations in, one verdict out.
+
+Pure and deterministic: no clock, no I/O. The rules follow DESIGN.md §1–2 and are
+spelled out, with their thresholds, in ``docs/method.md``. In short, in order:
+
+1. **Enough evidence?** Fewer than ``min_steps`` steps, or neither a data-wait ratio
+   nor a GPU signal nor the main process's CPU → ``unknown`` (``collect-more-evidence``,
+   ``missing`` names what is absent).
+2. **Input-bound** (Data): data wait above the screen *and* the accelerator idle
+   (utilization below the starved line). With no GPU counters at all (a CPU-only job,
+   or NVML unavailable) the data wait alone decides, at lower confidence. Loader wait
+   while the GPU stays busy is hidden by the asynchronous queue and does not count.
+   Boundary Machine, lever ``raise-cpu-limit``, when the container is CPU-throttled or
+   the training process saturates its CPU limit.
+3. **GPU fed** (utilization at or above the starved line):
+   DRAM bandwidth saturated (or arithmetic intensity below the ridge point when DRAM is
+   not measured) → ``memory-bound``; kernels resident but SMs mostly idle →
+   ``latency-bound`` (kernels too small to fill the GPU); otherwise → ``compute-bound``.
+4. **GPU starved without data wait** → ``latency-bound`` (launch / Python / host-sync
+   overhead), stronger when the main process saturates a core or the batch is 1.
+5. **CPU-only, no data wait** and the main process saturating a core → ``compute-bound``
+   on the CPU (Machine, lever ``move-to-accelerator``), except at batch size 1 with
+   under 1.5 cores busy (one saturated Python thread: overhead) → ``latency-bound``;
+   CPU-throttled → ``compute-bound`` with lever ``raise-cpu-limit``.
+
+Every absent corroborating signal lowers the confidence and is named in ``missing``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dam_operator.diagnosis import levers
+from dam_operator.diagnosis.gpus import resolve_hardware, ridge_point
+from dam_operator.diagnosis.model import (
+    Axis,
+    Bottleneck,
+    Hardware,
+    IronLaw,
+    Observation,
+    Regime,
+    Thresholds,
+    Verdict,
+    WindowMetrics,
+)
+
+_AXES: dict[Regime, tuple[Axis, Axis | None]] = {
+    Regime.INPUT_BOUND: (Axis.DATA, None),
+    Regime.MEMORY_BOUND: (Axis.DATA, Axis.MACHINE),
+    Regime.COMPUTE_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
+    Regime.LATENCY_BOUND: (Axis.ALGORITHM, Axis.MACHINE),
+    Regime.UNKNOWN: (Axis.UNKNOWN, None),
+}
+
+CPU_MULTI_THREAD_CORES = 1.5
+"""A CPU-only main process above this many cores is doing multi-threaded arithmetic, not Python overhead."""
+
+MIN_CONFIDENCE = 0.05
+MAX_CONFIDENCE = 0.99
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def _thr(x: float) -> str:
+    return f"{x:.0%}" if round(x * 100, 6) == round(x * 100) else f"{x:.1%}"
+
+
+@dataclass
+class _Finding:
+    regime: Regime
+    lever: str
+    confidence: float
+    boundary: Axis | None = None
+    boundary_set: bool = False
+    evidence: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    also: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Figures computed from an observation and the hardware, shared by the rules and the metrics."""
+
+    step_seconds: float | None
+    steps_per_second: float | None
+    gpu_signals: bool
+    cpu_only: bool
+    """No GPU counters at all (``gpu_count`` 0, or unknown and no GPU gauge present)."""
+    cpu_only_declared: bool
+    """``gpu_count`` is explicitly 0."""
+    mfu: float | None
+    arithmetic_intensity: float | None
+    ridge_point: float | None
+    iron_law: IronLaw | None
+
+
+def _positive(x: float | None) -> float | None:
+    return x if x is not None and x > 0 and math.isfinite(x) else None
+
+
+def derive(obs: Observation, hardware: Hardware | None) -> Derived:
+    sps = obs.steps_per_second
+    if sps is None and obs.steps is not None and _positive(obs.window_seconds):
+        sps = obs.steps / obs.window_seconds  # type: ignore[operator]
+    step = _positive(obs.mean_step_seconds)
+    if step is None and _positive(obs.steps) and _positive(obs.window_seconds):
+        step = obs.window_seconds / obs.steps  # type: ignore[operator]
+    if step is None and _positive(sps):
+        step = 1.0 / sps  # type: ignore[operator]
+
+    gpu_signals = any(
+        v is not None
+        for v in (
+            obs.gpu_utilization,
+            obs.sm_active,
+            obs.sm_occupancy,
+            obs.tensor_active,
+            obs.dram_bandwidth_utilization,
+            obs.gpu_memory_busy,
+        )
+    )
+    cpu_only_declared = obs.gpu_count == 0 and not gpu_signals
+    cpu_only = not gpu_signals and (obs.gpu_count is None or obs.gpu_count == 0)
+
+    peak = hardware.peak_flops if hardware else None
+    bw = hardware.memory_bandwidth_bytes_per_second if hardware else None
+    gpus = max(1, obs.gpu_count or 1)
+    mfu = None
+    if not cpu_only and obs.flops_per_step is not None and sps is not None and peak:
+        mfu = obs.flops_per_step * sps / (peak * gpus)
+
+    intensity = None
+    if _positive(obs.flops_per_step) and _positive(obs.bytes_per_step):
+        intensity = obs.flops_per_step / obs.bytes_per_step  # type: ignore[operator]
+    elif (
+        _positive(obs.flops_per_step)
+        and _positive(sps)
+        and bw
+        and _positive(obs.dram_bandwidth_utilization)
+        and not cpu_only
+    ):
+        achieved_flops = obs.flops_per_step * sps / gpus  # type: ignore[operator]
+        achieved_bytes = obs.dram_bandwidth_utilization * bw  # type: ignore[operator]
+        intensity = achieved_flops / achieved_bytes
+
+    iron = None
+    if step is not None:
+        data_s = step * obs.data_wait_ratio if obs.data_wait_ratio is not None else None
+        compute_s: float | None = None
+        if obs.gpu_utilization is not None:
+            compute_s = step * obs.gpu_utilization
+        elif mfu is not None:
+            compute_s = step * min(1.0, mfu)  # lower bound: the work at peak efficiency
+        latency_s = None
+        if data_s is not None and compute_s is not None:
+            latency_s = max(0.0, step - data_s - compute_s)
+        iron = IronLaw(
+            step_seconds=step, data_seconds=data_s, compute_seconds=compute_s, latency_seconds=latency_s
+        )
+
+    return Derived(
+        step_seconds=step,
+        steps_per_second=sps,
+        gpu_signals=gpu_signals,
+        cpu_only=cpu_only,
+        cpu_only_declared=cpu_only_declared,
+        mfu=mfu,
+        arithmetic_intensity=intensity,
+        ridge_point=ridge_point(hardware),
+        iron_law=iron,
+    )
+
+
+class _Rules:
+    def __init__(self, obs: Observation, t: Thresholds, hw: Hardware | None, d: Derived) -> None:
+        self.obs, self.t, self.hw, self.d = obs, t, hw, d
+
+    # --- sentences --------------------------------------------------------------
+    def wait_sentence(self) -> str:
+        w = self.obs.data_wait_ratio
+        assert w is not None
+        return f"data wait {_pct(w)} of step time (screen > {_thr(self.t.data_wait_suspect)})"
+
+    def util_sentence(self) -> str:
+        u = self.obs.gpu_utilization
+        assert u is not None
+        return (
+            f"GPU utilization {_pct(u)} (starved < {_thr(self.t.gpu_util_starved)}, "
+            f"busy > {_thr(self.t.gpu_util_busy)})"
+        )
+
+    def sm_sentence(self) -> str:
+        s = self.obs.sm_active
+        assert s is not None
+        return f"SM active {_pct(s)} (busy ≥ {_thr(self.t.sm_active_busy)})"
+
+    def dram_sentence(self) -> str:
+        x = self.obs.dram_bandwidth_utilization
+        assert x is not None
+        return f"DRAM bandwidth {_pct(x)} of peak (saturated ≥ {_thr(self.t.dram_bandwidth_saturated)})"
+
+    def tensor_sentence(self) -> str:
+        x = self.obs.tensor_active
+        assert x is not None
+        return f"tensor pipes active {_pct(x)} (low < {_thr(self.t.tensor_active_low)})"
+
+    def main_cpu_sentence(self) -> str:
+        c = self.obs.main_cpu_cores
+        assert c is not None
+        limit = self.t.main_cpu_saturated_cores
+        return f"main training process uses {c:.2f} CPU cores (saturated ≥ {limit:.2f})"
+
+    def throttle_sentence(self) -> str:
+        x = self.obs.cpu_throttled_ratio
+        assert x is not None
+        limit = _thr(self.t.cpu_throttled_suspect)
+        return f"container CPU-throttled {_pct(x)} of the window (suspect > {limit})"
+
+    # --- predicates -------------------------------------------------------------
+    def throttled(self) -> bool:
+        x = self.obs.cpu_throttled_ratio
+        return x is not None and x > self.t.cpu_throttled_suspect
+
+    def main_saturated(self) -> bool:
+        c = self.obs.main_cpu_cores
+        return c is not None and c >= self.t.main_cpu_saturated_cores
+
+    def cpu_limit_saturated(self) -> tuple[bool, str]:
+        o = self.obs
+        if not _positive(o.cpu_limit_cores):
+            return False, ""
+        used = (o.main_cpu_cores or 0.0) + (o.worker_cpu_cores or 0.0)
+        if o.main_cpu_cores is None and o.worker_cpu_cores is None:
+            return False, ""
+        share = used / o.cpu_limit_cores  # type: ignore[operator]
+        sentence = (
+            f"training process and loader workers use {used:.2f} of the {o.cpu_limit_cores:.2f}-core "
+            f"CPU limit ({_pct(share)}, saturated ≥ {_thr(self.t.worker_cpu_saturated)})"
+        )
+        return share >= self.t.worker_cpu_saturated, sentence
+
+    # --- rules ------------------------------------------------------------------
+    def insufficient(self) -> _Finding | None:
+        o, t = self.obs, self.t
+        if o.steps is not None and o.steps < t.min_steps:
+            return _Finding(
+                Regime.UNKNOWN,
+                "collect-more-evidence",
+                0.0,
+                evidence=[f"only {o.steps:.0f} steps in the window (need at least {t.min_steps})"],
+                missing=[f"steps (at least {t.min_steps} per window; a longer window or a running job)"],
+            )
+        if o.data_wait_ratio is None and not self.d.gpu_signals and o.main_cpu_cores is None:
+            return _Finding(
+                Regime.UNKNOWN,
+                "collect-more-evidence",
+                0.0,
+                evidence=["no data-wait ratio, no GPU counters and no CPU figures in the window"],
+                missing=["dataWaitRatio (instrument the training loop)", "gpuUtilization", "mainCpuCores"],
+            )
+        return None
+
+    def input_bound(self) -> _Finding | None:
+        o, t, d = self.obs, self.t, self.d
+        w = o.data_wait_ratio
+        if w is None or w <= t.data_wait_suspect:
+            return None
+        strong = w >= 2 * t.data_wait_suspect
+        ev = [self.wait_sentence()]
+        missing: list[str] = []
+        if o.gpu_utilization is not None:
+            if o.gpu_utilization >= t.gpu_util_starved:
+                return None  # the queue hides the wait; judged by the GPU rules
+            conf = 0.9 if strong else 0.75
+            ev.append(self.util_sentence() + ": the accelerator idles while the loop waits for data")
+        elif d.cpu_only:
+            conf = 0.7 if strong else 0.6
+            if not d.cpu_only_declared:
+                conf -= 0.05
+                missing.append("gpuUtilization (no GPU counters: judged from the data wait alone)")
+            ev.append("no GPU counters (CPU-only job): judged from the data wait alone")
+        else:
+            conf = 0.6 if strong else 0.5
+            missing.append("gpuUtilization (GPU present but not measured)")
+            ev.append("GPU utilization not measured: judged from the data wait alone")
+
+        finding = _Finding(
+            Regime.INPUT_BOUND, "increase-dataloader-workers", conf, evidence=ev, missing=missing
+        )
+        limit_saturated, limit_sentence = self.cpu_limit_saturated()
+        if self.throttled():
+            finding.lever = "raise-cpu-limit"
+            finding.boundary, finding.boundary_set = Axis.MACHINE, True
+            ev.append(self.throttle_sentence() + ": the host CPU quota starves the loader")
+        elif limit_saturated:
+            finding.lever = "raise-cpu-limit"
+            finding.boundary, finding.boundary_set = Axis.MACHINE, True
+            ev.append(limit_sentence)
+        elif o.worker_count is not None and o.worker_count == 0:
+            ev.append("batches are loaded in the main process (no DataLoader workers)")
+        elif o.worker_count and o.worker_cpu_cores is not None and o.worker_cpu_cores / o.worker_count < 0.5:
+            finding.lever = "use-sequential-shards"
+            ev.append(
+                f"{o.worker_count} loader workers use only {o.worker_cpu_cores:.2f} CPU cores: "
+                "they wait on storage, not on decoding"
+            )
+        elif o.worker_cpu_cores is not None:
+            ev.append(f"loader workers use {o.worker_cpu_cores:.2f} CPU cores")
+        return finding
+
+    def gpu_fed(self) -> _Finding | None:
+        o, t, d = self.obs, self.t, self.d
+        u = o.gpu_utilization
+        if u is None or u < t.gpu_util_starved:
+            return None
+        ev = [self.util_sentence()]
+        missing: list[str] = []
+        w = o.data_wait_ratio
+        if w is not None and w > t.data_wait_suspect:
+            ev.append(
+                self.wait_sentence() + " but the GPU stays busy: the asynchronous queue hides it, "
+                "Data is not the bottleneck"
+            )
+        penalty = 0.0 if u >= t.gpu_util_busy else 0.15
+        if w is None:
+            penalty += 0.05
+            missing.append("dataWaitRatio")
+
+        dram = o.dram_bandwidth_utilization
+        ai, ridge = d.arithmetic_intensity, d.ridge_point
+        intensity_sentence = None
+        if ai is not None and ridge is not None:
+            intensity_sentence = f"arithmetic intensity {ai:.0f} FLOP/B vs ridge point {ridge:.0f} FLOP/B" + (
+                f" ({self.hw.gpu_model})" if self.hw and self.hw.gpu_model else ""
+            )
+        memory_lever = "fuse-operators"
+        if o.batch_size is not None and 0 < o.batch_size <= 4:
+            memory_lever = "increase-batch-size"
+        if dram is not None and dram >= t.dram_bandwidth_saturated:
+            ev.append(self.dram_sentence() + ": device memory bandwidth limits the step")
+            if intensity_sentence:
+                ev.append(intensity_sentence)
+            return _Finding(Regime.MEMORY_BOUND, memory_lever, 0.9 - penalty, evidence=ev, missing=missing)
+        if dram is None and ai is not None and ridge is not None and ai < ridge:
+            ev.append(intensity_sentence + ": below the ridge point")  # type: ignore[operator]
+            missing.append("dramBandwidthUtilization (GPM, Hopper+)")
+            return _Finding(Regime.MEMORY_BOUND, memory_lever, 0.75 - penalty, evidence=ev, missing=missing)
+        if dram is None and o.gpu_memory_busy is not None and o.gpu_memory_busy >= t.dram_bandwidth_saturated:
+            ev.append(
+                f"GPU memory busy {_pct(o.gpu_memory_busy)} of the time (NVML; a weak proxy for bandwidth)"
+            )
+            missing.append("dramBandwidthUtilization (GPM, Hopper+)")
+            return _Finding(Regime.MEMORY_BOUND, memory_lever, 0.55 - penalty, evidence=ev, missing=missing)
+
+        sm = o.sm_active
+        if sm is not None and sm < t.sm_active_busy:
+            ev.append(
+                self.sm_sentence() + ": kernels are resident but too small to fill the SMs "
+                "(utilization counts any resident kernel)"
+            )
+            if dram is not None:
+                ev.append(self.dram_sentence())
+            lever = "increase-batch-size" if o.batch_size is None or o.batch_size <= 64 else "fuse-operators"
+            return _Finding(Regime.LATENCY_BOUND, lever, 0.7 - penalty, evidence=ev, missing=missing)
+
+        # compute-bound
+        conf = 0.9 - penalty
+        if sm is not None:
+            ev.append(self.sm_sentence())
+        else:
+            conf -= 0.15
+            missing.append("smActive (GPM, Hopper+)")
+        if dram is not None:
+            ev.append(self.dram_sentence() + ": memory bandwidth is not the limit")
+        elif ai is not None and ridge is not None:
+            ev.append(intensity_sentence + ": above the ridge point")  # type: ignore[operator]
+            conf -= 0.05
+        else:
+            conf -= 0.1
+            missing.append("dramBandwidthUtilization (GPM, Hopper+)")
+        lever = "enable-bf16"
+        tensor, mfu = o.tensor_active, d.mfu
+        if tensor is not None:
+            ev.append(self.tensor_sentence())
+        if tensor is not None and tensor < t.tensor_active_low:
+            ev[-1] += ": matrix math does not use the tensor cores"
+        elif mfu is not None and mfu < t.mfu_investigate:
+            lever = "torch-compile"
+            ev.append(
+                f"MFU {_pct(mfu)} (investigate < {_thr(t.mfu_investigate)}): "
+                "hardware efficiency η is low, fuse the kernels"
+            )
+        elif (mfu is not None and mfu >= t.mfu_investigate) or tensor is not None:
+            lever = "faster-accelerator"
+            if mfu is not None:
+                ev.append(
+                    f"MFU {_pct(mfu)} (efficient > {_thr(t.mfu_efficient)}): the work itself is the limit"
+                )
+        else:
+            missing.append("tensorActive or modelFlopsPerStep (to tell bf16 from a faster accelerator)")
+            ev.append("tensor-core activity and MFU unknown: check bf16/TF32 first")
+        return _Finding(Regime.COMPUTE_BOUND, lever, conf, evidence=ev, missing=missing)
+
+    def gpu_starved(self) -> _Finding | None:
+        o, t = self.obs, self.t
+        u = o.gpu_utilization
+        if u is None or u >= t.gpu_util_starved:
+            return None
+        ev = [self.util_sentence()]
+        missing: list[str] = []
+        w = o.data_wait_ratio
+        saturated = self.main_saturated()
+        batch1 = o.batch_size == 1
+        if w is None:
+            if not (saturated or batch1):
+                return _Finding(
+                    Regime.UNKNOWN,
+                    "collect-more-evidence",
+                    0.0,
+                    evidence=[*ev, "the GPU idles but the data wait is not measured"],
+                    missing=["dataWaitRatio (instrument the training loop to tell Data from overhead)"],
+                )
+            conf = 0.5
+            missing.append("dataWaitRatio")
+        else:
+            conf = 0.6
+            ev.append(self.wait_sentence() + ": the loader is not the cause")
+            if w > t.data_wait_fine:
+                conf -= 0.1
+        if o.main_cpu_cores is not None:
+            ev.append(self.main_cpu_sentence())
+        else:
+            missing.append("mainCpuCores")
+        if saturated:
+            conf += 0.2
+        if batch1:
+            conf += 0.1
+        if o.sm_active is not None:
+            ev.append(self.sm_sentence())
+        if self.throttled():
+            ev.append(self.throttle_sentence() + ": the host cannot issue work fast enough")
+            return _Finding(
+                Regime.LATENCY_BOUND,
+                "raise-cpu-limit",
+                conf,
+                boundary=Axis.MACHINE,
+                boundary_set=True,
+                evidence=ev,
+                missing=missing,
+            )
+        if batch1:
+            lever = "increase-batch-size"
+        elif saturated:
+            lever = "cuda-graphs"
+            ev.append("the Python thread is busy launching work while the GPU idles (launch overhead)")
+        else:
+            lever = "remove-host-syncs"
+            ev.append(
+                "neither the loader nor the Python thread is busy: suspect per-step host synchronisation"
+            )
+        return _Finding(Regime.LATENCY_BOUND, lever, conf, evidence=ev, missing=missing)
+
+    def cpu_only(self) -> _Finding:
+        o, d = self.obs, self.d
+        ev: list[str] = []
+        missing: list[str] = []
+        base = 0.7 if d.cpu_only_declared else 0.55
+        if not d.cpu_only_declared:
+            missing.append("gpuUtilization (no GPU counters: treated as a CPU-only job)")
+        ev.append("no GPU counters: treated as a CPU-only job")
+        if o.data_wait_ratio is None:
+            return _Finding(
+                Regime.UNKNOWN,
+                "collect-more-evidence",
+                0.0,
+                evidence=ev,
+                missing=["dataWaitRatio (instrument the training loop)", *missing],
+            )
+        ev.insert(0, self.wait_sentence() + ": the loader is not the cause")
+        if self.throttled():
+            ev.append(self.throttle_sentence() + ": the CPU quota limits the arithmetic")
+            return _Finding(
+                Regime.COMPUTE_BOUND,
+                "raise-cpu-limit",
+                base - 0.1,
+                boundary=None,
+                boundary_set=True,
+                evidence=ev,
+                missing=missing,
+                also=("move-to-accelerator",),
+            )
+        if o.main_cpu_cores is None:
+            return _Finding(
+                Regime.UNKNOWN,
+                "collect-more-evidence",
+                0.0,
+                evidence=ev,
+                missing=["mainCpuCores", *missing],
+            )
+        ev.append(self.main_cpu_sentence())
+        if self.main_saturated() and o.batch_size == 1 and (o.main_cpu_cores or 0.0) < CPU_MULTI_THREAD_CORES:
+            ev.append(
+                "one Python thread is saturated at batch size 1: per-step overhead, not arithmetic, "
+                "dominates (multi-threaded CPU compute would use more than one core)"
+            )
+            return _Finding(
+                Regime.LATENCY_BOUND, "increase-batch-size", base - 0.1, evidence=ev, missing=missing
+            )
+        if self.main_saturated():
+            ev.append("the training process computes on the CPU")
+            return _Finding(
+                Regime.COMPUTE_BOUND,
+                "move-to-accelerator",
+                base,
+                evidence=ev,
+                missing=missing,
+                also=("torch-compile", "reduce-python-ops"),
+            )
+        ev.append("neither the data wait nor CPU use explains the step time")
+        return _Finding(
+            Regime.UNKNOWN,
+            "collect-more-evidence",
+            0.0,
+            evidence=ev,
+            missing=["a busy signal (GPU counters, or a profile of where the step sleeps)", *missing],
+        )
+
+    def gpu_unmeasured(self) -> _Finding:
+        ev = []
+        if self.obs.data_wait_ratio is not None:
+            ev.append(self.wait_sentence() + ": the loader is not the cause")
+        ev.append("GPU present but its utilization is not measured")
+        return _Finding(
+            Regime.UNKNOWN,
+            "collect-more-evidence",
+            0.0,
+            evidence=ev,
+            missing=["gpuUtilization (is NVML reachable from the sidecar?)"],
+        )
+
+    def decide(self) -> _Finding:
+        for rule in (self.insufficient, self.input_bound, self.gpu_fed, self.gpu_starved):
+            found = rule()
+            if found is not None:
+                return found
+        if self.d.cpu_only:
+            return self.cpu_only()
+        return self.gpu_unmeasured()
+
+    # --- context evidence shared by all verdicts -------------------------------
+    def context(self, f: _Finding) -> None:
+        o, t, d = self.obs, self.t, self.d
+        if o.batch_size == 1:
+            f.evidence.append(
+                "batch size 1: launch overhead and latency may dominate; confirm before blaming the algorithm"
+            )
+        if self.throttled() and not any("throttled" in e for e in f.evidence):
+            f.evidence.append(self.throttle_sentence())
+        if d.mfu is not None and not any(e.startswith("MFU") for e in f.evidence):
+            label = (
+                "efficient"
+                if d.mfu > t.mfu_efficient
+                else ("investigate" if d.mfu < t.mfu_investigate else "")
+            )
+            f.evidence.append(f"MFU {_pct(d.mfu)}" + (f" ({label})" if label else ""))
+            if d.mfu > 1.0:
+                f.evidence.append("MFU above 100%: check flops_per_step and the peak FLOP/s")
+        if d.steps_per_second is not None:
+            text = f"{d.steps_per_second:.2f} steps/s"
+            if o.steps is not None and o.window_seconds is not None:
+                text += f" ({o.steps:.0f} steps in {o.window_seconds:.0f} s)"
+            f.evidence.append(text)
+        if o.steps is None and f.regime is not Regime.UNKNOWN:
+            f.confidence -= 0.05
+            f.missing.append("steps")
+
+
+def _metrics(obs: Observation, d: Derived) -> WindowMetrics:
+    return WindowMetrics(
+        data_wait_ratio=obs.data_wait_ratio,
+        gpu_utilization=obs.gpu_utilization,
+        gpu_memory_busy=obs.gpu_memory_busy,
+        sm_active=obs.sm_active,
+        sm_occupancy=obs.sm_occupancy,
+        tensor_active=obs.tensor_active,
+        dram_bandwidth_utilization=obs.dram_bandwidth_utilization,
+        cpu_throttled_ratio=obs.cpu_throttled_ratio,
+        main_cpu_cores=obs.main_cpu_cores,
+        worker_cpu_cores=obs.worker_cpu_cores,
+        steps_per_second=d.steps_per_second,
+        mfu=d.mfu,
+        arithmetic_intensity=d.arithmetic_intensity,
+        ridge_point=d.ridge_point,
+        iron_law=d.iron_law,
+    )
+
+
+def diagnose(
+    obs: Observation, thresholds: Thresholds | None = None, hardware: Hardware | None = None
+) -> Verdict:
+    """The verdict for one window. ``hardware`` defaults to the GPU table's entry for ``obs.gpu_model``."""
+    t = thresholds or Thresholds()
+    hw = hardware if hardware is not None else resolve_hardware(obs.gpu_model)
+    d = derive(obs, hw)
+    rules = _Rules(obs, t, hw, d)
+    f = rules.decide()
+    rules.context(f)
+    axis, boundary = _AXES[f.regime]
+    if f.boundary_set:
+        boundary = f.boundary
+    if f.regime is Regime.UNKNOWN:
+        confidence = 0.0
+        lever = "collect-more-evidence"
+    else:
+        confidence = round(min(MAX_CONFIDENCE, max(MIN_CONFIDENCE, f.confidence)), 2)
+        lever = f.lever
+    bottleneck = Bottleneck(
+        axis=axis,
+        boundary=boundary,
+        regime=f.regime,
+        lever=lever,
+        lever_detail=levers.detail(lever, f.regime, also=f.also),
+        confidence=confidence,
+        evidence=f.evidence,
+        avoid=[x for x in levers.avoid(f.regime) if x != lever],
+        missing=list(dict.fromkeys(f.missing)),
+    )
+    return Verdict(bottleneck=bottleneck, metrics=_metrics(obs, d))

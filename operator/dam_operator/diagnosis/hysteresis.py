@@ -1,0 +1,97 @@
+"""Hysteresis: a published verdict does not flap with every noisy window.
+
+One ``Stabilizer`` per profile (or per ``dam run``). Feed it each window's raw verdict
+and the evaluation time; it returns the verdict to publish. The rule:
+
+* The first verdict is published as it is; ``since`` is the time it was first seen.
+* A window whose regime equals the published one refreshes the published verdict
+  (new evidence, lever, confidence, metrics) and keeps ``since``.
+* A different *known* regime replaces the published one when it has won
+  ``confirm_windows`` consecutive windows (default 2), or at once when its confidence
+  exceeds the published confidence by at least ``confidence_margin`` (default 0.3).
+  ``since`` then becomes the time of the switch.
+* ``unknown`` replaces a known verdict only after ``unknown_windows`` consecutive
+  unknown windows (default 3): a short gap in the counters (a scrape missed, a pod
+  restarting) does not erase a diagnosis. Its confidence is 0, so it never switches
+  by the margin.
+* While a challenger is pending, the published bottleneck is held, with one evidence
+  line saying what is pending, and the metrics are the current window's.
+
+Pure apart from its own state: the clock is passed in.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from dam_operator.diagnosis.model import Bottleneck, Regime, Verdict
+
+
+def rfc3339(now: datetime) -> str:
+    """``2026-01-02T03:04:05Z``; a naive datetime is taken to be UTC."""
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Stabilizer:
+    def __init__(
+        self, *, confirm_windows: int = 2, confidence_margin: float = 0.3, unknown_windows: int = 3
+    ) -> None:
+        if confirm_windows < 1 or unknown_windows < 1:
+            raise ValueError("confirm_windows and unknown_windows must be at least 1")
+        if not confidence_margin >= 0.0:
+            raise ValueError("confidence_margin must be >= 0")
+        self.confirm_windows = confirm_windows
+        self.confidence_margin = confidence_margin
+        self.unknown_windows = unknown_windows
+        self._current: Bottleneck | None = None
+        self._pending: Regime | None = None
+        self._pending_count = 0
+
+    @property
+    def current(self) -> Bottleneck | None:
+        """The published bottleneck (None before the first window)."""
+        return self._current
+
+    @property
+    def pending(self) -> tuple[Regime, int] | None:
+        """The challenger regime and the number of consecutive windows it has won."""
+        return (self._pending, self._pending_count) if self._pending is not None else None
+
+    def restore(self, bottleneck: Bottleneck) -> None:
+        """Resume from a published bottleneck (e.g. the resource status after an operator restart)."""
+        self._current = bottleneck
+        self._pending, self._pending_count = None, 0
+
+    def update(self, verdict: Verdict, now: datetime) -> Verdict:
+        cand = verdict.bottleneck
+        current = self._current
+        if current is None or cand.regime == current.regime:
+            since = current.since if current is not None and current.since else rfc3339(now)
+            return self._publish(verdict, since)
+
+        if self._pending == cand.regime:
+            self._pending_count += 1
+        else:
+            self._pending, self._pending_count = cand.regime, 1
+        needed = self.unknown_windows if cand.regime is Regime.UNKNOWN else self.confirm_windows
+        by_margin = (
+            cand.regime is not Regime.UNKNOWN
+            and cand.confidence >= current.confidence + self.confidence_margin
+        )
+        if self._pending_count >= needed or by_margin:
+            return self._publish(verdict, rfc3339(now))
+
+        note = (
+            f"holding {current.regime.value}: {cand.regime.value} seen in {self._pending_count} "
+            f"of the {needed} consecutive windows needed to switch"
+        )
+        held = current.model_copy(update={"evidence": [*current.evidence, note]})
+        return Verdict(bottleneck=held, metrics=verdict.metrics)
+
+    def _publish(self, verdict: Verdict, since: str) -> Verdict:
+        bottleneck = verdict.bottleneck.model_copy(update={"since": since})
+        self._current = bottleneck
+        self._pending, self._pending_count = None, 0
+        return Verdict(bottleneck=bottleneck, metrics=verdict.metrics)

@@ -1,0 +1,143 @@
+"""The lever catalogue of DESIGN.md §2: kebab-case identifiers with a human sentence,
+and for each regime the levers that work and the ones that would be wasted.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final
+
+from dam_operator.diagnosis.model import Regime
+
+LEVERS: Final = MappingProxyType(
+    {
+        # --- Data: the input path -------------------------------------------------
+        "increase-dataloader-workers": (
+            "Raise DataLoader num_workers so batches are decoded in parallel ahead of the training loop."
+        ),
+        "enable-pin-memory": (
+            "Set pin_memory=True on the DataLoader (and non_blocking=True on .to(device)) "
+            "so host-to-device copies run asynchronously."
+        ),
+        "raise-prefetch-factor": (
+            "Raise the DataLoader prefetch_factor so each worker keeps more batches ready."
+        ),
+        "use-sequential-shards": (
+            "Store the data as pre-decoded sequential shards (WebDataset, TFRecord, tensors) "
+            "instead of per-sample JPEG decode and random file reads."
+        ),
+        "raise-cpu-limit": (
+            "Raise the container's CPU limit (or request): the job is throttled or saturates its CPU quota."
+        ),
+        "more-loader-workers": "Add DataLoader workers.",
+        # --- Data/Machine boundary: device memory ----------------------------------
+        "fuse-operators": (
+            "Fuse element-wise operators (fused optimizers, fused attention, custom kernels) "
+            "so intermediates stay on chip."
+        ),
+        "torch-compile": "Wrap the model in torch.compile to fuse kernels and cut memory round-trips.",
+        "lower-precision": (
+            "Move data in lower precision (bf16/fp16 activations, fp8 or int8 where accuracy allows) "
+            "to halve the bytes per step."
+        ),
+        "increase-batch-size": (
+            "Use a larger batch (within memory and convergence budget) to reuse weights "
+            "and amortise per-step overhead."
+        ),
+        "structured-pruning": "Prune whole channels/heads so the model moves and computes less.",
+        "more-memory-bandwidth": "Move to an accelerator with more memory bandwidth.",
+        "more-flops": "Move to an accelerator with more FLOP/s but no more memory bandwidth.",
+        # --- Machine/Algorithm: compute ---------------------------------------------
+        "enable-bf16": (
+            "Train in bf16 autocast (or enable TF32) so matrix multiplies run on the tensor cores."
+        ),
+        "better-kernels": "Use tuned kernels (cuDNN/cuBLAS heuristics, FlashAttention, vendor libraries).",
+        "faster-accelerator": "Move to a faster accelerator (more FLOP/s per device).",
+        "data-parallelism": "Scale out with data parallelism (DDP/FSDP) across more accelerators.",
+        "move-to-accelerator": (
+            "Run the training on a GPU (or give the job more CPU cores): the CPU does all the arithmetic."
+        ),
+        # --- Algorithm/Machine: fixed latency --------------------------------------
+        "cuda-graphs": (
+            "Capture the step in CUDA graphs (torch.compile mode='reduce-overhead') "
+            "to remove per-kernel launch overhead."
+        ),
+        "reduce-python-ops": (
+            "Do fewer Python-level operations per step: vectorise loops, batch small tensor ops, "
+            "avoid per-step logging of tensors."
+        ),
+        "remove-host-syncs": (
+            "Remove per-step host synchronisations (.item(), .cpu(), blocking copies, printing tensors) "
+            "so the host can queue work ahead of the GPU."
+        ),
+        "async-orchestration": "Overlap host work with device work (asynchronous copies, CUDA streams).",
+        "change-model-architecture": "Change the model architecture.",
+        # --- no verdict -------------------------------------------------------------
+        "collect-more-evidence": "Collect more evidence before pulling any lever.",
+    }
+)
+
+EFFECTIVE: Final = MappingProxyType(
+    {
+        Regime.INPUT_BOUND: (
+            "increase-dataloader-workers",
+            "enable-pin-memory",
+            "raise-prefetch-factor",
+            "use-sequential-shards",
+            "raise-cpu-limit",
+        ),
+        Regime.MEMORY_BOUND: (
+            "fuse-operators",
+            "torch-compile",
+            "lower-precision",
+            "increase-batch-size",
+            "structured-pruning",
+        ),
+        Regime.COMPUTE_BOUND: (
+            "enable-bf16",
+            "better-kernels",
+            "faster-accelerator",
+            "data-parallelism",
+            "fuse-operators",
+            "torch-compile",
+        ),
+        Regime.LATENCY_BOUND: (
+            "cuda-graphs",
+            "fuse-operators",
+            "torch-compile",
+            "reduce-python-ops",
+            "increase-batch-size",
+            "remove-host-syncs",
+            "async-orchestration",
+        ),
+        Regime.UNKNOWN: ("collect-more-evidence",),
+    }
+)
+
+AVOID: Final = MappingProxyType(
+    {
+        Regime.INPUT_BOUND: ("faster-accelerator", "change-model-architecture"),
+        Regime.MEMORY_BOUND: ("more-flops",),
+        Regime.COMPUTE_BOUND: ("more-memory-bandwidth", "more-loader-workers"),
+        Regime.LATENCY_BOUND: ("faster-accelerator", "more-memory-bandwidth"),
+        Regime.UNKNOWN: (),
+    }
+)
+
+
+def sentence(lever: str) -> str:
+    """The human sentence of a lever identifier (the identifier itself if unknown)."""
+    return LEVERS.get(lever, lever)
+
+
+def avoid(regime: Regime) -> list[str]:
+    return list(AVOID[regime])
+
+
+def detail(lever: str, regime: Regime, *, also: tuple[str, ...] | None = None) -> str:
+    """The lever's sentence plus the other effective levers of the regime, for ``leverDetail``."""
+    others = [x for x in (also if also is not None else EFFECTIVE[regime]) if x != lever]
+    text = sentence(lever)
+    if others:
+        text += " Also effective: " + ", ".join(others) + "."
+    return text
