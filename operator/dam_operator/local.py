@@ -97,7 +97,9 @@ class LocalSession:
 
     def _verdict_from_nothing(self) -> Verdict:
         empty = Snapshot([])
-        return diagnose(observation_from_snapshots(empty, empty, elapsed_seconds=None), self.thresholds, self.hardware)
+        return diagnose(
+            observation_from_snapshots(empty, empty, elapsed_seconds=None), self.thresholds, self.hardware
+        )
 
 
 def _steps(snap: Snapshot) -> float:
@@ -121,14 +123,20 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
         epilog="example: dam run --json -- python train.py --epochs 1",
     )
     parser.add_argument("--interval", type=float, default=1.0, help="sampling period in seconds (default 1)")
-    parser.add_argument("--window", type=float, default=10.0, help="evaluation window in seconds (default 10)")
+    parser.add_argument(
+        "--window", type=float, default=10.0, help="evaluation window in seconds (default 10)"
+    )
     parser.add_argument("--json", action="store_true", help="print the final verdict as JSON on stdout")
     parser.add_argument("--gpu-model", default=None, help="GPU model for peak figures (default: from NVML)")
-    parser.add_argument("--peak-flops", type=float, default=None, help="override peak FLOP/s of one accelerator")
+    parser.add_argument(
+        "--peak-flops", type=float, default=None, help="override peak FLOP/s of one accelerator"
+    )
     parser.add_argument(
         "--memory-bandwidth", type=float, default=None, help="override memory bandwidth, bytes per second"
     )
-    parser.add_argument("--live", choices=["auto", "always", "never"], default="auto", help="live verdict line")
+    parser.add_argument(
+        "--live", choices=["auto", "always", "never"], default="auto", help="live verdict line"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     args = parser.parse_args(list(argv))
     cmd = list(args.command)
@@ -139,7 +147,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not (0.05 <= args.interval <= 3600):
         parser.error(f"--interval must be between 0.05 and 3600 seconds, got {args.interval}")
     if not (args.interval <= args.window <= 86400):
-        parser.error(f"--window must be between --interval ({args.interval}) and 86400 seconds, got {args.window}")
+        parser.error(
+            f"--window must be between --interval ({args.interval}) and 86400 seconds, got {args.window}"
+        )
     for flag, value in (("--peak-flops", args.peak_flops), ("--memory-bandwidth", args.memory_bandwidth)):
         if value is not None and not value > 0:
             parser.error(f"{flag} must be a positive number, got {value}")

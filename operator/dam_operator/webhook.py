@@ -1,0 +1,316 @@
+"""The mutating admission webhook that injects the dam sidecar into training pods.
+
+``POST /mutate-pods`` takes an AdmissionReview (admission.k8s.io/v1) and answers
+one: the request's uid echoed, ``allowed: true`` always, and, when a DAMProfile
+in the pod's namespace selects the pod, a base64 JSON patch (``patchType:
+JSONPatch``). The webhook never blocks pod creation: any error, including a body
+that is not an AdmissionReview, is answered "allowed, no patch" with a warning
+(kubectl prints it) and counted. ``GET /healthz`` answers ``ok``.
+
+``webhook_configuration`` builds the MutatingWebhookConfiguration that points
+the API server here (``failurePolicy: Ignore``, short timeout, kube-system and
+the operator's namespace excluded, opt-out label honoured).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import ssl
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from aiohttp import web
+
+from dam_operator.injection import (
+    LABEL_INJECT,
+    InjectionError,
+    InjectionSettings,
+    build_injection_patch,
+    should_inject,
+)
+from dam_operator.spec import DAMProfileSpec, selector_matches
+
+__all__ = [
+    "MUTATE_PATH",
+    "WEBHOOK_NAME",
+    "ProfileRef",
+    "WebhookServer",
+    "admission_response",
+    "make_webhook_app",
+    "review",
+    "serve_webhook",
+    "webhook_configuration",
+    "webhook_configuration_for_url",
+]
+
+log = logging.getLogger("dam_operator.webhook")
+
+MUTATE_PATH = "/mutate-pods"
+HEALTH_PATH = "/healthz"
+WEBHOOK_NAME = "pods.dam.mlsys.dev"
+MAX_BODY_BYTES = 8 * 1024 * 1024  # pods with huge specs exist; the API server caps requests at 3 MiB
+
+# Results counted by the ``metrics`` callback (bounded label values).
+RESULT_INJECTED = "injected"
+RESULT_SKIPPED = "skipped"
+RESULT_NO_PROFILE = "no-profile"
+RESULT_ERROR = "error"
+
+
+class ProfileRef(NamedTuple):
+    namespace: str
+    name: str
+    spec: DAMProfileSpec
+
+
+ProfilesFor = Callable[[str], Sequence[ProfileRef]]
+MetricsCallback = Callable[[str], None]
+
+
+@dataclass
+class Decision:
+    result: str
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    profile: str | None = None
+    reason: str = ""
+
+
+def admission_response(uid: str, decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview answer: always allowed; a JSONPatch when there is one."""
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode("ascii")
+    if decision.warnings:
+        response["warnings"] = decision.warnings
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def _matching_profile(
+    pod: Mapping[str, Any], namespace: str, profiles_for: ProfilesFor
+) -> tuple[ProfileRef | None, list[str]]:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    matching = sorted(
+        (p for p in profiles_for(namespace) if selector_matches(p.spec.selector, labels)),
+        key=lambda p: p.name,
+    )
+    warnings: list[str] = []
+    if len(matching) > 1:
+        names = ", ".join(p.name for p in matching)
+        warnings.append(
+            f"dam: pod matches several DAMProfiles ({names}); instrumenting it for {matching[0].name}"
+        )
+    return (matching[0] if matching else None), warnings
+
+
+def review(request: Mapping[str, Any], profiles_for: ProfilesFor, settings: InjectionSettings) -> Decision:
+    """The decision for one AdmissionRequest (the ``request`` member of the review). May raise."""
+    kind = (request.get("kind") or {}).get("kind")
+    if kind != "Pod" or request.get("operation") != "CREATE":
+        return Decision(RESULT_SKIPPED)
+    pod = request.get("object")
+    if not isinstance(pod, Mapping):
+        raise ValueError("the AdmissionRequest carries no pod object")
+    namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
+    eligible, reason = should_inject(pod, namespace, settings)
+    if not eligible:
+        return Decision(RESULT_SKIPPED, reason=reason)
+    profile, warnings = _matching_profile(pod, namespace, profiles_for)
+    if profile is None:
+        return Decision(RESULT_NO_PROFILE)
+    if not profile.spec.sidecar.inject:
+        return Decision(RESULT_SKIPPED, profile=profile.name)
+    try:
+        patch = build_injection_patch(pod, profile.name, profile.spec, settings)
+    except InjectionError as exc:
+        warnings.append(f"dam: pod not instrumented for DAMProfile {profile.name}: {exc}")
+        return Decision(RESULT_SKIPPED, warnings=warnings, profile=profile.name)
+    return Decision(RESULT_INJECTED if patch else RESULT_SKIPPED, patch, warnings, profile.name)
+
+
+_PROFILES_KEY: web.AppKey[ProfilesFor] = web.AppKey("profiles_for")
+_SETTINGS_KEY: web.AppKey[InjectionSettings] = web.AppKey("settings", InjectionSettings)
+_METRICS_KEY: web.AppKey[MetricsCallback | None] = web.AppKey("metrics")
+
+
+def _count(app: web.Application, result: str) -> None:
+    callback = app[_METRICS_KEY]
+    if callback is None:
+        return
+    try:
+        callback(result)
+    except Exception:  # a metrics failure must not change the answer
+        log.exception("webhook metrics callback failed")
+
+
+async def _mutate(request: web.Request) -> web.Response:
+    app = request.app
+    uid = ""
+    try:
+        body = await request.read()
+        document = json.loads(body)
+        if not isinstance(document, Mapping) or not isinstance(document.get("request"), Mapping):
+            raise ValueError("the body is not an AdmissionReview with a request")
+        admission = document["request"]
+        uid = str(admission.get("uid") or "")
+        decision = review(admission, app[_PROFILES_KEY], app[_SETTINGS_KEY])
+    except Exception as exc:  # never block a pod: admit unchanged, say why, count it
+        log.warning("webhook admitted a pod unchanged after an error: %s", exc, exc_info=True)
+        decision = Decision(
+            RESULT_ERROR,
+            warnings=[f"dam: sidecar not injected (webhook error: {type(exc).__name__}: {str(exc)[:200]})"],
+        )
+    _count(app, decision.result)
+    if decision.result == RESULT_INJECTED:
+        log.info("injected the dam sidecar (profile %s, uid %s)", decision.profile, uid)
+    return web.json_response(admission_response(uid, decision))
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def make_webhook_app(
+    profiles_for: ProfilesFor,
+    settings: InjectionSettings,
+    metrics: MetricsCallback | None = None,
+) -> web.Application:
+    """The webhook application. ``profiles_for(namespace)`` returns that namespace's profiles
+    (from the operator's in-memory index: the webhook makes no API call); ``metrics(result)``
+    counts each answer (``injected``, ``skipped``, ``no-profile``, ``error``)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[_PROFILES_KEY] = profiles_for
+    app[_SETTINGS_KEY] = settings
+    app[_METRICS_KEY] = metrics
+    app.router.add_post(MUTATE_PATH, _mutate)
+    app.router.add_get(HEALTH_PATH, _healthz)
+    return app
+
+
+@dataclass
+class WebhookServer:
+    runner: web.AppRunner
+    ssl_context: ssl.SSLContext
+    certfile: str
+    keyfile: str
+
+    def reload_certificate(self) -> None:
+        """Load renewed files; new connections use them (no restart)."""
+        self.ssl_context.load_cert_chain(self.certfile, self.keyfile)
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve_webhook(
+    app: web.Application, host: str, port: int, certfile: str, keyfile: str
+) -> WebhookServer:
+    """Serve ``app`` over TLS (1.2+) on host:port; ``await server.close()`` to stop."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certfile, keyfile)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=context)
+    await site.start()
+    return WebhookServer(runner, context, certfile, keyfile)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def _webhook(
+    client_config: dict[str, Any],
+    timeout_seconds: int,
+    exclude_namespaces: Sequence[str],
+) -> dict[str, Any]:
+    if not 1 <= timeout_seconds <= 5:
+        raise ValueError("timeout_seconds must be between 1 and 5: pod creation waits on the webhook")
+    excluded = sorted({"kube-system", *exclude_namespaces})
+    return {
+        "name": WEBHOOK_NAME,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": client_config,
+        "rules": [
+            {
+                "operations": ["CREATE"],
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ],
+        "failurePolicy": "Ignore",
+        "matchPolicy": "Equivalent",
+        "sideEffects": "None",
+        "timeoutSeconds": timeout_seconds,
+        "reinvocationPolicy": "IfNeeded",
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}
+            ]
+        },
+        # Labels only (annotations are invisible to selectors); the annotation opt-out
+        # is honoured by the webhook itself.
+        "objectSelector": {
+            "matchExpressions": [{"key": LABEL_INJECT, "operator": "NotIn", "values": ["false"]}]
+        },
+    }
+
+
+def _configuration(name: str, hook: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dam-operator"}},
+        "webhooks": [hook],
+    }
+
+
+def _ca(ca_bundle: bytes | str | None) -> dict[str, Any]:
+    if not ca_bundle:
+        return {}
+    if isinstance(ca_bundle, bytes):
+        return {"caBundle": base64.b64encode(ca_bundle).decode("ascii")}
+    return {"caBundle": ca_bundle}  # already base64
+
+
+def webhook_configuration(
+    name: str,
+    service_name: str,
+    namespace: str,
+    path: str = MUTATE_PATH,
+    ca_bundle: bytes | str | None = None,
+    *,
+    timeout_seconds: int = 5,
+    exclude_namespaces: Sequence[str] = (),
+    port: int = 443,
+) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration for the webhook behind Service ``namespace/service_name``.
+
+    ``ca_bundle``: PEM bytes (encoded here) or a base64 string. The operator's
+    namespace is always excluded, as is kube-system.
+    """
+    client = {"service": {"name": service_name, "namespace": namespace, "path": path, "port": port}}
+    client.update(_ca(ca_bundle))
+    return _configuration(name, _webhook(client, timeout_seconds, [namespace, *exclude_namespaces]))
+
+
+def webhook_configuration_for_url(
+    name: str,
+    url: str,
+    ca_bundle: bytes | str | None = None,
+    *,
+    timeout_seconds: int = 5,
+    exclude_namespaces: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The same configuration with ``clientConfig.url`` (a webhook outside the cluster, tests)."""
+    if not url.startswith("https://"):
+        raise ValueError("an admission webhook URL must be https://")
+    client: dict[str, Any] = {"url": url}
+    client.update(_ca(ca_bundle))
+    return _configuration(name, _webhook(client, timeout_seconds, exclude_namespaces))
