@@ -35,6 +35,8 @@ Standard library only: this module is imported inside training processes.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import mmap
 import os
 import struct
@@ -124,22 +126,14 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
 
 def decode(data: bytes) -> tuple[int, ProbeRecord]:
     """Parse one file image; returns ``(sequence, record)``. Raises ProbeFormatError."""
-    if len(data) < FILE_SIZE:
-        raise ProbeFormatError(f"truncated: {len(data)} bytes, expected {FILE_SIZE}")
-    magic, version, size = _HEADER.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise ProbeFormatError(f"bad magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise ProbeFormatError(f"unsupported layout version {version}, this reader knows {VERSION}")
-    if size != FILE_SIZE:
-        raise ProbeFormatError(f"bad size field {size}, expected {FILE_SIZE}")
+    _check_header(data)
     (sequence,) = _SEQ.unpack_from(data, _SEQ_OFFSET)
     pid, start, steps, wait, step, last, batch, flops, n_dev, flags = _PAYLOAD.unpack_from(
         data, _PAYLOAD_OFFSET
     )
     if n_dev > MAX_DEVICES:
         raise ProbeFormatError(f"device count {n_dev} exceeds {MAX_DEVICES}")
-    if flops != flops or flops < 0:  # NaN or negative
+    if math.isnan(flops) or flops < 0:
         raise ProbeFormatError(f"invalid flops_per_step {flops}")
     uuids = []
     for i in range(n_dev):
@@ -160,25 +154,93 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
     )
 
 
+def _check_header(data: bytes) -> None:
+    if len(data) < FILE_SIZE:
+        raise ProbeFormatError(f"truncated: {len(data)} bytes, expected {FILE_SIZE}")
+    magic, version, size = _HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise ProbeFormatError(f"bad magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise ProbeFormatError(f"unsupported layout version {version}, this reader knows {VERSION}")
+    if size != FILE_SIZE:
+        raise ProbeFormatError(f"bad size field {size}, expected {FILE_SIZE}")
+
+
 def read_file(path: str, retries: int = 50) -> ProbeRecord:
     """One consistent read of the probe file at ``path`` under the seqlock.
 
     Raises ``OSError`` when the file cannot be read and ``ProbeFormatError`` when
     its content is not a valid probe record (or stays torn after ``retries``).
+
+    The sequence is read on its own before and after the image: a single copy
+    of the whole image is not ordered byte by byte (the kernel copies with
+    fast string moves), so the sequence inside it cannot vouch for the rest.
+    The payload is only validated once the reads agree, so a record caught
+    mid-update is retried instead of being reported as corrupt.
     """
-    with open(path, "rb") as fh:
+    fd = os.open(path, os.O_RDONLY)
+    try:
         for _ in range(max(1, retries)):
-            fh.seek(0)
-            data = fh.read(FILE_SIZE)
-            seq1, record = decode(data)
-            if seq1 % 2:
-                time.sleep(0)
-                continue
-            fh.seek(_SEQ_OFFSET)
-            seq2_raw = fh.read(_SEQ.size)
-            if len(seq2_raw) == _SEQ.size and _SEQ.unpack(seq2_raw)[0] == seq1:
-                return record
+            before = os.pread(fd, _SEQ.size, _SEQ_OFFSET)
+            data = os.pread(fd, FILE_SIZE, 0)
+            _check_header(data)
+            after = os.pread(fd, _SEQ.size, _SEQ_OFFSET)
+            if before == after == data[_SEQ_OFFSET : _SEQ_OFFSET + _SEQ.size] and not before[0] & 1:
+                return decode(data)[1]
+            time.sleep(0)
+    finally:
+        os.close(fd)
     raise ProbeFormatError(f"{path}: writer busy (torn read after {retries} tries)")
+
+
+def probe_files(directory: str) -> list[str]:
+    """The probe files in ``directory`` (``probe-<pid>.bin``), ordered by pid; [] if it is missing."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found: list[tuple[int, str]] = []
+    for name in names:
+        if name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX):
+            middle = name[len(FILE_PREFIX) : -len(FILE_SUFFIX)]
+            if middle.isdigit() and middle.isascii():
+                found.append((int(middle), os.path.join(directory, name)))
+    return [path for _, path in sorted(found)]
+
+
+@dataclass(frozen=True)
+class ProbeScan:
+    """The result of reading every probe file of a directory.
+
+    ``records`` maps each readable file to its consistent record; ``errors``
+    maps each file (or the directory itself) that could not be read to the
+    ``ProbeFormatError`` or ``OSError`` raised. Files that vanish between the
+    listing and the read (the process ended) are in neither.
+    """
+
+    records: dict[str, ProbeRecord] = field(default_factory=dict)
+    errors: dict[str, ProbeFormatError | OSError] = field(default_factory=dict)
+
+
+def read_all(directory: str, retries: int = 50) -> ProbeScan:
+    """Reads every probe file in ``directory``; one bad file never hides the others."""
+    scan = ProbeScan()
+    if not os.path.isdir(directory):
+        scan.errors[directory] = FileNotFoundError(2, "probe directory does not exist", directory)
+        return scan
+    for path in probe_files(directory):
+        try:
+            scan.records[path] = read_file(path, retries)
+        except FileNotFoundError:
+            continue
+        except (ProbeFormatError, OSError) as exc:
+            scan.errors[path] = exc
+    return scan
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 class ProbeWriter:
@@ -190,13 +252,21 @@ class ProbeWriter:
 
     def __init__(self, path: str, pid: int, start_time_ns: int | None = None) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # Built under a name readers ignore, then renamed into place: a reader
+        # never sees a half-created (empty or headerless) probe file.
+        tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, FILE_SIZE)
             self._mm = mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        os.close(fd)
         self._seq = 0
+        self._scratch = bytearray(FILE_SIZE)
+        self._scratch_view = memoryview(self._scratch)[_PAYLOAD_OFFSET:FILE_SIZE]
         self._base = ProbeRecord(
             pid=pid,
             start_time_ns=start_time_ns if start_time_ns is not None else time.time_ns(),
@@ -208,23 +278,30 @@ class ProbeWriter:
             flops_per_step=0.0,
             closed=False,
         )
-        self._mm[:FILE_SIZE] = encode(self._base, 0)
+        try:
+            self._mm[:FILE_SIZE] = encode(self._base, 0)
+            os.replace(tmp, path)
+        except BaseException:
+            self.close()
+            _unlink_quietly(tmp)
+            raise
 
     def publish(
         self,
         steps: int,
         wait_ns: int,
         step_ns: int,
+        *,
         batch_size: int = 0,
         flops_per_step: float = 0.0,
         device_uuids: tuple[str, ...] = (),
         closed: bool = False,
     ) -> None:
-        mm = self._mm
-        self._seq += 1
-        _SEQ.pack_into(mm, _SEQ_OFFSET, self._seq)
+        # The payload is packed into a scratch image first, so the odd (busy)
+        # window covers one memory copy only.
+        scratch = self._scratch
         _pack_payload(
-            mm,
+            scratch,
             ProbeRecord(
                 pid=self._base.pid,
                 start_time_ns=self._base.start_time_ns,
@@ -238,11 +315,15 @@ class ProbeWriter:
                 device_uuids=device_uuids,
             ),
         )
+        mm = self._mm
+        self._seq += 1
+        _SEQ.pack_into(mm, _SEQ_OFFSET, self._seq)
+        mm[_PAYLOAD_OFFSET:FILE_SIZE] = self._scratch_view
         self._seq += 1
         _SEQ.pack_into(mm, _SEQ_OFFSET, self._seq)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BufferError, ValueError):
             self._mm.close()
-        except (BufferError, ValueError):
-            pass
+        with contextlib.suppress(BufferError, ValueError):
+            self._scratch_view.release()

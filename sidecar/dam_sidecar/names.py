@@ -47,6 +47,8 @@ NODE_CPU_UTILIZATION_RATIO: Final = "dam_node_cpu_utilization_ratio"
 # --- the sidecar itself ------------------------------------------------------
 SAMPLER_ERRORS_TOTAL: Final = "dam_sampler_errors_total"
 SNAPSHOT_TIMESTAMP_SECONDS: Final = "dam_snapshot_timestamp_seconds"
+SAMPLER_DURATION_SECONDS: Final = "dam_sampler_duration_seconds"
+PROBE_PROCESSES: Final = "dam_probe_processes"
 
 # Label values that are bounded by construction.
 ROLE_MAIN: Final = "main"

@@ -111,7 +111,9 @@ def parse(text: str, source: str = "<text>") -> list[Sample]:
             if stripped.startswith("# TYPE") or stripped.startswith("# HELP"):
                 parts = stripped.split(None, 3)
                 if len(parts) < 3 or not re.fullmatch(_NAME, parts[2]):
-                    raise PromParseError(source, lineno, f"malformed {parts[1] if len(parts) > 1 else ''} line")
+                    raise PromParseError(
+                        source, lineno, f"malformed {parts[1] if len(parts) > 1 else ''} line"
+                    )
             continue
         m = _LINE.match(stripped)
         if not m:
