@@ -44,11 +44,9 @@ def _loop(it: Iterator[T], p: Probe) -> Iterator[T]:
         if p.steps == s0:
             p.steps = s0 + 1
             p.wait_ns += t1 - t0
-            last = p.last_ns
-            p.step_ns += t1 - (last or t0)
             p.last_ns = t1
             if t1 >= p.next_publish_ns:
-                p.publish(t1, item)
+                p.slow_path(t0, t1, item)
         yield item
 
 

@@ -1,0 +1,152 @@
+"""Automatic DataLoader instrumentation, installed without importing torch.
+
+``install()`` puts a ``sys.meta_path`` finder in front of the import system.
+It answers only for ``torch.utils.data.dataloader``: it lets the regular
+finders locate the module, and wraps the loader so that right after the
+module body has run, ``_BaseDataLoaderIter.__next__`` is replaced by a timed
+version. Then the finder removes itself (the import system is past
+``sys.meta_path`` by then). If torch's DataLoader module is
+already imported, it is patched at once.
+
+Every ``DataLoader`` iterator (single- and multi-process) inherits that
+``__next__``, so any training loop is measured without code changes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
+from time import perf_counter_ns
+from types import ModuleType
+from typing import Any, Final, cast
+
+from dam_probe._core import PROBE, Probe
+
+TARGET: Final = "torch.utils.data.dataloader"
+ITER_CLASS: Final = "_BaseDataLoaderIter"
+MARK: Final = "_dam_probe_wrapped"
+
+
+def timed_next(orig: Callable[[Any], Any], p: Probe = PROBE) -> Callable[[Any], Any]:
+    """A ``__next__`` that times ``orig`` into ``p`` (innermost measurement wins)."""
+    clock = perf_counter_ns
+
+    def __next__(self: Any) -> Any:  # noqa: N807 (it becomes the class's __next__)
+        s0 = p.steps
+        t0 = clock()
+        try:
+            item = orig(self)
+        except StopIteration:
+            p.stop(t0)
+            raise
+        t1 = clock()
+        if p.steps == s0:
+            p.steps = s0 + 1
+            p.wait_ns += t1 - t0
+            p.last_ns = t1
+            if t1 >= p.next_publish_ns:
+                p.slow_path(t0, t1, item)
+        return item
+
+    __next__.__name__ = getattr(orig, "__name__", "__next__")
+    __next__.__qualname__ = getattr(orig, "__qualname__", "__next__")
+    __next__.__doc__ = getattr(orig, "__doc__", None)
+    __next__.__wrapped__ = orig  # type: ignore[attr-defined]
+    setattr(__next__, MARK, True)
+    return __next__
+
+
+def patch_module(module: ModuleType) -> bool:
+    """Wraps ``module._BaseDataLoaderIter.__next__`` once; True when it is (now) wrapped."""
+    cls = getattr(module, ITER_CLASS, None)
+    if cls is None:
+        raise RuntimeError(f"{module.__name__}.{ITER_CLASS} not found (unsupported torch version)")
+    orig = cls.__dict__.get("__next__")
+    if orig is None:
+        raise RuntimeError(f"{module.__name__}.{ITER_CLASS}.__next__ not found (unsupported torch version)")
+    if getattr(orig, MARK, False):
+        return True
+    cls.__next__ = timed_next(orig)
+    return True
+
+
+def _guarded_patch(module: ModuleType) -> None:
+    try:
+        patch_module(module)
+    except Exception as exc:
+        PROBE.disable(f"cannot instrument DataLoader: {exc}")
+
+
+class _PatchingLoader:
+    """Runs the real loader, then patches the module and restores the real loader on it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        create = getattr(self._inner, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        inner = self._inner
+        # The module sees its real loader (inspect, linecache, importlib.resources).
+        module.__loader__ = inner
+        spec = getattr(module, "__spec__", None)
+        if spec is not None:
+            spec.loader = inner
+        inner.exec_module(module)
+        _guarded_patch(module)
+        uninstall()  # not while the import system walks sys.meta_path: only after the module ran
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class DataLoaderHook:
+    """The ``sys.meta_path`` finder; answers for torch's DataLoader module only."""
+
+    dam_probe_hook: Final = True
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != TARGET:
+            return None
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                if finder is self or getattr(finder, "dam_probe_hook", False):
+                    continue
+                find = getattr(finder, "find_spec", None)
+                if find is None:
+                    continue
+                spec = cast("ModuleSpec | None", find(fullname, path, target))
+                if spec is not None:
+                    break
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]
+            return spec
+        except Exception as exc:
+            PROBE.disable(f"cannot instrument DataLoader: {exc}")
+            return None
+
+
+def installed() -> bool:
+    return any(getattr(f, "dam_probe_hook", False) for f in sys.meta_path)
+
+
+def install() -> None:
+    """Arranges for torch's DataLoader to be instrumented; idempotent, never imports torch."""
+    module = sys.modules.get(TARGET)
+    if module is not None:
+        _guarded_patch(module)
+        return
+    if not installed():
+        sys.meta_path.insert(0, DataLoaderHook())
+
+
+def uninstall() -> None:
+    """Removes the finder (the DataLoader module, once patched, stays patched)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "dam_probe_hook", False)]

@@ -1,0 +1,294 @@
+"""The per-process probe: cumulative counters, throttled publishing, fork and exit handling.
+
+Hot path (once per batch): two clock reads, three counter updates and one
+integer compare against the next publish deadline (the step time is derived
+from the first and latest delivery of each uninterrupted run of batches). Everything else (opening
+the file, the CUDA device query, the batch size, the mmap write) happens at
+publish time, at most every ``interval_ns``.
+
+The probe never raises into the training loop: an exception at publish time
+disables it for the rest of the process and prints one line on stderr.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
+
+ENV_DIR: Final = "DAM_PROBE_DIR"
+ENV_DISABLE: Final = "DAM_PROBE_DISABLE"
+PUBLISH_INTERVAL_NS: Final = 100_000_000  # 100 ms: at most ten mmap writes per second
+DEVICE_REFRESH_NS: Final = 10_000_000_000  # the CUDA device list is re-read every 10 s
+NEVER: Final = 1 << 62  # a publish deadline that is never reached (disabled probe)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``DAM_PROBE_DISABLE`` asks to turn the probe off (1/true/yes/on)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_DISABLE, "").strip().lower() in _TRUE
+
+
+def probe_dir(environ: Mapping[str, str] | None = None) -> str:
+    """The directory to publish into, or "" when the probe should stay inactive."""
+    env = os.environ if environ is None else environ
+    if disabled_by_env(env):
+        return ""
+    return env.get(ENV_DIR, "").strip()
+
+
+def batch_size_of(batch: object) -> int:
+    """Length of the first dimension of the first tensor-like in ``batch`` (0 = unknown).
+
+    Looks at most three levels into tuples, lists and dicts; reads only
+    ``.shape``, so it never imports or calls into torch or numpy.
+    """
+    x = batch
+    for _ in range(3):
+        shape = getattr(x, "shape", None)
+        if shape is not None:
+            try:
+                return int(shape[0]) if len(shape) > 0 else 0
+            except (TypeError, ValueError, IndexError):
+                return 0
+        if isinstance(x, (list, tuple)):
+            if not x:
+                return 0
+            x = x[0]
+        elif isinstance(x, dict):
+            x = next(iter(x.values()), None)
+        else:
+            return 0
+    return 0
+
+
+def _format_uuid(raw: object) -> str:
+    text = str(raw).strip()
+    if text.startswith(("GPU-", "MIG-")):
+        return text
+    return f"GPU-{text}"
+
+
+def cuda_device_uuids() -> tuple[str, ...] | None:
+    """UUIDs of the CUDA devices this process uses; None when CUDA is not in use.
+
+    Never imports torch: only looks at ``sys.modules``. A device counts as used
+    when the caching allocator has reserved memory on it; without any, the
+    current device. Reading the allocator's statistics creates no CUDA context.
+    """
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        cuda = torch.cuda
+        if not cuda.is_initialized():
+            return None
+        used = [i for i in range(int(cuda.device_count())) if int(cuda.memory_reserved(i)) > 0]
+        if not used:
+            used = [int(cuda.current_device())]
+        return tuple(_format_uuid(cuda.get_device_properties(i).uuid) for i in used[:MAX_DEVICES])
+    except Exception:
+        return None
+
+
+class Probe:
+    """Counters of one process and the writer that publishes them.
+
+    The counter fields are updated by the instrumentation in
+    ``dam_probe.instrument`` and ``dam_probe._autohook`` directly (no method
+    call on the hot path); ``publish`` runs when ``next_publish_ns`` is reached.
+    """
+
+    __slots__ = (
+        "_at_exit_registered",
+        "_fork_registered",
+        "_next_devices_ns",
+        "batch_size",
+        "closed_step_ns",
+        "device_uuids",
+        "directory",
+        "disabled",
+        "flops_per_step",
+        "in_stream",
+        "interval_ns",
+        "last_ns",
+        "next_publish_ns",
+        "path",
+        "reported",
+        "steps",
+        "stream_start_ns",
+        "wait_ns",
+        "writer",
+    )
+
+    def __init__(self, interval_ns: int = PUBLISH_INTERVAL_NS) -> None:
+        self.interval_ns = interval_ns
+        self.steps = 0
+        self.wait_ns = 0
+        self.last_ns = 0  # perf_counter_ns of the latest delivery
+        # Step time is not summed per batch: a run of batches without a pause (a
+        # "stream") covers last_ns - stream_start_ns; finished streams add up here.
+        self.closed_step_ns = 0
+        self.stream_start_ns = 0
+        self.in_stream = False
+        self.next_publish_ns = 0  # 0: the next batch takes the slow path (opens file/stream)
+        self.batch_size = 0
+        self.flops_per_step = 0.0
+        self.device_uuids: tuple[str, ...] = ()
+        self._next_devices_ns = 0
+        self.directory = ""
+        self.path = ""
+        self.writer: ProbeWriter | None = None
+        self.disabled = False
+        self.reported = False
+        self._at_exit_registered = False
+        self._fork_registered = False
+
+    # -- state -----------------------------------------------------------------
+
+    def active(self) -> bool:
+        """Whether instrumentation should record (the env names a directory, no error so far)."""
+        return not self.disabled and bool(probe_dir())
+
+    def disable(self, reason: str) -> None:
+        """Stops publishing for the rest of the process; prints one line on stderr once."""
+        self.disabled = True
+        self.next_publish_ns = NEVER
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        if not self.reported:
+            self.reported = True
+            try:
+                line = " ".join(str(reason).split()) or "unknown error"
+                sys.stderr.write(f"dam-probe: disabled: {line}\n")
+                sys.stderr.flush()
+            except Exception:
+                pass
+
+    def set_flops_per_step(self, flops: float) -> None:
+        value = float(flops)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"flops_per_step must be a finite number >= 0, got {flops!r}")
+        self.flops_per_step = value
+
+    @property
+    def step_ns(self) -> int:
+        """Time covered by steps so far, ns (cumulative)."""
+        if self.in_stream:
+            return self.closed_step_ns + (self.last_ns - self.stream_start_ns)
+        return self.closed_step_ns
+
+    def stop(self, t_ns: int) -> None:
+        """A loader ran out at ``t_ns``: the last step ends there; the next batch starts a new stream."""
+        if self.in_stream:
+            self.closed_step_ns += t_ns - self.stream_start_ns
+            self.in_stream = False
+            if not self.disabled:
+                self.next_publish_ns = 0  # the next batch takes the slow path and opens a stream
+
+    def slow_path(self, t0_ns: int, t1_ns: int, batch: object) -> None:
+        """Runs when a batch reaches ``next_publish_ns``: opens a stream if none, then publishes."""
+        if not self.in_stream:
+            self.in_stream = True
+            self.stream_start_ns = t0_ns  # the first batch's step is its own wait
+        self.publish(t1_ns, batch)
+
+    # -- publishing ------------------------------------------------------------
+
+    def _open(self) -> ProbeWriter:
+        directory = probe_dir()
+        if not directory:
+            raise RuntimeError(f"{ENV_DIR} is not set")
+        path = probe_path(directory, os.getpid())
+        try:
+            os.makedirs(directory, exist_ok=True)
+            writer = ProbeWriter(path, os.getpid())
+        except OSError as exc:
+            raise RuntimeError(f"cannot create {path}: {exc.strerror or exc}") from exc
+        self.directory = directory
+        self.path = path
+        self.writer = writer
+        if not self._at_exit_registered:
+            atexit.register(self.close)
+            self._at_exit_registered = True
+        if not self._fork_registered:
+            os.register_at_fork(after_in_child=self.after_fork_in_child)
+            self._fork_registered = True
+        return writer
+
+    def publish(self, now_ns: int, batch: object = None, closed: bool = False) -> None:
+        """Writes the counters to the file (opening it first if needed); never raises."""
+        if self.disabled:
+            self.next_publish_ns = NEVER
+            return
+        try:
+            writer = self.writer
+            if writer is None:
+                if closed:
+                    return
+                writer = self._open()
+            if batch is not None:
+                size = batch_size_of(batch)
+                if size > 0:
+                    self.batch_size = size
+            if not closed and (now_ns >= self._next_devices_ns or not self.device_uuids):
+                uuids = cuda_device_uuids()
+                if uuids is not None:
+                    self.device_uuids = uuids
+                    self._next_devices_ns = now_ns + DEVICE_REFRESH_NS
+            writer.publish(
+                self.steps,
+                self.wait_ns,
+                self.step_ns,
+                batch_size=self.batch_size,
+                flops_per_step=self.flops_per_step,
+                device_uuids=self.device_uuids,
+                closed=closed,
+            )
+            self.next_publish_ns = now_ns + self.interval_ns
+        except Exception as exc:
+            self.disable(f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc))
+
+    def close(self) -> None:
+        """Final publish with the closed flag (registered with ``atexit``)."""
+        if self.writer is None or self.disabled:
+            return
+        self.publish(time.perf_counter_ns(), closed=True)
+        writer, self.writer = self.writer, None
+        self.next_publish_ns = 0
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child (a DataLoader worker) starts from zero and never touches the parent's file."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()  # unmaps the child's view only; the parent's file is untouched
+        self.steps = 0
+        self.wait_ns = 0
+        self.last_ns = 0
+        self.closed_step_ns = 0
+        self.stream_start_ns = 0
+        self.in_stream = False
+        self.batch_size = 0
+        self.device_uuids = ()
+        self._next_devices_ns = 0
+        self.path = ""
+        self.reported = False
+        self.next_publish_ns = NEVER if self.disabled else 0
+
+
+PROBE: Final = Probe()
