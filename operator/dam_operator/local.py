@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -135,6 +136,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--memory-bandwidth", type=float, default=None, help="override memory bandwidth, bytes per second"
     )
     parser.add_argument(
+        "--verbose", action="store_true", help="log the samplers' messages (absent NVML and the like)"
+    )
+    parser.add_argument(
         "--live", choices=["auto", "always", "never"], default="auto", help="live verdict line"
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
@@ -157,12 +161,26 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _default_source(probe_dir: str, interval_seconds: float) -> SnapshotSource:
-    from dam_sidecar.collector import build_collector
-    from dam_sidecar.settings import SidecarSettings
+class _CollectorSource:
+    """The sidecar's samplers, sampled on demand in this process (no HTTP, no thread)."""
 
-    settings = SidecarSettings(probe_dir=probe_dir, interval_seconds=interval_seconds, port=0)
-    return build_collector(settings)
+    def __init__(self, probe_dir: str, interval_seconds: float) -> None:
+        from dam_sidecar.collector import build_collector
+        from dam_sidecar.settings import SidecarSettings
+
+        settings = SidecarSettings(probe_dir=probe_dir, interval_seconds=interval_seconds, port=0)
+        self._collector = build_collector(settings)
+
+    def snapshot(self) -> Snapshot:
+        self._collector.sample_now()
+        return self._collector.snapshot()
+
+    def close(self) -> None:
+        self._collector.close()
+
+
+def _default_source(probe_dir: str, interval_seconds: float) -> SnapshotSource:
+    return _CollectorSource(probe_dir, interval_seconds)
 
 
 def _hardware(args: argparse.Namespace) -> Hardware | None:
@@ -248,4 +266,7 @@ def run(
 
 def main(argv: Sequence[str]) -> int:
     args = _parse_args(argv)
+    # Local mode samples whatever exists: no NVML on a laptop is normal, not a warning.
+    # Faults still reach the verdict (missing signals are named in `missing`).
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="dam: %(message)s")
     return run(args)

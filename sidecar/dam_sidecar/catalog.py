@@ -1,0 +1,181 @@
+"""Every metric the sidecar exports: name, type, labels and HELP text.
+
+The collector takes its HELP texts from here and ``tools/gen_metrics_doc.py``
+writes ``docs/metrics.md`` from here, so the documentation cannot drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from dam_sidecar import names as n
+
+GPU_LABELS = ("gpu", "uuid")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: Literal["counter", "gauge"]
+    help: str
+    labels: tuple[str, ...] = ()
+    source: str = ""
+
+
+CATALOG: tuple[MetricSpec, ...] = (
+    # --- probe ---
+    MetricSpec(
+        n.DATALOADER_WAIT_SECONDS_TOTAL,
+        "counter",
+        "Time the training loop blocked waiting for the next batch, summed over training processes.",
+        source="probe",
+    ),
+    MetricSpec(
+        n.STEP_SECONDS_TOTAL,
+        "counter",
+        "Wall time covered by steps (between successive batch fetches), summed over training processes.",
+        source="probe",
+    ),
+    MetricSpec(
+        n.STEPS_TOTAL, "counter", "Steps (batches consumed), summed over training processes.", source="probe"
+    ),
+    MetricSpec(n.PROBE_UP, "gauge", "1 while at least one in-process probe is live, else 0.", source="probe"),
+    MetricSpec(n.PROBE_PROCESSES, "gauge", "Training processes with a live probe file.", source="probe"),
+    MetricSpec(
+        n.BATCH_SIZE, "gauge", "Batch size of the latest batch (absent when unknown).", source="probe"
+    ),
+    MetricSpec(
+        n.MODEL_FLOPS_PER_STEP,
+        "gauge",
+        "Model FLOPs per step declared by the training script (absent when unknown).",
+        source="probe",
+    ),
+    # --- NVML ---
+    MetricSpec(
+        n.NVML_UP,
+        "gauge",
+        "1 when NVML answered the latest sample, 0 when absent, failing or stuck.",
+        source="nvml",
+    ),
+    MetricSpec(
+        n.GPU_ATTRIBUTION,
+        "gauge",
+        "How the reported GPUs were attributed to the job: 1 for the current state "
+        "(probe, visible_devices, all, none).",
+        ("state",),
+        "nvml",
+    ),
+    MetricSpec(
+        n.GPU_INFO, "gauge", "1 per reported GPU, with its model name.", ("gpu", "uuid", "name"), "nvml"
+    ),
+    MetricSpec(
+        n.GPU_UTILIZATION_RATIO,
+        "gauge",
+        "NVML utilization.gpu: time a kernel was resident.",
+        GPU_LABELS,
+        "nvml",
+    ),
+    MetricSpec(
+        n.GPU_MEMORY_BUSY_RATIO,
+        "gauge",
+        "NVML utilization.memory: time device memory was read or written.",
+        GPU_LABELS,
+        "nvml",
+    ),
+    MetricSpec(n.GPU_MEMORY_USED_BYTES, "gauge", "Device memory in use.", GPU_LABELS, "nvml"),
+    MetricSpec(n.GPU_MEMORY_TOTAL_BYTES, "gauge", "Device memory installed.", GPU_LABELS, "nvml"),
+    MetricSpec(n.GPU_POWER_WATTS, "gauge", "Board power draw.", GPU_LABELS, "nvml"),
+    MetricSpec(n.GPU_SM_CLOCK_HERTZ, "gauge", "Current SM clock.", GPU_LABELS, "nvml"),
+    MetricSpec(n.GPU_TEMPERATURE_CELSIUS, "gauge", "GPU die temperature.", GPU_LABELS, "nvml"),
+    MetricSpec(
+        n.GPU_THROTTLE_REASON,
+        "gauge",
+        "1 when the clock is held down for this reason (NVML clock event reasons), else 0.",
+        ("gpu", "uuid", "reason"),
+        "nvml",
+    ),
+    MetricSpec(n.GPU_PCIE_TX_BYTES_PER_SECOND, "gauge", "PCIe transmit throughput.", GPU_LABELS, "nvml"),
+    MetricSpec(n.GPU_PCIE_RX_BYTES_PER_SECOND, "gauge", "PCIe receive throughput.", GPU_LABELS, "nvml"),
+    MetricSpec(
+        n.GPU_SM_ACTIVE_RATIO,
+        "gauge",
+        "GPM SM utilization over the sampling interval (Hopper+).",
+        GPU_LABELS,
+        "gpm",
+    ),
+    MetricSpec(
+        n.GPU_SM_OCCUPANCY_RATIO,
+        "gauge",
+        "GPM SM occupancy: active warps over the theoretical maximum (Hopper+).",
+        GPU_LABELS,
+        "gpm",
+    ),
+    MetricSpec(
+        n.GPU_TENSOR_ACTIVE_RATIO,
+        "gauge",
+        "GPM any-tensor utilization: time the SMs ran tensor operations (Hopper+).",
+        GPU_LABELS,
+        "gpm",
+    ),
+    MetricSpec(
+        n.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO,
+        "gauge",
+        "GPM DRAM bandwidth used over the theoretical maximum (Hopper+).",
+        GPU_LABELS,
+        "gpm",
+    ),
+    MetricSpec(
+        n.GPU_FP16_ACTIVE_RATIO, "gauge", "GPM non-tensor FP16 activity (Hopper+).", GPU_LABELS, "gpm"
+    ),
+    MetricSpec(
+        n.GPU_FP32_ACTIVE_RATIO, "gauge", "GPM non-tensor FP32 activity (Hopper+).", GPU_LABELS, "gpm"
+    ),
+    # --- CPU ---
+    MetricSpec(
+        n.PROCESS_CPU_SECONDS_TOTAL,
+        "counter",
+        "CPU time of the training processes (role=main) and of their descendants, "
+        "the DataLoader workers (role=worker).",
+        ("role",),
+        "cpu",
+    ),
+    MetricSpec(
+        n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL,
+        "counter",
+        "CFS throttled time of the training container's cgroup.",
+        source="cpu",
+    ),
+    MetricSpec(
+        n.CONTAINER_CPU_LIMIT_CORES,
+        "gauge",
+        "CFS CPU limit of the training container in cores (absent when unlimited).",
+        source="cpu",
+    ),
+    MetricSpec(
+        n.NODE_CPU_UTILIZATION_RATIO,
+        "gauge",
+        "Node CPU utilization between the last two samples.",
+        source="cpu",
+    ),
+    # --- the sidecar ---
+    MetricSpec(
+        n.SAMPLER_ERRORS_TOTAL,
+        "counter",
+        "Sampler faults by sampler (probe, nvml, cpu) and bounded reason.",
+        ("sampler", "reason"),
+        "sidecar",
+    ),
+    MetricSpec(
+        n.SAMPLER_DURATION_SECONDS,
+        "gauge",
+        "Duration of the latest sample of each sampler.",
+        ("sampler",),
+        "sidecar",
+    ),
+    MetricSpec(
+        n.SNAPSHOT_TIMESTAMP_SECONDS, "gauge", "Unix time of the latest completed sample.", source="sidecar"
+    ),
+)
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in CATALOG}

@@ -1,0 +1,229 @@
+# ruff: noqa: N802, N815
+"""A pynvml-like module with simulated GPUs, for tests and the cost benchmark.
+
+It is injected into the real ``NvmlSampler`` (``NvmlSampler(errors, load=lambda: FakeNvml(8))``)
+so that the real code paths run; only the driver is simulated. Faults can be
+switched on per instance: a missing library, unsupported calls, a lost GPU, a
+hanging call, pre-Hopper GPUs without GPM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+NVML_CLOCK_SM = 1
+NVML_TEMPERATURE_GPU = 0
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_GPM_METRICS_GET_VERSION = 1
+NVML_GPM_METRIC_MAX = 477
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+@dataclass
+class _Util:
+    gpu: int
+    memory: int
+
+
+@dataclass
+class _Mem:
+    total: int
+    used: int
+    free: int
+
+
+@dataclass
+class _Support:
+    isSupportedDevice: int
+
+
+@dataclass
+class _Metric:
+    metricId: int = 0
+    nvmlReturn: int = 0
+    value: float = 0.0
+
+
+class GpmMetricsGet:
+    """pynvml's ``c_nvmlGpmMetricsGet_t``, as plain Python."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: Any = None
+        self.sample2: Any = None
+        self.metrics = [_Metric() for _ in range(16)]
+
+
+@dataclass
+class _GpmSample:
+    serial: int
+    taken_at: int = -1
+    handle: int = -1
+    freed: bool = False
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    utilization: int = 90
+    memory_busy: int = 40
+    memory_total: int = 80 * 1024**3
+    memory_used: int = 60 * 1024**3
+    power_mw: int = 550_000
+    sm_clock_mhz: int = 1980
+    temperature: int = 61
+    throttle_mask: int = 0x4
+    pcie_kbps: int = 1_000_000
+    gpm: bool = True
+    gpm_percent: dict[int, float] = field(
+        default_factory=lambda: {2: 85.0, 3: 40.0, 5: 70.0, 10: 30.0, 12: 5.0, 13: 1.0}
+    )
+
+
+class FakeNvml:
+    """Module-like object exposing the subset of pynvml the sampler calls."""
+
+    NVMLError = NVMLError
+    c_nvmlGpmMetricsGet_t = GpmMetricsGet
+    NVML_CLOCK_SM = NVML_CLOCK_SM
+    NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
+    NVML_PCIE_UTIL_TX_BYTES = NVML_PCIE_UTIL_TX_BYTES
+    NVML_PCIE_UTIL_RX_BYTES = NVML_PCIE_UTIL_RX_BYTES
+    NVML_GPM_METRICS_GET_VERSION = NVML_GPM_METRICS_GET_VERSION
+
+    def __init__(self, gpus: int | list[FakeGpu] = 1, *, library_missing: bool = False) -> None:
+        if isinstance(gpus, int):
+            gpus = [FakeGpu(uuid=f"GPU-fake-{i:04d}-0000-0000-000000000000") for i in range(gpus)]
+        self.gpus = gpus
+        self.library_missing = library_missing
+        self.unsupported: set[str] = set()
+        self.lost: set[int] = set()
+        self.hang: threading.Event | None = None  # set: calls return; clear: calls block
+        self.init_calls = 0
+        self.shutdown_calls = 0
+        self.calls = 0
+        self._serial = itertools.count()
+        self._clock = 0
+        self.allocated: list[_GpmSample] = []
+        self.metrics_get_pairs: list[tuple[int, int]] = []
+
+    # --- plumbing ---------------------------------------------------------------
+    def _enter(self, fn: str, handle: int | None = None) -> FakeGpu | None:
+        self.calls += 1
+        if self.hang is not None:
+            self.hang.wait()
+        if fn in self.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if handle is None:
+            return None
+        if handle in self.lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        return self.gpus[handle]
+
+    def _gpu(self, fn: str, handle: int) -> FakeGpu:
+        gpu = self._enter(fn, handle)
+        assert gpu is not None
+        return gpu
+
+    # --- pynvml API ---------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if self.library_missing:
+            raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+        self._enter("nvmlInit")
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown_calls += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self._gpu("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return self._gpu("nvmlDeviceGetName", handle).name.encode()
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> _Util:
+        g = self._gpu("nvmlDeviceGetUtilizationRates", handle)
+        return _Util(gpu=g.utilization, memory=g.memory_busy)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Mem:
+        g = self._gpu("nvmlDeviceGetMemoryInfo", handle)
+        return _Mem(total=g.memory_total, used=g.memory_used, free=g.memory_total - g.memory_used)
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        return self._gpu("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:
+        return self._gpu("nvmlDeviceGetClockInfo", handle).sm_clock_mhz
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        return self._gpu("nvmlDeviceGetTemperature", handle).temperature
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle).throttle_mask
+
+    def nvmlDeviceGetPcieThroughput(self, handle: int, counter: int) -> int:
+        return self._gpu("nvmlDeviceGetPcieThroughput", handle).pcie_kbps
+
+    def nvmlGpmQueryDeviceSupport(self, handle: int) -> _Support:
+        return _Support(isSupportedDevice=int(self._gpu("nvmlGpmQueryDeviceSupport", handle).gpm))
+
+    def nvmlGpmSampleAlloc(self) -> _GpmSample:
+        self._enter("nvmlGpmSampleAlloc")
+        s = _GpmSample(serial=next(self._serial))
+        self.allocated.append(s)
+        return s
+
+    def nvmlGpmSampleFree(self, sample: _GpmSample) -> None:
+        sample.freed = True
+
+    def nvmlGpmSampleGet(self, handle: int, sample: _GpmSample) -> _GpmSample:
+        self._gpu("nvmlGpmSampleGet", handle)
+        if sample.freed:
+            raise NVMLError(NVML_ERROR_UNKNOWN)
+        self._clock += 1
+        sample.taken_at = self._clock
+        sample.handle = handle
+        return sample
+
+    def nvmlGpmMetricsGet(self, mg: GpmMetricsGet) -> GpmMetricsGet:
+        self._enter("nvmlGpmMetricsGet")
+        s1, s2 = mg.sample1, mg.sample2
+        if mg.version != NVML_GPM_METRICS_GET_VERSION or s1.freed or s2.freed:
+            raise NVMLError(NVML_ERROR_UNKNOWN)
+        if not (0 <= s1.taken_at < s2.taken_at) or s1.handle != s2.handle:
+            raise NVMLError(NVML_ERROR_UNKNOWN)  # the real API wants an older then a newer sample
+        self.metrics_get_pairs.append((s1.serial, s2.serial))
+        table = self.gpus[s2.handle].gpm_percent
+        for i in range(mg.numMetrics):
+            m = mg.metrics[i]
+            if m.metricId in table:
+                m.value = table[m.metricId]
+                m.nvmlReturn = NVML_SUCCESS
+            else:
+                m.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        return mg

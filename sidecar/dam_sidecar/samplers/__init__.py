@@ -1,0 +1,1 @@
+"""Samplers: each behind a small protocol, each returning plain data."""

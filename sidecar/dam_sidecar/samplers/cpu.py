@@ -1,0 +1,310 @@
+"""CPU sampler: the training processes' CPU time, container CFS throttling, node CPU utilization.
+
+Everything comes from files under ``proc_root`` and ``cgroup_root``, so tests
+use small fixture trees. Counters are monotonic: the CPU time of a process that
+exited (a DataLoader worker, a restarted trainer) is folded into a carried total.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dam_sidecar.errors import ErrorLog
+
+SAMPLER = "cpu"
+
+ProcKey = tuple[int, int]  # (pid, start time in clock ticks since boot)
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    main_cpu_seconds: float | None = None
+    worker_cpu_seconds: float | None = None
+    main_processes: int = 0
+    worker_processes: int = 0
+    throttled_seconds: float | None = None
+    limit_cores: float | None = None
+    node_utilization_ratio: float | None = None
+
+
+class CpuSource(Protocol):
+    def sample(self, pids: Iterable[int]) -> CpuSample: ...
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    cpu_ticks: int
+    start_ticks: int
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse ``/proc/<pid>/stat``; the command name may hold spaces and parentheses."""
+    head, sep, tail = text.rpartition(")")
+    if not sep:
+        raise ValueError("no ')' after the command name")
+    pid = int(head.split("(", 1)[0])
+    fields = tail.split()
+    # fields[0] is field 3 (state): utime is field 14, stime 15, starttime 22.
+    return ProcStat(
+        pid=pid,
+        ppid=int(fields[1]),
+        cpu_ticks=int(fields[11]) + int(fields[12]),
+        start_ticks=int(fields[19]),
+    )
+
+
+class _Monotonic:
+    """Sum over a changing set of cumulative per-key counters that never goes down."""
+
+    def __init__(self) -> None:
+        self.carried = 0.0
+        self.last: dict[ProcKey, float] = {}
+
+    def update(self, current: dict[ProcKey, float]) -> float:
+        for key, value in self.last.items():
+            if key not in current or current[key] < value:  # gone (or, to be safe, went back)
+                self.carried += value
+        self.last = dict(current)
+        return self.carried + sum(current.values())
+
+
+@dataclass
+class _Counter:
+    carried: float = 0.0
+    last: float | None = None
+
+    def update(self, value: float) -> float:
+        if self.last is not None and value < self.last:
+            self.carried += self.last
+        self.last = value
+        return self.carried + value
+
+
+@dataclass
+class CpuSampler:
+    errors: ErrorLog
+    proc_root: str = "/proc"
+    cgroup_root: str = "/sys/fs/cgroup"
+    clock_ticks_per_second: int = 0
+    _main: _Monotonic = field(default_factory=_Monotonic)
+    _worker: _Monotonic = field(default_factory=_Monotonic)
+    _throttled: _Counter = field(default_factory=_Counter)
+    _node_prev: tuple[int, int] | None = None
+    _cgroup_dir: str | None = None
+    _cgroup_for: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.clock_ticks_per_second <= 0:
+            self.clock_ticks_per_second = int(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100
+
+    # --- /proc --------------------------------------------------------------
+    def _read(self, *parts: str) -> str:
+        with open(os.path.join(*parts), encoding="ascii", errors="replace") as fh:
+            return fh.read()
+
+    def _stat(self, pid: int) -> ProcStat | None:
+        try:
+            return parse_stat(self._read(self.proc_root, str(pid), "stat"))
+        except (FileNotFoundError, ProcessLookupError):
+            return None  # the process exited
+        except (OSError, ValueError, IndexError) as exc:
+            self.errors.record(SAMPLER, "proc_parse", f"{self.proc_root}/{pid}/stat: {exc}")
+            return None
+
+    def _children(self, pid: int) -> list[int] | None:
+        """Children from /proc/<pid>/task/*/children; None when the kernel does not offer the file."""
+        task_dir = os.path.join(self.proc_root, str(pid), "task")
+        try:
+            tids = os.listdir(task_dir)
+        except OSError:
+            return None
+        out: list[int] = []
+        found = False
+        for tid in tids:
+            try:
+                text = self._read(task_dir, tid, "children")
+            except FileNotFoundError:
+                continue
+            except OSError:
+                continue
+            found = True
+            out.extend(int(c) for c in text.split() if c.isdigit())
+        return out if found else None
+
+    def _ppid_map(self) -> dict[int, list[int]]:
+        children: dict[int, list[int]] = {}
+        try:
+            entries = os.listdir(self.proc_root)
+        except OSError:
+            return children
+        for name in entries:
+            if name.isdigit():
+                st = self._stat(int(name))
+                if st is not None:
+                    children.setdefault(st.ppid, []).append(st.pid)
+        return children
+
+    def _descendants(self, roots: list[int]) -> list[int]:
+        ppid_map: dict[int, list[int]] | None = None
+        seen: set[int] = set(roots)
+        out: list[int] = []
+        stack = list(roots)
+        while stack:
+            pid = stack.pop()
+            kids = self._children(pid)
+            if kids is None:
+                if ppid_map is None:
+                    ppid_map = self._ppid_map()
+                kids = ppid_map.get(pid, [])
+            for kid in kids:
+                if kid not in seen:
+                    seen.add(kid)
+                    out.append(kid)
+                    stack.append(kid)
+        return out
+
+    def _cpu(self, pids: Iterable[int]) -> dict[ProcKey, float]:
+        out: dict[ProcKey, float] = {}
+        for pid in pids:
+            st = self._stat(pid)
+            if st is not None:
+                out[(st.pid, st.start_ticks)] = st.cpu_ticks / self.clock_ticks_per_second
+        return out
+
+    # --- cgroup ---------------------------------------------------------------
+    def _resolve_cgroup(self, pid: int) -> str | None:
+        """The training process's cgroup directory, when it is visible under ``cgroup_root``.
+
+        In a container with its own cgroup namespace, a process of the same
+        container reads ``0::/`` (``cgroup_root`` itself); a process of another
+        container reads ``0::/../…``, which is not visible: then there is no
+        throttling series rather than a wrong one.
+        """
+        if pid == self._cgroup_for:
+            return self._cgroup_dir
+        try:
+            lines = self._read(self.proc_root, str(pid), "cgroup").splitlines()
+        except OSError:
+            return None  # the process is gone; try again next tick
+        chosen: str | None = None
+        v2 = self._is_v2()
+        for line in lines:
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            hid, controllers, path = parts
+            if v2 and hid == "0" and controllers == "":
+                base = self.cgroup_root
+            elif not v2 and "cpu" in controllers.split(","):
+                base = self._v1_cpu_root()
+            else:
+                continue
+            candidate = os.path.normpath(os.path.join(base, path.lstrip("/")))
+            inside = candidate == base or candidate.startswith(base.rstrip("/") + "/")
+            if inside and os.path.exists(os.path.join(candidate, "cpu.stat")):
+                chosen = candidate
+            break
+        if chosen is None:
+            self.errors.record(
+                SAMPLER,
+                "cgroup_unresolved",
+                f"the cgroup of pid {pid} is not visible under {self.cgroup_root}; no throttling series",
+            )
+        self._cgroup_dir, self._cgroup_for = chosen, pid
+        return chosen
+
+    def _is_v2(self) -> bool:
+        return os.path.exists(os.path.join(self.cgroup_root, "cgroup.controllers"))
+
+    def _v1_cpu_root(self) -> str:
+        for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
+            p = os.path.join(self.cgroup_root, name)
+            if os.path.isdir(p):
+                return p
+        return self.cgroup_root
+
+    def _cgroup(self, pid: int | None) -> tuple[float | None, float | None]:
+        if pid is None:
+            return None, None
+        directory = self._resolve_cgroup(pid)
+        if directory is None:
+            return None, None
+        v2 = self._is_v2()
+        throttled: float | None = None
+        limit: float | None = None
+        try:
+            stat = dict(
+                (k, v)
+                for k, _, v in (ln.partition(" ") for ln in self._read(directory, "cpu.stat").splitlines())
+            )
+            if v2:
+                throttled = int(stat["throttled_usec"]) / 1e6
+            else:
+                throttled = int(stat["throttled_time"]) / 1e9
+        except FileNotFoundError:
+            self.errors.record(SAMPLER, "no_cgroup", f"no cpu.stat under {directory}")
+            self._cgroup_for = None  # resolve again next tick
+        except (OSError, KeyError, ValueError) as exc:
+            self.errors.record(SAMPLER, "cgroup_parse", f"{directory}/cpu.stat: {exc!r}")
+        try:
+            if v2:
+                quota, _, period = self._read(directory, "cpu.max").strip().partition(" ")
+                if quota != "max":
+                    limit = int(quota) / int(period or "100000")
+            else:
+                q = int(self._read(directory, "cpu.cfs_quota_us").strip())
+                p = int(self._read(directory, "cpu.cfs_period_us").strip())
+                if q > 0 and p > 0:
+                    limit = q / p
+        except FileNotFoundError:
+            pass  # no limit file: no limit series
+        except (OSError, ValueError) as exc:
+            self.errors.record(SAMPLER, "cgroup_parse", f"{directory}: CPU limit unreadable: {exc!r}")
+        return (self._throttled.update(throttled) if throttled is not None else None), limit
+
+    # --- /proc/stat -----------------------------------------------------------
+    def _node(self) -> float | None:
+        try:
+            first = self._read(self.proc_root, "stat").splitlines()[0].split()
+            if first[0] != "cpu":
+                raise ValueError("first line is not the aggregate 'cpu' line")
+            values = [int(v) for v in first[1:]]
+        except (OSError, ValueError, IndexError) as exc:
+            self.errors.record(SAMPLER, "proc_parse", f"{self.proc_root}/stat: {exc}")
+            return None
+        # user nice system idle iowait irq softirq steal (guest time is already inside user).
+        busy_plus_idle = sum(values[:8])
+        idle = values[3] + (values[4] if len(values) > 4 else 0)
+        prev, self._node_prev = self._node_prev, (busy_plus_idle, idle)
+        if prev is None:
+            return None
+        d_total, d_idle = busy_plus_idle - prev[0], idle - prev[1]
+        if d_total <= 0:
+            return None
+        return min(1.0, max(0.0, 1.0 - d_idle / d_total))
+
+    # --- the sample -----------------------------------------------------------
+    def sample(self, pids: Iterable[int]) -> CpuSample:
+        mains = sorted(set(pids))
+        main_cpu = self._cpu(mains)
+        live_mains = sorted({k[0] for k in main_cpu})
+        workers = [p for p in self._descendants(live_mains) if p not in set(mains)]
+        worker_cpu = self._cpu(workers)
+        main_total = self._main.update(main_cpu)
+        worker_total = self._worker.update(worker_cpu)
+        seen_any = bool(self._main.last or self._main.carried)
+        throttled, limit = self._cgroup(live_mains[0] if live_mains else None)
+        return CpuSample(
+            main_cpu_seconds=main_total if seen_any else None,
+            worker_cpu_seconds=worker_total if seen_any else None,
+            main_processes=len(main_cpu),
+            worker_processes=len(worker_cpu),
+            throttled_seconds=throttled,
+            limit_cores=limit,
+            node_utilization_ratio=self._node(),
+        )

@@ -1,0 +1,407 @@
+"""NVML sampler: per-GPU utilization, memory, power, clocks, throttle reasons, PCIe, and GPM.
+
+``pynvml`` is imported lazily, inside the sampler, on its first sample (never at
+module import). Every NVML call is guarded: ``NOT_SUPPORTED`` makes the series
+absent (and the call is not repeated), a lost GPU drops that GPU's series, and
+other errors are counted in ``dam_sampler_errors_total{sampler="nvml"}``.
+
+``Watchdog`` runs any ``NvmlSource`` in a daemon worker thread: an NVML call
+that hangs (the driver lock is held elsewhere) makes the sample ``up=False,
+stuck=True`` after ``timeout_seconds``, and /metrics keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dam_sidecar.errors import ErrorLog
+
+SAMPLER = "nvml"
+
+# GPM metric ids (nvml.h, NVML_GPM_METRIC_*), mapped to our metric names' suffixes.
+GPM_SM_UTIL = 2
+GPM_SM_OCCUPANCY = 3
+GPM_ANY_TENSOR_UTIL = 5
+GPM_DRAM_BW_UTIL = 10
+GPM_FP32_UTIL = 12
+GPM_FP16_UTIL = 13
+GPM_METRICS: dict[int, str] = {
+    GPM_SM_UTIL: "sm_active",
+    GPM_SM_OCCUPANCY: "sm_occupancy",
+    GPM_ANY_TENSOR_UTIL: "tensor_active",
+    GPM_DRAM_BW_UTIL: "dram_bandwidth_utilization",
+    GPM_FP16_UTIL: "fp16_active",
+    GPM_FP32_UTIL: "fp32_active",
+}
+
+# Clock event ("throttle") reason bits (nvml.h nvmlClocksEventReason*), a bounded label set.
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+# NVML return codes (nvml.h) we name; others read as "nvml_error".
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_DRIVER_NOT_LOADED = 9
+_TIMEOUT = 10
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+_UNKNOWN = 999
+_REASONS = {
+    _NOT_SUPPORTED: "not_supported",
+    _NO_PERMISSION: "no_permission",
+    _DRIVER_NOT_LOADED: "driver_not_loaded",
+    _TIMEOUT: "nvml_timeout",
+    _LIBRARY_NOT_FOUND: "no_library",
+    _FUNCTION_NOT_FOUND: "not_supported",
+    _GPU_IS_LOST: "gpu_lost",
+    _UNKNOWN: "unknown",
+}
+# PCIe throughput comes in KB/s.
+_KIB = 1024
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    uuid: str
+    name: str = ""
+    utilization_ratio: float | None = None
+    memory_busy_ratio: float | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    power_watts: float | None = None
+    sm_clock_hertz: float | None = None
+    temperature_celsius: float | None = None
+    throttle_reasons: dict[str, bool] | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    gpm: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NvmlSample:
+    up: bool
+    gpus: tuple[GpuSample, ...] = ()
+    stuck: bool = False
+
+
+class NvmlSource(Protocol):
+    def sample(self) -> NvmlSample: ...
+
+    def close(self) -> None: ...
+
+
+class NoNvml:
+    """For processes that must never touch NVML."""
+
+    def sample(self) -> NvmlSample:
+        return NvmlSample(up=False)
+
+    def close(self) -> None:
+        return None
+
+
+def _import_pynvml() -> Any:
+    import pynvml
+
+    return pynvml
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class _LostError(Exception):
+    """The GPU fell off the bus: skip it."""
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any
+    uuid: str
+    name: str
+    unsupported: set[str] = field(default_factory=set)
+    gpm_samples: list[Any] = field(default_factory=list)  # [previous, current]
+    gpm_primed: bool = False
+    lost: bool = False
+
+
+class NvmlSampler:
+    """The real NVML sampler. ``load`` returns a pynvml-like module (a fake one in tests)."""
+
+    def __init__(
+        self,
+        errors: ErrorLog,
+        load: Callable[[], Any] = _import_pynvml,
+        retry_init_every: int = 30,
+    ) -> None:
+        self._errors = errors
+        self._load = load
+        self._nv: Any = None
+        self._devices: list[_Device] = []
+        self._initialized = False
+        self._failed_inits = 0
+        self._retry_every = max(1, retry_init_every)
+        self._ticks_since_failure = 0
+
+    # --- lifecycle -------------------------------------------------------------
+    def _reason(self, exc: BaseException) -> str:
+        value = getattr(exc, "value", None)
+        if isinstance(value, int):
+            return _REASONS.get(value, "nvml_error")
+        return "nvml_error"
+
+    def _init(self) -> bool:
+        try:
+            nv = self._load()
+        except ImportError as exc:
+            self._errors.record(SAMPLER, "no_library", f"pynvml is not importable: {exc}")
+            return False
+        try:
+            nv.nvmlInit()
+        except Exception as exc:
+            self._errors.record(SAMPLER, self._reason(exc), f"nvmlInit failed: {exc}")
+            return False
+        self._nv = nv
+        self._initialized = True
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+        except Exception as exc:
+            self._errors.record(SAMPLER, self._reason(exc), f"nvmlDeviceGetCount failed: {exc}")
+            count = 0
+        for i in range(count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            except Exception as exc:
+                self._errors.record(SAMPLER, self._reason(exc), f"GPU {i}: cannot get a handle: {exc}")
+                continue
+            try:
+                name = _text(nv.nvmlDeviceGetName(handle))
+            except Exception:
+                name = ""
+            dev = _Device(index=i, handle=handle, uuid=uuid, name=name)
+            self._init_gpm(dev)
+            self._devices.append(dev)
+        if count == 0:
+            self._errors.record(SAMPLER, "no_gpus", "NVML sees no GPU")
+        return True
+
+    def _init_gpm(self, dev: _Device) -> None:
+        nv = self._nv
+        try:
+            support = nv.nvmlGpmQueryDeviceSupport(dev.handle)
+            if not support.isSupportedDevice:
+                return
+            dev.gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        except Exception as exc:
+            # Pre-Hopper GPUs, old drivers: no GPM series, no error.
+            if self._reason(exc) not in ("not_supported",):
+                self._errors.record(SAMPLER, self._reason(exc), f"GPU {dev.index}: GPM unavailable: {exc}")
+            self._free_gpm(dev)
+
+    def _free_gpm(self, dev: _Device) -> None:
+        for s in dev.gpm_samples:
+            with contextlib.suppress(Exception):
+                self._nv.nvmlGpmSampleFree(s)
+        dev.gpm_samples = []
+
+    def close(self) -> None:
+        if not self._initialized:
+            return
+        for dev in self._devices:
+            self._free_gpm(dev)
+        with contextlib.suppress(Exception):
+            self._nv.nvmlShutdown()
+        self._initialized = False
+        self._devices = []
+
+    # --- sampling --------------------------------------------------------------
+    def sample(self) -> NvmlSample:
+        if not self._initialized:
+            if self._failed_inits and self._ticks_since_failure < self._retry_every:
+                self._ticks_since_failure += 1
+                return NvmlSample(up=False)
+            if not self._init():
+                self._failed_inits += 1
+                self._ticks_since_failure = 1
+                return NvmlSample(up=False)
+        gpus: list[GpuSample] = []
+        for dev in self._devices:
+            if dev.lost:
+                continue
+            try:
+                gpus.append(self._sample_device(dev))
+            except _LostError:
+                dev.lost = True
+                self._free_gpm(dev)
+                self._errors.record(
+                    SAMPLER, "gpu_lost", f"GPU {dev.index} ({dev.uuid}) is lost; its series are dropped"
+                )
+        return NvmlSample(up=True, gpus=tuple(gpus))
+
+    def _call(self, dev: _Device, what: str, fn: Callable[[], Any]) -> Any:
+        """One guarded NVML call; None when unsupported or failed."""
+        if what in dev.unsupported:
+            return None
+        try:
+            return fn()
+        except Exception as exc:
+            reason = self._reason(exc)
+            if reason == "gpu_lost":
+                raise _LostError() from exc
+            if reason == "not_supported":
+                dev.unsupported.add(what)
+                self._errors.record(
+                    SAMPLER, reason, f"GPU {dev.index}: {what} is not supported; series absent"
+                )
+            else:
+                self._errors.record(SAMPLER, reason, f"GPU {dev.index}: {what} failed: {exc}")
+            return None
+
+    def _sample_device(self, dev: _Device) -> GpuSample:
+        nv, h = self._nv, dev.handle
+        util = self._call(dev, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        mem = self._call(dev, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        power_mw = self._call(dev, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
+        clock_mhz = self._call(dev, "sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        temp = self._call(dev, "temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        reasons_fn = (
+            getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        mask = self._call(dev, "throttle_reasons", lambda: reasons_fn(h))
+        tx = self._call(dev, "pcie_tx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
+        rx = self._call(dev, "pcie_rx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
+        return GpuSample(
+            index=dev.index,
+            uuid=dev.uuid,
+            name=dev.name,
+            utilization_ratio=_ratio(util.gpu) if util is not None else None,
+            memory_busy_ratio=_ratio(util.memory) if util is not None else None,
+            memory_used_bytes=float(mem.used) if mem is not None else None,
+            memory_total_bytes=float(mem.total) if mem is not None else None,
+            power_watts=power_mw / 1000.0 if power_mw is not None else None,
+            sm_clock_hertz=clock_mhz * 1e6 if clock_mhz is not None else None,
+            temperature_celsius=float(temp) if temp is not None else None,
+            throttle_reasons=(
+                {label: bool(int(mask) & bit) for bit, label in THROTTLE_REASONS.items()}
+                if mask is not None
+                else None
+            ),
+            pcie_tx_bytes_per_second=float(tx) * _KIB if tx is not None else None,
+            pcie_rx_bytes_per_second=float(rx) * _KIB if rx is not None else None,
+            gpm=self._sample_gpm(dev),
+        )
+
+    def _sample_gpm(self, dev: _Device) -> dict[str, float]:
+        """Two GPM samples across the interval: take the current one, diff it with the previous one."""
+        if not dev.gpm_samples:
+            return {}
+        nv = self._nv
+        previous, current = dev.gpm_samples
+        got = self._call(dev, "gpm_sample", lambda: nv.nvmlGpmSampleGet(dev.handle, current))
+        if got is None:
+            if "gpm_sample" in dev.unsupported:
+                self._free_gpm(dev)
+            return {}
+        out: dict[str, float] = {}
+        if dev.gpm_primed:
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(GPM_METRICS)
+            mg.sample1 = previous
+            mg.sample2 = current
+            ids = list(GPM_METRICS)
+            for i, metric_id in enumerate(ids):
+                mg.metrics[i].metricId = metric_id
+            if self._call(dev, "gpm_metrics", lambda: nv.nvmlGpmMetricsGet(mg)) is not None:
+                for i, metric_id in enumerate(ids):
+                    m = mg.metrics[i]
+                    if int(m.nvmlReturn) == 0:
+                        out[GPM_METRICS[metric_id]] = _ratio(float(m.value))
+        dev.gpm_samples = [current, previous]  # the current sample is the next tick's previous
+        dev.gpm_primed = True
+        return out
+
+
+def _ratio(percent: float) -> float:
+    return min(1.0, max(0.0, float(percent) / 100.0))
+
+
+class Watchdog:
+    """Runs ``inner.sample()`` in a daemon thread; a call over ``timeout_seconds`` means stuck.
+
+    While the worker is stuck, samples return ``up=False, stuck=True`` at once
+    (no second call is queued behind the hung one); when the call returns, the
+    next tick samples normally again.
+    """
+
+    def __init__(self, inner: NvmlSource, timeout_seconds: float, errors: ErrorLog) -> None:
+        self._inner = inner
+        self._timeout = timeout_seconds
+        self._errors = errors
+        self._requests: queue.Queue[bool] = queue.Queue()
+        self._results: queue.Queue[NvmlSample | BaseException] = queue.Queue()
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name="dam-nvml", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self._requests.get():
+            try:
+                result: NvmlSample | BaseException = self._inner.sample()
+            except BaseException as exc:
+                result = exc
+            self._results.put(result)
+        with contextlib.suppress(Exception):
+            self._inner.close()
+
+    @property
+    def stuck(self) -> bool:
+        return self._busy
+
+    def sample(self) -> NvmlSample:
+        if self._busy:
+            try:
+                self._results.get_nowait()  # the hung call came back: drop its stale result
+                self._busy = False
+            except queue.Empty:
+                self._errors.record(SAMPLER, "stuck", "an earlier NVML call has still not returned")
+                return NvmlSample(up=False, stuck=True)
+        self._busy = True
+        self._requests.put(True)
+        try:
+            result = self._results.get(timeout=self._timeout)
+        except queue.Empty:
+            self._errors.record(
+                SAMPLER, "timeout", f"NVML sample took longer than {self._timeout:g} s; marked stuck"
+            )
+            return NvmlSample(up=False, stuck=True)
+        self._busy = False
+        if isinstance(result, BaseException):
+            self._errors.record(SAMPLER, "exception", f"NVML sampler failed: {result!r}")
+            return NvmlSample(up=False)
+        return result
+
+    def close(self) -> None:
+        """Ask the worker to shut NVML down; never waits on a hung call."""
+        self._requests.put(False)
+        if not self._busy:
+            self._thread.join(timeout=self._timeout)
