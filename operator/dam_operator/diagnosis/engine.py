@@ -54,6 +54,8 @@ _AXES: dict[Regime, tuple[Axis, Axis | None]] = {
 }
 
 CPU_MULTI_THREAD_CORES = 1.5
+NODE_CPU_BUSY = 0.90
+"""A node whose CPUs are this busy leaves a CPU-only job no spare cores: the host CPU is the limit."""
 """A CPU-only main process above this many cores is doing multi-threaded arithmetic, not Python overhead."""
 
 MIN_CONFIDENCE = 0.05
@@ -518,6 +520,20 @@ class _Rules:
                 evidence=ev,
                 missing=missing,
                 also=("torch-compile", "reduce-python-ops"),
+            )
+        node = o.node_cpu_utilization
+        if node is not None and node >= NODE_CPU_BUSY:
+            ev.append(
+                f"node CPU {node:.0%} busy (≥ {NODE_CPU_BUSY:.0%}): the training process competes for cores, "
+                "so the host CPU limits the arithmetic"
+            )
+            return _Finding(
+                Regime.COMPUTE_BOUND,
+                "move-to-accelerator",
+                base - 0.15,
+                evidence=ev,
+                missing=missing,
+                also=("raise-cpu-limit",),
             )
         ev.append("neither the data wait nor CPU use explains the step time")
         return _Finding(

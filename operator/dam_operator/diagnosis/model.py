@@ -73,6 +73,7 @@ class Observation(_Wire):
     worker_count: Annotated[int, Field(ge=0, le=100_000)] | None = None
     cpu_throttled_ratio: Ratio | None = None
     cpu_limit_cores: NonNeg | None = None
+    node_cpu_utilization: Ratio | None = None
 
     batch_size: Annotated[int, Field(ge=0, le=10**9)] | None = None
     flops_per_step: NonNeg | None = None

@@ -196,6 +196,9 @@ def observation_from_snapshots(
     limit = _gauge(after, names.CONTAINER_CPU_LIMIT_CORES)
     if limit:
         fields["cpu_limit_cores"] = limit
+    node = _gauge(after, names.NODE_CPU_UTILIZATION_RATIO)
+    if node is not None:
+        fields["node_cpu_utilization"] = _ratio(node)
 
     # Workload description.
     if batch_size is None:
@@ -282,6 +285,7 @@ def aggregate(per_pod: Mapping[str, Observation]) -> Observation:
         "worker_cpu_cores": _sum(o.worker_cpu_cores for o in pods),
         "cpu_limit_cores": _sum(o.cpu_limit_cores for o in pods),
         "cpu_throttled_ratio": _weighted((o.cpu_throttled_ratio, 1.0) for o in pods),
+        "node_cpu_utilization": _weighted((o.node_cpu_utilization, 1.0) for o in pods),
         "batch_size": _common(o.batch_size for o in pods),
         "flops_per_step": _weighted((o.flops_per_step, w) for o, w in zip(pods, steps_weights, strict=True)),
         "bytes_per_step": _weighted((o.bytes_per_step, w) for o, w in zip(pods, steps_weights, strict=True)),
@@ -293,7 +297,7 @@ def aggregate(per_pod: Mapping[str, Observation]) -> Observation:
     fields["worker_count"] = round(math.fsum(workers)) if workers else None
     for name in GPU_RATIO_GAUGES:
         fields[name] = _weighted((getattr(o, name), w) for o, w in zip(pods, gpu_weights, strict=True))
-    for name in ("data_wait_ratio", "cpu_throttled_ratio", *GPU_RATIO_GAUGES):
+    for name in ("data_wait_ratio", "cpu_throttled_ratio", "node_cpu_utilization", *GPU_RATIO_GAUGES):
         if fields[name] is not None:
             fields[name] = min(1.0, max(0.0, fields[name]))
     return _build(fields)

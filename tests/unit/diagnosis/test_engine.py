@@ -367,3 +367,28 @@ def test_status_shape_uses_camel_case_wire_names() -> None:
         status["bottleneck"]
     )
     assert status["metrics"]["dataWaitRatio"] == pytest.approx(0.62)
+
+
+def _cpu_only_low_wait(**extra: Any) -> Observation:
+    return Observation(
+        steps=200,
+        steps_per_second=10.0,
+        data_wait_ratio=0.02,
+        mean_step_seconds=0.1,
+        gpu_count=0,
+        main_cpu_cores=0.5,
+        worker_cpu_cores=0.0,
+        **extra,
+    )
+
+
+def test_cpu_only_job_on_a_saturated_node_is_compute_bound_on_the_host_cpu() -> None:
+    verdict = diagnose(_cpu_only_low_wait(node_cpu_utilization=0.97))
+    assert verdict.bottleneck.regime is Regime.COMPUTE_BOUND
+    assert verdict.bottleneck.axis is Axis.MACHINE
+    assert any("node CPU 97% busy" in e for e in verdict.bottleneck.evidence)
+
+
+def test_cpu_only_job_with_idle_node_and_unsaturated_process_stays_unknown() -> None:
+    verdict = diagnose(_cpu_only_low_wait(node_cpu_utilization=0.40))
+    assert verdict.bottleneck.regime is Regime.UNKNOWN
