@@ -20,7 +20,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIOS = {
     "starved": "slow __getitem__, 0 workers",
-    "fixed": "same data, 6 workers + prefetch",
+    "fixed": "same data, 8 workers + prefetch",
     "compute": "heavy model, in-memory data",
 }
 
@@ -63,7 +63,9 @@ def run_scenario(name: str, seconds: float) -> dict[str, object]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="training time per scenario")
     args = parser.parse_args()
     results = {name: run_scenario(name, args.seconds) for name in SCENARIOS}
@@ -87,8 +89,11 @@ def main() -> int:
     fixed = results["fixed"]["bottleneck"]
     assert isinstance(starved, dict) and isinstance(fixed, dict)
     ok = starved["regime"] == "input-bound" and fixed["regime"] != "input-bound"
-    print("The starved loader is input-bound; adding workers and prefetch moves the bottleneck." if ok else
-          "Unexpected verdicts: see the evidence above.")
+    print(
+        "The starved loader is input-bound; adding workers and prefetch moves the bottleneck."
+        if ok
+        else "Unexpected verdicts: see the evidence above."
+    )
     return 0 if ok else 1
 
 

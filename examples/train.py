@@ -41,7 +41,9 @@ class SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return x, (x.sum() > 0).long()
 
 
-def build(scenario: str, args: argparse.Namespace) -> tuple[DataLoader[tuple[torch.Tensor, torch.Tensor]], nn.Module]:
+def build(
+    scenario: str, args: argparse.Namespace
+) -> tuple[DataLoader[tuple[torch.Tensor, torch.Tensor]], nn.Module]:
     if scenario == "compute":
         dataset: Dataset[tuple[torch.Tensor, torch.Tensor]] = SlowDataset(100_000, 512, 0.0)
         model = nn.Sequential(
@@ -49,7 +51,9 @@ def build(scenario: str, args: argparse.Namespace) -> tuple[DataLoader[tuple[tor
         )
         return DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=0), model
     dataset = SlowDataset(100_000, 256, args.sample_delay_ms / 1000.0)
-    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 2))
+    model = nn.Sequential(
+        nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2)
+    )
     if scenario == "fixed":
         loader = DataLoader(
             dataset,
@@ -65,12 +69,14 @@ def build(scenario: str, args: argparse.Namespace) -> tuple[DataLoader[tuple[tor
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scenario", choices=["starved", "fixed", "compute"], default="starved")
     parser.add_argument("--seconds", type=float, default=12.0, help="train for this long (default 12)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=6, help="DataLoader workers in the fixed scenario")
-    parser.add_argument("--sample-delay-ms", type=float, default=1.0, help="cost of one __getitem__ in ms")
+    parser.add_argument("--workers", type=int, default=8, help="DataLoader workers in the fixed scenario")
+    parser.add_argument("--sample-delay-ms", type=float, default=2.0, help="cost of one __getitem__ in ms")
     args = parser.parse_args()
     # The demo machine may have fewer cores than workers; the workers mostly sleep (I/O stand-in).
     warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -31,15 +31,14 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Protocol, TextIO
 
-from dam_probe.bootstrap import install_into
-from dam_sidecar import names
-from dam_sidecar.promtext import Snapshot
-
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Hardware, Thresholds, Verdict
 from dam_operator.diagnosis.render import render_line, render_text
 from dam_operator.diagnosis.window import observation_from_snapshots
+from dam_probe.bootstrap import install_into
+from dam_sidecar import names
+from dam_sidecar.promtext import Snapshot
 
 
 class SnapshotSource(Protocol):
@@ -50,24 +49,38 @@ class SnapshotSource(Protocol):
     def close(self) -> None: ...
 
 
+MAX_ANCHORS = 256
+"""Snapshots kept since the first batch for the final verdict (thinned by half when full)."""
+
+WARMUP_FRACTION = 0.2
+"""The final verdict skips this share of the run (at most one window): worker start-up, autotuning."""
+
+
 @dataclass
 class LocalSession:
-    """Keeps the snapshots of one run and turns them into verdicts (pure apart from its state)."""
+    """Keeps the snapshots of one run and turns them into verdicts (pure apart from its state).
+
+    Memory is bounded for a month-long run: the rolling window holds the snapshots of one
+    window, and at most ``MAX_ANCHORS`` thinned snapshots since the first batch are kept for
+    the final verdict.
+    """
 
     window_seconds: float
     thresholds: Thresholds = field(default_factory=Thresholds)
     hardware: Hardware | None = None
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     history: deque[tuple[float, Snapshot]] = field(default_factory=deque)
-    first_step: tuple[float, Snapshot] | None = None
+    anchors: list[tuple[float, Snapshot]] = field(default_factory=list)
     stabilizer: Stabilizer = field(default_factory=Stabilizer)
 
     def add(self, t: float, snap: Snapshot) -> None:
         self.history.append((t, snap))
-        if self.first_step is None and _steps(snap) > 0:
-            # The run's final verdict starts at the first batch: interpreter start-up and
-            # imports are not part of the training loop.
-            self.first_step = (t, snap)
+        # The final verdict starts at the first batch: interpreter start-up and imports are
+        # not part of the training loop.
+        if self.anchors or _steps(snap) > 0:
+            self.anchors.append((t, snap))
+            if len(self.anchors) > MAX_ANCHORS:
+                self.anchors = self.anchors[::2]
         # Keep one snapshot older than the window so that a full window is always available.
         while len(self.history) > 2 and self.history[1][0] <= t - self.window_seconds:
             self.history.popleft()
@@ -85,14 +98,24 @@ class LocalSession:
         return self.stabilizer.update(raw, self.now())
 
     def final_verdict(self) -> Verdict:
-        """The verdict over the whole run, from the first batch to the last snapshot."""
-        last = self.history[-1] if self.history else None
-        start = self.first_step
-        if last is None:
+        """The verdict over the run from the first batch to the last snapshot, warm-up skipped.
+
+        The warm-up is ``WARMUP_FRACTION`` of the run since the first batch, at most one
+        window: DataLoader workers starting, cudnn autotuning and compilation belong to no
+        steady state.
+        """
+        if not self.history:
             return self._verdict_from_nothing()
-        if start is None or start[0] >= last[0]:
+        last = self.history[-1]
+        if not self.anchors:
             start = self.history[0]
-        if start is last:
+        else:
+            first_t = self.anchors[0][0]
+            warmup = min(self.window_seconds, WARMUP_FRACTION * (last[0] - first_t))
+            start = next((a for a in self.anchors if a[0] >= first_t + warmup), self.anchors[0])
+            if start[0] >= last[0]:
+                start = self.anchors[0]
+        if start[0] >= last[0]:
             return self._verdict_from_nothing()
         return self._verdict(start, last)
 
@@ -108,7 +131,7 @@ def _steps(snap: Snapshot) -> float:
 
 
 def child_environment(base: Mapping[str, str], inject_dir: str, probe_dir: str) -> dict[str, str]:
-    """The CMD's environment: the probe's ``sitecustomize`` first on ``PYTHONPATH``, an existing value kept."""
+    """The CMD's environment: the probe first on ``PYTHONPATH``, an existing value kept."""
     env = dict(base)
     existing = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = inject_dir + (os.pathsep + existing if existing else "")

@@ -1,0 +1,77 @@
+"""Local mode's window bookkeeping and the command's environment (pure parts of `dam run`)."""
+
+from __future__ import annotations
+
+from dam_operator.diagnosis.model import Regime
+from dam_operator.local import MAX_ANCHORS, LocalSession, child_environment
+from dam_sidecar import names
+from dam_sidecar.promtext import Sample, Snapshot
+
+
+def snap(steps: float, wait_s: float, step_s: float) -> Snapshot:
+    return Snapshot(
+        [
+            Sample(names.STEPS_TOTAL, (), steps),
+            Sample(names.DATALOADER_WAIT_SECONDS_TOTAL, (), wait_s),
+            Sample(names.STEP_SECONDS_TOTAL, (), step_s),
+        ]
+    )
+
+
+def test_pythonpath_puts_the_probe_first_and_keeps_the_users_value() -> None:
+    env = child_environment({"PYTHONPATH": "/user/lib", "DAM_PROBE_DISABLE": "1"}, "/inject", "/probe")
+    assert env["PYTHONPATH"].split(":") == ["/inject", "/user/lib"]
+    assert env["DAM_PROBE_DIR"] == "/probe"
+    assert "DAM_PROBE_DISABLE" not in env
+
+
+def test_pythonpath_without_a_previous_value_is_only_the_probe() -> None:
+    assert child_environment({}, "/inject", "/probe")["PYTHONPATH"] == "/inject"
+
+
+def test_final_verdict_skips_startup_before_the_first_batch_and_the_warmup() -> None:
+    session = LocalSession(window_seconds=5.0)
+    session.add(0.0, snap(0, 0, 0))  # interpreter start-up: no batch yet
+    session.add(1.0, snap(1, 0.9, 0.9))  # warm-up: a slow first batch (workers starting)
+    t, steps, wait, step = 1.0, 1.0, 0.9, 0.9
+    for _ in range(40):  # steady state: 1 % data wait
+        t += 0.5
+        steps += 10
+        wait += 0.005
+        step += 0.5
+        session.add(t, snap(steps, wait, step))
+    final = session.final_verdict()
+    assert final.metrics.data_wait_ratio is not None
+    assert final.metrics.data_wait_ratio < 0.05, "the warm-up batch must not dominate the final verdict"
+    assert final.bottleneck.regime is not Regime.INPUT_BOUND
+
+
+def test_starved_run_is_input_bound_in_window_and_final_verdicts() -> None:
+    session = LocalSession(window_seconds=2.0)
+    t = steps = wait = step = 0.0
+    session.add(t, snap(steps, wait, step))
+    verdicts = []
+    for _ in range(20):
+        t += 0.5
+        steps += 5
+        wait += 0.4
+        step += 0.5
+        session.add(t, snap(steps, wait, step))
+        v = session.window_verdict()
+        if v is not None:
+            verdicts.append(v)
+    assert verdicts[-1].bottleneck.regime is Regime.INPUT_BOUND
+    assert session.final_verdict().bottleneck.regime is Regime.INPUT_BOUND
+
+
+def test_memory_stays_bounded_over_a_long_run() -> None:
+    session = LocalSession(window_seconds=3.0)
+    for i in range(5000):
+        session.add(float(i), snap(i + 1, i * 0.1, float(i)))
+    assert len(session.anchors) <= MAX_ANCHORS
+    assert len(session.history) <= 5
+    assert session.anchors[0][0] == 0.0, "the first batch is always kept"
+
+
+def test_a_run_without_snapshots_is_unknown() -> None:
+    assert LocalSession(window_seconds=2.0).final_verdict().bottleneck.regime is Regime.UNKNOWN
