@@ -1,0 +1,340 @@
+"""The Kubernetes adapter: the few API calls the operator makes outside kopf.
+
+kopf watches (DAMProfiles, pods) and keeps its own API session; the scheduler's
+status patches, Events, the webhook certificate Secret and the webhook
+configuration go through ``KubeClient``, an aiohttp session built from kopf's own
+``ConnectionInfo`` (``kopf.login_with_service_account`` / ``login_with_kubeconfig``:
+the same credentials kopf uses, without the kubernetes client library).
+
+Every call retries 429, 5xx and connection errors with exponential backoff
+(``Retry-After`` wins), re-reads the credentials once on 401, and raises
+``ApiError`` (``NotFoundError`` for 404) with a bounded ``reason_label``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import kopf
+
+from dam_operator import status as st
+
+log = logging.getLogger("dam_operator.kube")
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+RETRYABLE = frozenset({429, 500, 502, 503, 504})
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+    @property
+    def reason_label(self) -> str:
+        """Bounded label value: api-429, api-5xx, api-4xx, api-connection."""
+        if self.status == 0:
+            return "api-connection"
+        if self.status >= 500:
+            return "api-5xx"
+        if self.status in (404, 409, 410, 422, 429):
+            return f"api-{self.status}"
+        return "api-4xx"
+
+
+class NotFoundError(ApiError):
+    """404: the object is gone."""
+
+
+class ConflictError(ApiError):
+    """409: a stale write or an object that already exists."""
+
+
+Login = Callable[[], kopf.ConnectionInfo | None]
+
+
+def default_login() -> kopf.ConnectionInfo:
+    """The in-cluster service account, else the kubeconfig (as kopf's own fallbacks)."""
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError(
+            "No Kubernetes credentials: neither a service account nor a kubeconfig was found."
+        )
+    return info
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    raw = headers.get("Retry-After")
+    if raw is None:
+        return None
+    try:
+        return max(0.0, min(float(raw), 60.0))
+    except ValueError:
+        return None
+
+
+class KubeClient:
+    def __init__(
+        self,
+        login: Login = default_login,
+        *,
+        timeout_seconds: float = 10.0,
+        retries: int = 4,
+        backoff_seconds: float = 0.5,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._login = login
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._retries = retries
+        self._backoff = backoff_seconds
+        self._sleep = sleep
+        self._session: aiohttp.ClientSession | None = None
+        self._server = ""
+        self.requests = 0
+
+    # ------------------------------------------------------------ session
+
+    def _open(self) -> aiohttp.ClientSession:
+        info = self._login()
+        if info is None:
+            raise kopf.LoginError("The login function returned no credentials.")
+        self._server = info.server.rstrip("/")
+        connector = aiohttp.TCPConnector(limit=64, ssl=info.as_ssl_context())
+        self._session = aiohttp.ClientSession(
+            connector=connector, headers={**info.as_http_headers(), "User-Agent": "dam-operator"}
+        )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _relogin(self) -> None:
+        await self.close()
+        self._open()
+
+    @property
+    def server(self) -> str:
+        return self._server
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+    ) -> Any:
+        """One API call with retries; the decoded JSON answer (None for an empty body)."""
+        session = self._session or self._open()
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if body is not None else {}
+        relogged = False
+        attempt = 0
+        while True:
+            self.requests += 1
+            delay: float | None = None
+            try:
+                async with session.request(
+                    method,
+                    self._server + path,
+                    data=data,
+                    headers=headers,
+                    params=params,
+                    timeout=self._timeout,
+                ) as resp:
+                    text = await resp.text()
+                    if resp.status < 400:
+                        return json.loads(text) if text else None
+                    message = _message(text)
+                    if resp.status == 401 and not relogged:
+                        relogged = True
+                        await self._relogin()
+                        session = self._session or self._open()
+                        continue
+                    if resp.status == 404:
+                        raise NotFoundError(404, message)
+                    if resp.status == 409:
+                        raise ConflictError(409, message)
+                    if resp.status not in RETRYABLE or attempt >= self._retries:
+                        raise ApiError(resp.status, message)
+                    delay = _retry_after(resp.headers)
+                    log.debug("%s %s: HTTP %s, retrying", method, path, resp.status)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if attempt >= self._retries:
+                    raise ApiError(0, f"{method} {path}: {type(exc).__name__}: {exc}") from None
+            if delay is None:
+                delay = self._backoff * (2**attempt) * (0.5 + random.random() / 2)
+            attempt += 1
+            await self._sleep(delay)
+
+    # ------------------------------------------------------------ DAMProfiles
+
+    def _profile_path(self, namespace: str, name: str) -> str:
+        return f"/apis/{st.GROUP}/{st.VERSION}/namespaces/{quote(namespace)}/{st.PLURAL}/{quote(name)}"
+
+    async def patch_profile_status(
+        self, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        result = await self.request(
+            "PATCH", self._profile_path(namespace, name) + "/status", body=patch, content_type=MERGE_PATCH
+        )
+        return result if isinstance(result, Mapping) else {}
+
+    async def get_profile(self, namespace: str, name: str) -> Mapping[str, Any]:
+        result = await self.request("GET", self._profile_path(namespace, name))
+        return result if isinstance(result, Mapping) else {}
+
+    # ------------------------------------------------------------ core
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        await self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
+
+    async def list_pods(self, namespace: str | None, label_selector: str = "") -> list[Mapping[str, Any]]:
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+        params = {"labelSelector": label_selector} if label_selector else None
+        result = await self.request("GET", path, params=params)
+        items = result.get("items") if isinstance(result, Mapping) else None
+        return list(items or [])
+
+    async def get_secret(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            result = await self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
+        except NotFoundError:
+            return None
+        return result if isinstance(result, Mapping) else None
+
+    async def put_secret(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        """Create the Secret, or replace it (on the current resourceVersion)."""
+        base = f"/api/v1/namespaces/{quote(namespace)}/secrets"
+        try:
+            await self.request("POST", base, body=body)
+            return
+        except ConflictError:
+            pass
+        for _ in range(3):
+            current = await self.get_secret(namespace, name) or {}
+            replacement = json.loads(json.dumps(body))
+            rv = (current.get("metadata") or {}).get("resourceVersion")
+            if rv:
+                replacement.setdefault("metadata", {})["resourceVersion"] = rv
+            try:
+                await self.request("PUT", f"{base}/{quote(name)}", body=replacement)
+                return
+            except ConflictError:
+                continue
+        raise ConflictError(409, f"secret {namespace}/{name} kept changing under us")
+
+    # ------------------------------------------------------------ admission
+
+    _MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+    async def get_webhook_configuration(self, name: str) -> Mapping[str, Any] | None:
+        try:
+            result = await self.request("GET", f"{self._MWC}/{quote(name)}")
+        except NotFoundError:
+            return None
+        return result if isinstance(result, Mapping) else None
+
+    async def apply_webhook_configuration(self, body: Mapping[str, Any]) -> None:
+        """Create the MutatingWebhookConfiguration, or replace it when it differs."""
+        name = body["metadata"]["name"]
+        for _ in range(3):
+            current = await self.get_webhook_configuration(name)
+            if current is None:
+                try:
+                    await self.request("POST", self._MWC, body=body)
+                    return
+                except ConflictError:
+                    continue
+            if current.get("webhooks") == body.get("webhooks"):
+                return
+            replacement = json.loads(json.dumps(body))
+            replacement["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get(
+                "resourceVersion"
+            )
+            try:
+                await self.request("PUT", f"{self._MWC}/{quote(name)}", body=replacement)
+                return
+            except ConflictError:
+                continue
+        raise ConflictError(409, f"MutatingWebhookConfiguration {name} kept changing under us")
+
+    async def patch_webhook_ca(self, name: str, ops: list[dict[str, Any]]) -> None:
+        if ops:
+            await self.request("PATCH", f"{self._MWC}/{quote(name)}", body=ops, content_type=JSON_PATCH)
+
+    async def delete_webhook_configuration(self, name: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self.request("DELETE", f"{self._MWC}/{quote(name)}")
+
+
+def _message(text: str) -> str:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text[:300]
+    if isinstance(doc, Mapping) and doc.get("message"):
+        return str(doc["message"])[:300]
+    return text[:300]
+
+
+class WebhookCertStore:
+    """``certs.CertStore`` over ``KubeClient``. The caBundle goes into the webhook
+    configuration: the whole configuration (built by ``configuration(ca_pem)``) when
+    the operator manages it, else a JSON patch of ``caBundle`` on the existing one.
+    ``hold()`` keeps the CA until ``release()`` (register only once the server serves)."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        configuration: Callable[[bytes], Mapping[str, Any]] | None,
+        ca_patch: Callable[[Mapping[str, Any], bytes], list[dict[str, Any]]],
+    ) -> None:
+        self._kube = kube
+        self._configuration = configuration
+        self._ca_patch = ca_patch
+        self._held = True
+        self._pending: tuple[str, bytes] | None = None
+
+    async def get_secret(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return await self._kube.get_secret(namespace, name)
+
+    async def put_secret(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        await self._kube.put_secret(namespace, name, body)
+
+    async def patch_webhook_ca(self, configuration_name: str, ca_bundle_pem: bytes) -> None:
+        if self._held:
+            self._pending = (configuration_name, ca_bundle_pem)
+            return
+        await self._register(configuration_name, ca_bundle_pem)
+
+    async def release(self) -> None:
+        self._held = False
+        if self._pending is not None:
+            name, ca = self._pending
+            self._pending = None
+            await self._register(name, ca)
+
+    async def _register(self, name: str, ca: bytes) -> None:
+        if self._configuration is not None:
+            await self._kube.apply_webhook_configuration(self._configuration(ca))
+            return
+        current = await self._kube.get_webhook_configuration(name)
+        if current is None:
+            log.warning("MutatingWebhookConfiguration %s does not exist; pods will not be instrumented", name)
+            return
+        await self._kube.patch_webhook_ca(name, self._ca_patch(current, ca))

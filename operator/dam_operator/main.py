@@ -1,0 +1,417 @@
+"""``dam operator``: settings, the registry, the scheduler, the metrics and webhook
+servers, then kopf.
+
+Everything is built once here and passed in; nothing registers itself on import.
+The scheduler, the webhook and the metrics server start before kopf and stop after
+it; kopf's signal handling (SIGTERM, SIGINT) ends the whole process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import kopf
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from dam_operator import certs
+from dam_operator.handlers import build_registry
+from dam_operator.injection import InjectionSettings
+from dam_operator.kube import ApiError, KubeClient, WebhookCertStore, default_login
+from dam_operator.opmetrics import OperatorMetrics, make_metrics_app
+from dam_operator.registry import Registry
+from dam_operator.scheduler import Evaluator, Scheduler
+from dam_operator.settings import OperatorSettings
+from dam_operator.sources import MetricSource, PrometheusSource, ScrapeSource
+from dam_operator.spec import DAMProfileSpec
+from dam_operator.webhook import (
+    MUTATE_PATH,
+    ProfileRef,
+    WebhookServer,
+    make_webhook_app,
+    serve_webhook,
+    webhook_configuration,
+    webhook_configuration_for_url,
+)
+
+log = logging.getLogger("dam_operator")
+
+CERT_RENEW_CHECK_SECONDS = 6 * 3600.0
+CERT_FILES_CHECK_SECONDS = 60.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dam operator",
+        description="The DAM Kubernetes operator. Settings come from DAM_* environment variables "
+        "(see docs/operator.md); these flags override them.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help="watch this namespace only")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
+    peering = p.add_mutually_exclusive_group()
+    peering.add_argument("--standalone", dest="standalone", action="store_true", default=None)
+    peering.add_argument("--peering", dest="standalone", action="store_false", help="use kopf peering")
+    p.add_argument("--metrics-port", type=int, help="port of the operator's /metrics (0: off)")
+    p.add_argument("--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz ('' for off)")
+    p.add_argument(
+        "--webhook-url", help="register the webhook by URL (e.g. https://127.0.0.1:9443/mutate-pods)"
+    )
+    p.add_argument("--webhook-host", help="address the webhook listens on")
+    p.add_argument("--webhook-port", type=int, help="port the webhook listens on")
+    p.add_argument("--no-webhook", action="store_true", help="do not serve the pod webhook")
+    p.add_argument("--operator-namespace", help="namespace of the operator's Secret and Service")
+    p.add_argument("-v", "--verbose", action="store_true", default=None)
+    p.add_argument("-q", "--quiet", action="store_true", default=None)
+    return p
+
+
+def settings_from_args(argv: Sequence[str]) -> OperatorSettings:
+    """The environment's settings with the command line's overrides (raises ValidationError)."""
+    args = _parser().parse_args(list(argv))
+    overrides: dict[str, Any] = {}
+    if args.namespace is not None:
+        overrides["namespace"] = args.namespace
+    if args.all_namespaces:
+        overrides["namespace"] = None
+    for name in (
+        "standalone",
+        "metrics_port",
+        "webhook_url",
+        "webhook_host",
+        "webhook_port",
+        "verbose",
+        "quiet",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            overrides[name] = value
+    if args.liveness is not None:
+        overrides["liveness_endpoint"] = args.liveness
+    if args.no_webhook:
+        overrides["webhook_enabled"] = False
+    if args.operator_namespace is not None:
+        overrides["operator_namespace"] = args.operator_namespace
+    return OperatorSettings(**overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = settings_from_args(sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
+            sys.stderr.write(f"dam operator: setting {where} (DAM_{where.upper()}): {err.get('msg')}\n")
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.WARNING if settings.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not settings.verbose:
+        # kopf logs every handler call at INFO: one line per pod event is noise at scale.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        asyncio.run(run_operator(settings))
+    except kopf.LoginError as exc:
+        sys.stderr.write(f"dam operator: cannot reach Kubernetes: {exc}\n")
+        return 1
+    except ApiError as exc:
+        sys.stderr.write(
+            f"dam operator: the Kubernetes API refused a startup call: {exc}. Check that the namespace "
+            f"{settings.operator_namespace!r} exists (DAM_OPERATOR_NAMESPACE) and the operator's RBAC "
+            "(docs/operator.md).\n"
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+# ---------------------------------------------------------------- wiring
+
+
+def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
+    s = kopf.OperatorSettings()
+    s.posting.level = logging.WARNING  # no "handler succeeded" Event per profile
+    s.persistence.finalizer = "dam.mlsys.dev/finalizer"
+    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="dam.mlsys.dev")
+    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="dam.mlsys.dev", key="last-handled-configuration"
+    )
+    s.watching.server_timeout = 300
+    s.watching.client_timeout = 330
+    s.watching.connect_timeout = 30
+    s.networking.request_timeout = max(30.0, settings.api_timeout_seconds)
+    s.peering.standalone = settings.standalone
+    return s
+
+
+def injection_settings(settings: OperatorSettings) -> InjectionSettings:
+    return InjectionSettings(
+        image=settings.default_sidecar_image,
+        image_pull_policy=settings.sidecar_image_pull_policy,
+        operator_namespace=settings.operator_namespace,
+        excluded_namespaces=tuple(settings.excluded_namespaces),
+        native_sidecar=settings.native_sidecar,
+    )
+
+
+class Sources:
+    """The metric source for a profile's spec: the shared direct scrape, or one
+    Prometheus source per (url, timeout)."""
+
+    def __init__(self, session: aiohttp.ClientSession, settings: OperatorSettings) -> None:
+        self._session = session
+        self._settings = settings
+        self._scrape = ScrapeSource(
+            session, timeout_seconds=settings.scrape_timeout_seconds, max_bytes=settings.scrape_max_bytes
+        )
+        self._prometheus: dict[tuple[str, float], PrometheusSource] = {}
+
+    def __call__(self, spec: DAMProfileSpec) -> MetricSource:
+        prom = spec.source.prometheus if spec.source is not None else None
+        if prom is None:
+            return self._scrape
+        key = (prom.url, prom.timeout_seconds)
+        source = self._prometheus.get(key)
+        if source is None:
+            source = PrometheusSource(
+                self._session,
+                prom.url,
+                timeout_seconds=prom.timeout_seconds,
+                namespace_label=self._settings.prometheus_namespace_label,
+                pod_label=self._settings.prometheus_pod_label,
+            )
+            self._prometheus[key] = source
+        return source
+
+
+@dataclass
+class Running:
+    """What ``start_components`` started; ``stop()`` undoes it in reverse."""
+
+    registry: Registry
+    metrics: OperatorMetrics
+    scheduler: Scheduler
+    kube: KubeClient
+    session: aiohttp.ClientSession
+    scheduler_task: asyncio.Task[None]
+    webhook: WebhookServer | None = None
+    metrics_runner: web.AppRunner | None = None
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+    cert_dir: str | None = None
+
+    def healthy(self) -> bool:
+        return not self.scheduler_task.done()
+
+    async def stop(self) -> None:
+        for task in [*self.background, self.scheduler_task]:
+            task.cancel()
+        await asyncio.gather(*self.background, self.scheduler_task, return_exceptions=True)
+        if self.webhook is not None:
+            await self.webhook.close()
+        if self.metrics_runner is not None:
+            await self.metrics_runner.cleanup()
+        await self.session.close()
+        await self.kube.close()
+
+
+async def start_components(
+    settings: OperatorSettings, login: Callable[[], kopf.ConnectionInfo | None] = default_login
+) -> Running:
+    kube = KubeClient(
+        login,
+        timeout_seconds=settings.api_timeout_seconds,
+        retries=settings.api_retries,
+        backoff_seconds=settings.api_backoff_seconds,
+    )
+    metrics = OperatorMetrics(CollectorRegistry())
+    registry = Registry()
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=settings.scrape_concurrency))
+    evaluator = Evaluator(
+        registry,
+        kube,
+        Sources(session, settings),
+        metrics,
+        scrape_concurrency=settings.scrape_concurrency,
+        max_baseline_windows=settings.max_baseline_windows,
+        webhook_enabled=settings.webhook_enabled,
+        instance=os.environ.get("HOSTNAME", "dam-operator"),
+    )
+    scheduler = Scheduler(registry, evaluator, metrics, concurrency=settings.evaluation_concurrency)
+    registry.subscribe(scheduler.on_change)
+    running = Running(
+        registry=registry,
+        metrics=metrics,
+        scheduler=scheduler,
+        kube=kube,
+        session=session,
+        scheduler_task=asyncio.create_task(scheduler.run(), name="dam-scheduler"),
+    )
+    try:
+        if settings.metrics_port:
+            runner = web.AppRunner(make_metrics_app(metrics.registry, running.healthy), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, settings.metrics_host, settings.metrics_port).start()
+            running.metrics_runner = runner
+        if settings.webhook_enabled:
+            await _start_webhook(settings, running)
+    except BaseException:
+        await running.stop()
+        raise
+    return running
+
+
+def _url_host(url: str | None) -> tuple[list[str], list[str]]:
+    """(extra DNS names, IP addresses) for the serving certificate of a URL-registered webhook."""
+    if not url:
+        return [], []
+    host = urlsplit(url).hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return ([host] if host else []), []
+    return [], [host]
+
+
+def _configuration_builder(settings: OperatorSettings) -> Callable[[bytes | None], dict[str, Any]]:
+    def build(ca: bytes | None) -> dict[str, Any]:
+        excluded = [settings.operator_namespace, *settings.excluded_namespaces]
+        if settings.webhook_url:
+            return webhook_configuration_for_url(
+                settings.webhook_configuration_name,
+                settings.webhook_url,
+                ca_bundle=ca,
+                timeout_seconds=settings.webhook_timeout_seconds,
+                exclude_namespaces=excluded,
+            )
+        return webhook_configuration(
+            settings.webhook_configuration_name,
+            settings.webhook_service_name,
+            settings.operator_namespace,
+            path=MUTATE_PATH,
+            ca_bundle=ca,
+            timeout_seconds=settings.webhook_timeout_seconds,
+            exclude_namespaces=excluded,
+            port=settings.webhook_service_port,
+        )
+
+    return build
+
+
+async def _start_webhook(settings: OperatorSettings, running: Running) -> None:
+    registry, metrics, kube = running.registry, running.metrics, running.kube
+
+    def profiles_for(namespace: str) -> list[ProfileRef]:
+        return [ProfileRef(e.namespace, e.name, e.spec) for e in registry.profiles_in(namespace) if e.spec]
+
+    app = make_webhook_app(profiles_for, injection_settings(settings), metrics.webhook_request)
+    build = _configuration_builder(settings)
+    if settings.cert_mode == "files":
+        folder = Path(settings.cert_dir)
+        certfile, keyfile = folder / certs.TLS_CRT, folder / certs.TLS_KEY
+        running.webhook = await serve_webhook(
+            app, settings.webhook_host, settings.webhook_port, str(certfile), str(keyfile)
+        )
+        if settings.webhook_manage_configuration:
+            ca_path = folder / certs.CA_CRT
+            await kube.apply_webhook_configuration(build(ca_path.read_bytes() if ca_path.exists() else None))
+        running.background.append(
+            asyncio.create_task(_watch_cert_files(running.webhook), name="dam-cert-files")
+        )
+        return
+
+    store = WebhookCertStore(
+        kube, build if settings.webhook_manage_configuration else None, certs.ca_bundle_patch
+    )
+    dns, ips = _url_host(settings.webhook_url)
+    manager = certs.CertManager(
+        store,
+        namespace=settings.operator_namespace,
+        secret_name=settings.cert_secret_name,
+        service_name=settings.webhook_service_name,
+        webhook_configuration_name=settings.webhook_configuration_name,
+        extra_dns_names=dns,
+        ip_addresses=ips,
+    )
+    bundle, _ = await manager.ensure()
+    running.cert_dir = tempfile.mkdtemp(prefix="dam-webhook-")
+    certfile_p, keyfile_p = certs.write_pem_files(bundle, running.cert_dir)
+    running.webhook = await serve_webhook(
+        app, settings.webhook_host, settings.webhook_port, str(certfile_p), str(keyfile_p)
+    )
+    await store.release()  # register the caBundle only once the server answers
+    running.background.append(
+        asyncio.create_task(_renew_certs(manager, running.webhook, running.cert_dir), name="dam-cert-renewal")
+    )
+
+
+async def _renew_certs(manager: certs.CertManager, server: WebhookServer, folder: str) -> None:
+    while True:
+        await asyncio.sleep(CERT_RENEW_CHECK_SECONDS)
+        try:
+            bundle, issued = await manager.ensure()
+            if issued:
+                certs.write_pem_files(bundle, folder)
+                server.reload_certificate()
+                log.info("renewed the webhook's serving certificate")
+        except Exception:
+            log.exception("webhook certificate renewal failed; retrying later")
+
+
+async def _watch_cert_files(server: WebhookServer) -> None:
+    def stamp() -> tuple[float, float]:
+        return (os.stat(server.certfile).st_mtime, os.stat(server.keyfile).st_mtime)
+
+    last = stamp()
+    while True:
+        await asyncio.sleep(CERT_FILES_CHECK_SECONDS)
+        try:
+            now = stamp()
+            if now != last:
+                server.reload_certificate()
+                last = now
+                log.info("reloaded the webhook's certificate files")
+        except (OSError, ValueError) as exc:
+            log.warning("cannot reload the webhook certificate files: %s", exc)
+
+
+async def run_operator(
+    settings: OperatorSettings,
+    *,
+    login: Callable[[], kopf.ConnectionInfo | None] = default_login,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    """Run until a signal or ``stop_flag``: components first, then kopf."""
+    running = await start_components(settings, login)
+    try:
+        namespaces = [] if settings.namespace is None else [settings.namespace]
+        await kopf.operator(
+            registry=build_registry(running.registry, login),
+            settings=kopf_settings(settings),
+            standalone=settings.standalone,
+            peering_name=None if settings.standalone else settings.peering_name,
+            clusterwide=settings.namespace is None,
+            namespaces=namespaces,
+            liveness_endpoint=settings.liveness_endpoint,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            await running.stop()

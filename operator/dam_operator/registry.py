@@ -1,0 +1,232 @@
+"""The operator's in-memory view: DAMProfiles (parsed) and pods (a compact index).
+
+kopf handlers feed it (profiles on create/update/resume/delete, pods on every watch
+event); the scheduler and the webhook read it. Single event loop, no locks needed.
+Pods are indexed by (namespace, label key, label value) so that matching a
+profile's selector never scans every pod of a namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from dam_operator.spec import DAMProfileSpec, selector_matches
+
+ProfileKey = tuple[str, str]
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the operator needs of a pod; built from the pod body by the handler."""
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    uid: str = ""
+    pod_ip: str | None = None
+    phase: str | None = None
+    instrumented: bool = False
+    deleting: bool = False
+
+    @property
+    def key(self) -> ProfileKey:
+        return (self.namespace, self.name)
+
+    @property
+    def active(self) -> bool:
+        """Counts as a training pod of a profile: not finished, not being deleted."""
+        return not self.deleting and self.phase not in TERMINAL_PHASES
+
+    @property
+    def scrapable(self) -> bool:
+        return self.active and self.instrumented and bool(self.pod_ip) and self.phase == "Running"
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], instrumented: bool) -> PodInfo:
+        meta = body.get("metadata") or {}
+        status = body.get("status") or {}
+        labels = meta.get("labels") or {}
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            labels=MappingProxyType({str(k): str(v) for k, v in labels.items()}),
+            pod_ip=status.get("podIP") or None,
+            phase=status.get("phase") or None,
+            instrumented=instrumented,
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+
+@dataclass
+class ProfileEntry:
+    """One DAMProfile as the operator knows it. ``spec`` is None when the spec is invalid."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    spec: DAMProfileSpec | None
+    error: str | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+    """The last status known (read from the object on resume, then what we wrote)."""
+    revision: int = 0
+    """Bumped on each (re)registration; lets the scheduler drop stale work."""
+
+    @property
+    def key(self) -> ProfileKey:
+        return (self.namespace, self.name)
+
+    @property
+    def valid(self) -> bool:
+        return self.spec is not None
+
+
+ChangeKind = Literal["upsert", "remove"]
+Listener = Callable[[ChangeKind, ProfileEntry], None]
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._profiles: dict[ProfileKey, ProfileEntry] = {}
+        self._profiles_by_ns: dict[str, dict[str, ProfileEntry]] = {}
+        self._pods: dict[str, dict[str, PodInfo]] = {}
+        self._label_index: dict[tuple[str, str, str], set[str]] = {}
+        self._listeners: list[Listener] = []
+        self._revision = 0
+
+    # ------------------------------------------------------------ profiles
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def upsert_profile(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        generation: int | None,
+        spec: DAMProfileSpec | None,
+        error: str | None = None,
+        status: Mapping[str, Any] | None = None,
+    ) -> ProfileEntry:
+        """Register or replace a profile (bumps its revision).
+
+        ``status`` is the object's status as kopf saw it; it seeds the known status of a
+        profile seen for the first time (resume after a restart). For a profile already
+        known (same uid) the status the operator wrote last is kept: the operator is the
+        only writer of the status, and a watch event may carry an older one.
+        """
+        old = self._profiles.get((namespace, name))
+        if old is not None and old.uid != uid:
+            old = None
+        self._revision += 1
+        entry = ProfileEntry(
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            generation=generation,
+            spec=spec,
+            error=error,
+            status=dict(old.status) if old is not None else dict(status or {}),
+            revision=self._revision,
+        )
+        self._profiles[entry.key] = entry
+        self._profiles_by_ns.setdefault(namespace, {})[name] = entry
+        for listener in self._listeners:
+            listener("upsert", entry)
+        return entry
+
+    def remove_profile(self, namespace: str, name: str) -> ProfileEntry | None:
+        entry = self._profiles.pop((namespace, name), None)
+        if entry is None:
+            return None
+        in_ns = self._profiles_by_ns.get(namespace, {})
+        in_ns.pop(name, None)
+        if not in_ns:
+            self._profiles_by_ns.pop(namespace, None)
+        for listener in self._listeners:
+            listener("remove", entry)
+        return entry
+
+    def profile(self, namespace: str, name: str) -> ProfileEntry | None:
+        return self._profiles.get((namespace, name))
+
+    def profiles(self) -> list[ProfileEntry]:
+        return list(self._profiles.values())
+
+    def __len__(self) -> int:
+        return len(self._profiles)
+
+    def profiles_in(self, namespace: str) -> list[ProfileEntry]:
+        """Valid profiles of one namespace, by name."""
+        return sorted(
+            (e for e in self._profiles_by_ns.get(namespace, {}).values() if e.spec is not None),
+            key=lambda e: e.name,
+        )
+
+    def profiles_for(self, namespace: str, labels: Mapping[str, str] | None) -> list[ProfileEntry]:
+        """Valid profiles in ``namespace`` whose selector matches ``labels`` (for the webhook)."""
+        out = []
+        for entry in self._profiles_by_ns.get(namespace, {}).values():
+            if entry.spec is not None and selector_matches(entry.spec.selector, labels):
+                out.append(entry)
+        return sorted(out, key=lambda e: e.name)
+
+    # ------------------------------------------------------------ pods
+
+    def upsert_pod(self, pod: PodInfo) -> None:
+        self.remove_pod(pod.namespace, pod.name)
+        self._pods.setdefault(pod.namespace, {})[pod.name] = pod
+        for k, v in pod.labels.items():
+            self._label_index.setdefault((pod.namespace, k, v), set()).add(pod.name)
+
+    def remove_pod(self, namespace: str, name: str) -> PodInfo | None:
+        in_ns = self._pods.get(namespace)
+        if not in_ns:
+            return None
+        pod = in_ns.pop(name, None)
+        if pod is None:
+            return None
+        for k, v in pod.labels.items():
+            key = (namespace, k, v)
+            names = self._label_index.get(key)
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._label_index[key]
+        if not in_ns:
+            del self._pods[namespace]
+        return pod
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        return self._pods.get(namespace, {}).get(name)
+
+    def pod_count(self) -> int:
+        return sum(len(p) for p in self._pods.values())
+
+    def pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
+        """Active pods of the profile's namespace that its selector matches, by name."""
+        if entry.spec is None:
+            return []
+        selector = entry.spec.selector
+        in_ns = self._pods.get(entry.namespace, {})
+        smallest: set[str] | None = None
+        for k, v in selector.match_labels.items():
+            names = self._label_index.get((entry.namespace, k, v))
+            if not names:
+                return []
+            if smallest is None or len(names) < len(smallest):
+                smallest = names
+        candidates: Iterable[str] = in_ns.keys() if smallest is None else list(smallest)
+        out = [
+            in_ns[name]
+            for name in candidates
+            if name in in_ns and in_ns[name].active and selector_matches(selector, in_ns[name].labels)
+        ]
+        return sorted(out, key=lambda p: p.name)

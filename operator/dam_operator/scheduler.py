@@ -1,0 +1,507 @@
+"""One evaluation loop for every profile: a heap of due times and a bounded worker pool.
+
+Why not kopf timers: a kopf timer is one asyncio task (and one sleeping loop) per
+object; at thousands of profiles that is thousands of tasks waking independently,
+with no bound on how many scrape at once. Here one task keeps a heap of
+``(due, profile)``; due work runs on at most ``concurrency`` workers, and every
+scrape goes through one shared semaphore.
+
+Per profile and window (``spec.evaluation.windowSeconds``), the ``Evaluator``:
+
+1. scrapes every matched, instrumented, running pod once (direct or Prometheus);
+2. differences each pod's counters against its previous scrape (one scrape per pod
+   per window is enough for counters; the sidecar samples every
+   ``spec.sampling.intervalSeconds`` on its own);
+3. aggregates the pods, names a straggler, diagnoses, and passes the verdict through
+   the profile's ``Stabilizer`` (hysteresis);
+4. writes ONE merge patch of the status and, when the published verdict's
+   (axis, regime) changed, one ``BottleneckChanged`` Event.
+
+A sidecar that is down, slow or returns garbage makes that pod "not reporting" for
+the window; it never fails the evaluation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import ValidationError
+
+from dam_operator import status as st
+from dam_operator.diagnosis.engine import diagnose
+from dam_operator.diagnosis.hysteresis import Stabilizer
+from dam_operator.diagnosis.model import Bottleneck, Observation, Verdict
+from dam_operator.diagnosis.window import aggregate, find_straggler, observation_from_snapshots
+from dam_operator.kube import ApiError, NotFoundError
+from dam_operator.opmetrics import OperatorMetrics
+from dam_operator.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
+from dam_operator.sources import MetricSource, PodTarget, SourceError, fetch_all
+from dam_operator.spec import DAMProfileSpec
+from dam_sidecar.promtext import Snapshot
+
+log = logging.getLogger("dam_operator.scheduler")
+
+Job = Literal["init", "evaluate"]
+
+
+class StatusAPI(Protocol):
+    """What the evaluator needs of Kubernetes (``kube.KubeClient`` implements it)."""
+
+    async def patch_profile_status(
+        self, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """Merge-patch the status subresource; return the object. Raises NotFoundError."""
+        ...
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+
+
+SourceFactory = Callable[[DAMProfileSpec], MetricSource]
+
+
+@dataclass
+class _ProfileState:
+    uid: str
+    stabilizer: Stabilizer
+    confirm_windows: int
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    published: tuple[str, str] | None = None
+    """(axis, regime) last written to the status (or read from it on resume)."""
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Evaluator:
+    """Everything one profile's evaluation does; the scheduler decides when."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        api: StatusAPI,
+        source_for: SourceFactory,
+        metrics: OperatorMetrics,
+        *,
+        scrape_concurrency: int = 128,
+        max_baseline_windows: float = 3.0,
+        webhook_enabled: bool = True,
+        instance: str = "dam-operator",
+        now: Callable[[], dt.datetime] = _utcnow,
+    ) -> None:
+        self._registry = registry
+        self._api = api
+        self._source_for = source_for
+        self._metrics = metrics
+        self._scrape_limit = asyncio.Semaphore(scrape_concurrency)
+        self._max_baseline_windows = max_baseline_windows
+        self._webhook_enabled = webhook_enabled
+        self._instance = instance
+        self._now = now
+        self._state: dict[ProfileKey, _ProfileState] = {}
+
+    # ------------------------------------------------------------ state
+
+    def _state_for(self, entry: ProfileEntry, spec: DAMProfileSpec) -> _ProfileState:
+        confirm = spec.evaluation.hysteresis_windows
+        state = self._state.get(entry.key)
+        if state is None or state.uid != entry.uid:
+            state = _ProfileState(
+                uid=entry.uid, stabilizer=Stabilizer(confirm_windows=confirm), confirm_windows=confirm
+            )
+            restored = _bottleneck_from(entry.status.get("bottleneck"))
+            if restored is not None:
+                state.stabilizer.restore(restored)
+                state.published = st.verdict_key(restored)
+            log.debug("profile %s/%s: new state, resumed verdict %s", *entry.key, state.published)
+            self._state[entry.key] = state
+        elif state.confirm_windows != confirm:
+            fresh = Stabilizer(confirm_windows=confirm)
+            if state.stabilizer.current is not None:
+                fresh.restore(state.stabilizer.current)
+            state.stabilizer, state.confirm_windows = fresh, confirm
+        return state
+
+    def forget(self, entry: ProfileEntry) -> None:
+        """The profile was deleted: drop its state and its metric series."""
+        state = self._state.get(entry.key)
+        if state is not None and state.uid == entry.uid:
+            del self._state[entry.key]
+        self._metrics.forget_profile(entry.namespace, entry.name)
+
+    # ------------------------------------------------------------ jobs
+
+    async def initialize(self, entry: ProfileEntry) -> bool:
+        """First write after (re)registration: validity, pods and conditions; a baseline
+        scrape. Returns True when the profile should be evaluated every window."""
+        now = st.format_time(self._now())
+        if entry.spec is None:
+            self._metrics.forget_profile(entry.namespace, entry.name)
+            self._state.pop(entry.key, None)
+            error = entry.error or "invalid"
+            await self._write(entry, st.invalid_patch(entry.status, error, entry.generation, now))
+            await self._post(entry, st.invalid_spec_event(error), now)
+            return False
+        spec = entry.spec
+        state = self._state_for(entry, spec)
+        pods = self._registry.pods_for(entry)
+        results = await self._scrape(spec, pods)
+        reporting, problems = 0, _not_running(pods)
+        for name, result in results.items():
+            if isinstance(result, SourceError):
+                problems.append(f"{name}: {result.message}")
+            else:
+                reporting += 1
+                state.snapshots[name] = result
+        matched, instrumented, uninstrumented = _counts(pods)
+        previous = {c.get("type"): c for c in entry.status.get("conditions") or () if isinstance(c, Mapping)}
+        old_diag = previous.get(st.DIAGNOSED)
+        if (
+            old_diag is not None
+            and old_diag.get("observedGeneration") == entry.generation
+            and entry.status.get("bottleneck")
+        ):
+            diagnosed = {k: v for k, v in old_diag.items() if k != "lastTransitionTime"}
+        else:
+            diagnosed = st.pending_condition(entry.generation, spec.evaluation.window_seconds)
+        conditions = [
+            st.spec_condition(None, entry.generation),
+            st.instrumented_condition(matched, uninstrumented, entry.generation, self._webhook_enabled),
+            st.reporting_condition(instrumented, reporting, problems, entry.generation),
+            diagnosed,
+        ]
+        old_pods = entry.status.get("pods") if isinstance(entry.status.get("pods"), Mapping) else {}
+        pods_status = st.pods_status(
+            matched, instrumented, reporting, uninstrumented, straggler=(old_pods or {}).get("straggler")
+        )
+        patch = st.evaluation_patch(
+            entry.status,
+            verdict_status=None,
+            pods=pods_status,
+            conditions=conditions,
+            generation=entry.generation,
+            now=now,
+            evaluated=False,
+        )
+        self._metrics.set_pods(entry.namespace, entry.name, matched, instrumented, reporting)
+        await self._write(entry, patch)
+        return True
+
+    async def evaluate(self, entry: ProfileEntry) -> None:
+        """One window: scrape, difference, aggregate, diagnose, stabilize, patch, maybe an Event."""
+        spec = entry.spec
+        if spec is None:
+            return
+        state = self._state_for(entry, spec)
+        when = self._now()
+        now = st.format_time(when)
+        pods = self._registry.pods_for(entry)
+        results = await self._scrape(spec, pods)
+        per_pod: dict[str, Observation] = {}
+        problems = _not_running(pods)
+        reporting = 0
+        max_age = self._max_baseline_windows * spec.evaluation.window_seconds
+        for name, result in results.items():
+            if isinstance(result, SourceError):
+                problems.append(f"{name}: {result.message}")
+                self._metrics.error(result.reason)
+                continue
+            reporting += 1
+            before = state.snapshots.get(name)
+            if before is None or result.timestamp_seconds is None or before.timestamp_seconds is None:
+                state.snapshots[name] = result
+                continue
+            elapsed = result.timestamp_seconds - before.timestamp_seconds
+            if elapsed <= 0:
+                continue  # no new sample since the last scrape (e.g. Prometheus has not scraped yet)
+            state.snapshots[name] = result
+            if elapsed > max_age:
+                continue  # too old to difference against; this scrape is the new baseline
+            per_pod[name] = observation_from_snapshots(
+                before,
+                result,
+                elapsed_seconds=elapsed,
+                batch_size=spec.model.batch_size if spec.model else None,
+                flops_per_step=spec.model.flops_per_step if spec.model else None,
+                gpu_model=spec.hardware.gpu_model if spec.hardware else None,
+            )
+        for gone in set(state.snapshots) - {p.name for p in pods}:
+            del state.snapshots[gone]
+
+        observation = aggregate(per_pod) if per_pod else Observation()
+        raw = diagnose(observation, spec.thresholds_model(), spec.hardware_model())
+        straggler = find_straggler(per_pod)
+        if straggler is not None:
+            b = raw.bottleneck
+            raw = Verdict(
+                bottleneck=b.model_copy(update={"evidence": [*b.evidence, f"straggler: {straggler[1]}"]}),
+                metrics=raw.metrics,
+            )
+        # No data this window gives an unknown verdict, which the stabilizer holds off
+        # for a few windows: a missed scrape does not erase a diagnosis.
+        verdict = state.stabilizer.update(raw, when)
+        bottleneck = verdict.bottleneck
+
+        matched, instrumented, uninstrumented = _counts(pods)
+        conditions = [
+            st.spec_condition(None, entry.generation),
+            st.instrumented_condition(matched, uninstrumented, entry.generation, self._webhook_enabled),
+            st.reporting_condition(instrumented, reporting, problems, entry.generation),
+            st.diagnosed_condition(
+                bottleneck=bottleneck,
+                matched=matched,
+                instrumented=instrumented,
+                reporting=len(per_pod),
+                generation=entry.generation,
+            ),
+        ]
+        patch = st.evaluation_patch(
+            entry.status,
+            verdict_status=verdict.to_status(),
+            pods=st.pods_status(
+                matched,
+                instrumented,
+                reporting,
+                uninstrumented,
+                straggler=straggler[0] if straggler else None,
+            ),
+            conditions=conditions,
+            generation=entry.generation,
+            now=now,
+        )
+        event = st.bottleneck_changed_event(_published_dict(state.published), verdict.bottleneck)
+        await self._write(entry, patch)
+        state.published = st.verdict_key(verdict.bottleneck)
+
+        ts = when.timestamp()
+        self._metrics.set_pods(entry.namespace, entry.name, matched, instrumented, reporting)
+        self._metrics.observe_verdict(entry.namespace, entry.name, verdict, ts)
+        self._metrics.evaluation(ok=True)
+        if event is not None:
+            body = st.event_manifest(
+                namespace=entry.namespace,
+                name=entry.name,
+                uid=entry.uid,
+                spec=event,
+                now=now,
+                instance=self._instance,
+            )
+            try:
+                await self._api.create_event(entry.namespace, body)
+            except Exception as exc:  # an Event is best effort; the status already says it
+                self._metrics.error("event-failed")
+                log.warning("profile %s/%s: could not post event: %s", entry.namespace, entry.name, exc)
+
+    # ------------------------------------------------------------ helpers
+
+    async def _scrape(self, spec: DAMProfileSpec, pods: list[PodInfo]) -> dict[str, Snapshot | SourceError]:
+        targets = [
+            PodTarget(p.namespace, p.name, p.pod_ip or "", spec.sidecar.port) for p in pods if p.scrapable
+        ]
+        if not targets:
+            return {}
+        source = self._source_for(spec)
+        return await fetch_all(source, targets, self._scrape_limit, self._metrics.scrape_duration)
+
+    async def _post(self, entry: ProfileEntry, event: st.EventSpec, now: str) -> None:
+        body = st.event_manifest(
+            namespace=entry.namespace,
+            name=entry.name,
+            uid=entry.uid,
+            spec=event,
+            now=now,
+            instance=self._instance,
+        )
+        try:
+            await self._api.create_event(entry.namespace, body)
+        except Exception as exc:  # an Event is best effort; the status already says it
+            self._metrics.error("event-failed")
+            log.warning("profile %s/%s: could not post an event: %s", entry.namespace, entry.name, exc)
+
+    async def _write(self, entry: ProfileEntry, patch: Mapping[str, Any]) -> None:
+        obj = await self._api.patch_profile_status(entry.namespace, entry.name, patch)
+        new_status = obj.get("status") if isinstance(obj, Mapping) else None
+        current = self._registry.profile(entry.namespace, entry.name)
+        if isinstance(new_status, Mapping):
+            entry.status = dict(new_status)
+            if current is not None and current is not entry and current.uid == entry.uid:
+                current.status = dict(new_status)
+
+
+def _not_running(pods: list[PodInfo]) -> list[str]:
+    """Why instrumented pods were not scraped at all (not running yet, no IP)."""
+    out = []
+    for p in pods:
+        if p.instrumented and not p.scrapable:
+            why = f"phase {p.phase or 'unknown'}" if p.phase != "Running" else "no pod IP yet"
+            out.append(f"{p.name}: not scraped ({why})")
+    return out
+
+
+def _counts(pods: list[PodInfo]) -> tuple[int, int, list[str]]:
+    uninstrumented = [p.name for p in pods if not p.instrumented]
+    return len(pods), len(pods) - len(uninstrumented), uninstrumented
+
+
+def _bottleneck_from(raw: Any) -> Bottleneck | None:
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return Bottleneck.model_validate(dict(raw))
+    except ValidationError:
+        return None
+
+
+def _published_dict(key: tuple[str, str] | None) -> dict[str, str] | None:
+    return None if key is None else {"axis": key[0], "regime": key[1]}
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclass(order=True)
+class _Due:
+    at: float
+    seq: int
+    key: ProfileKey = field(compare=False)
+    revision: int = field(compare=False)
+    job: Job = field(compare=False)
+
+
+class Scheduler:
+    """Runs ``Evaluator`` jobs when they are due, ``concurrency`` at a time.
+
+    Subscribe it to the registry (``registry.subscribe(scheduler.on_change)``); a new or
+    changed profile gets an ``init`` job at once, then an ``evaluate`` job every window.
+    Work for an old revision of a profile is dropped when it comes due.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        evaluator: Evaluator,
+        metrics: OperatorMetrics,
+        *,
+        concurrency: int = 32,
+        clock: Callable[[], float] = time.monotonic,
+        retry_seconds: float = 5.0,
+    ) -> None:
+        self._registry = registry
+        self._evaluator = evaluator
+        self._metrics = metrics
+        self._concurrency = concurrency
+        self._clock = clock
+        self._retry_seconds = retry_seconds
+        self._heap: list[_Due] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._in_flight: set[ProfileKey] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.jobs_run = 0
+
+    # ------------------------------------------------------------ inputs
+
+    def on_change(self, kind: ChangeKind, entry: ProfileEntry) -> None:
+        if kind == "upsert":
+            self._push(self._clock(), entry, "init")
+        else:
+            self._evaluator.forget(entry)
+        self._metrics.set_profiles(len(self._registry))
+
+    def _push(self, at: float, entry: ProfileEntry, job: Job) -> None:
+        heapq.heappush(self._heap, _Due(at, next(self._seq), entry.key, entry.revision, job))
+        self._wake.set()
+
+    def pending(self) -> int:
+        return len(self._heap)
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Forever (until cancelled): wait for the next due job, hand it to a worker."""
+        limit = asyncio.Semaphore(self._concurrency)
+        try:
+            while True:
+                self._wake.clear()
+                now = self._clock()
+                if not self._heap or self._heap[0].at > now:
+                    timeout = None if not self._heap else self._heap[0].at - now
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout)
+                    continue
+                due = heapq.heappop(self._heap)
+                entry = self._registry.profile(*due.key)
+                if entry is None or entry.revision != due.revision:
+                    continue  # deleted or replaced by a newer revision
+                if due.key in self._in_flight:
+                    heapq.heappush(
+                        self._heap, _Due(now + 0.05, next(self._seq), due.key, due.revision, due.job)
+                    )
+                    continue
+                await limit.acquire()
+                self._in_flight.add(due.key)
+                task = asyncio.create_task(
+                    self._work(due, entry, limit), name=f"dam-eval-{due.key[0]}/{due.key[1]}"
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _work(self, due: _Due, entry: ProfileEntry, limit: asyncio.Semaphore) -> None:
+        next_job: Job | None = "evaluate"
+        next_at: float | None = None
+        try:
+            window = entry.spec.evaluation.window_seconds if entry.spec else 0.0
+            if due.job == "init":
+                next_job = "evaluate" if await self._evaluator.initialize(entry) else None
+                next_at = self._clock() + window
+            else:
+                await self._evaluator.evaluate(entry)
+                next_at = due.at + window
+                now = self._clock()
+                if next_at <= now:  # overran: skip the missed slots, keep the phase
+                    missed = int((now - next_at) // window) + 1
+                    next_at += missed * window
+                    self._metrics.error("evaluation-overrun")
+        except asyncio.CancelledError:
+            raise
+        except NotFoundError:
+            next_job = None
+            log.info("profile %s/%s is gone from the API; dropping it", *due.key)
+            if self._same(entry):
+                self._registry.remove_profile(*due.key)
+        except ApiError as exc:
+            self._metrics.evaluation(ok=False, reason=exc.reason_label)
+            log.warning("profile %s/%s: %s failed: %s; retrying", due.key[0], due.key[1], due.job, exc)
+            next_at, next_job = self._clock() + self._retry_delay(entry), due.job
+        except Exception:
+            self._metrics.evaluation(ok=False, reason="internal")
+            log.exception("profile %s/%s: %s failed; retrying", due.key[0], due.key[1], due.job)
+            next_at, next_job = self._clock() + self._retry_delay(entry), due.job
+        finally:
+            self._in_flight.discard(due.key)
+            limit.release()
+            self.jobs_run += 1
+        if next_job is not None and next_at is not None and self._same(entry):
+            self._push(next_at, entry, next_job)
+
+    def _same(self, entry: ProfileEntry) -> bool:
+        current = self._registry.profile(*entry.key)
+        return current is not None and current.revision == entry.revision
+
+    def _retry_delay(self, entry: ProfileEntry) -> float:
+        window = entry.spec.evaluation.window_seconds if entry.spec else self._retry_seconds
+        return min(self._retry_seconds, window)

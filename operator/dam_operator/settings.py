@@ -1,0 +1,158 @@
+"""Settings of the operator process: one object (``DAM_`` prefix), built once in ``main``.
+
+Command-line flags of ``dam operator`` override these (they are passed as keyword
+arguments, which take precedence over the environment).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+CertMode = Literal["self-signed", "files"]
+
+DEFAULT_SIDECAR_IMAGE = "ghcr.io/mlsys/dam-operator:0.1.0"
+
+
+class OperatorSettings(BaseSettings):
+    """Everything ``dam operator`` reads from its environment; see docs/operator.md."""
+
+    model_config = SettingsConfigDict(env_prefix="DAM_", extra="ignore", populate_by_name=True)
+
+    # --- scope -------------------------------------------------------------------
+    namespace: str | None = Field(
+        default=None,
+        description="Watch DAMProfiles and pods in this namespace only; unset: cluster-wide.",
+    )
+    operator_namespace: str = Field(
+        default="dam-system",
+        description="Namespace of the operator itself (its webhook Service and certificate Secret).",
+    )
+    standalone: bool = Field(
+        default=True,
+        description="Run without kopf peering (one replica; no KopfPeering resources needed).",
+    )
+
+    peering_name: str | None = Field(
+        default=None,
+        description="kopf peering object name when standalone is off (several replicas, one active).",
+    )
+
+    # --- evaluation --------------------------------------------------------------
+    evaluation_concurrency: int = Field(
+        default=32, ge=1, le=1024, description="Profiles evaluated at the same time, at most."
+    )
+    scrape_concurrency: int = Field(
+        default=128, ge=1, le=4096, description="Sidecar scrapes (or Prometheus queries) in flight, at most."
+    )
+    scrape_timeout_seconds: float = Field(
+        default=2.0, gt=0, le=60, description="A sidecar that does not answer in this time is not reporting."
+    )
+    scrape_max_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="A /metrics body larger than this is rejected."
+    )
+    max_baseline_windows: float = Field(
+        default=3.0,
+        ge=1.0,
+        le=100.0,
+        description="A pod's previous scrape older than this many windows is too old to difference against.",
+    )
+    prometheus_namespace_label: str = Field(
+        default="namespace", description="Label that carries the pod's namespace in Prometheus."
+    )
+    prometheus_pod_label: str = Field(default="pod", description="Label that carries the pod's name.")
+
+    # --- Kubernetes API ----------------------------------------------------------
+    api_timeout_seconds: float = Field(default=10.0, gt=0, le=300, description="Timeout of one API call.")
+    api_retries: int = Field(
+        default=4, ge=0, le=20, description="Retries of an API call on 429, 5xx or a connection error."
+    )
+    api_backoff_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="First retry delay; doubles per retry (Retry-After wins)."
+    )
+
+    # --- the operator's own endpoints --------------------------------------------
+    metrics_host: str = Field(default="0.0.0.0", description="Address of the operator's /metrics.")
+    metrics_port: int = Field(
+        default=8081, ge=0, le=65535, description="Port of the operator's /metrics and /healthz (0: off)."
+    )
+    liveness_endpoint: str | None = Field(
+        default="http://0.0.0.0:8080/healthz",
+        description="kopf's liveness endpoint (unset or empty: off).",
+    )
+
+    # --- the pod webhook ---------------------------------------------------------
+    webhook_enabled: bool = Field(default=True, description="Serve the mutating pod webhook.")
+    webhook_host: str = Field(default="0.0.0.0", description="Address the webhook listens on.")
+    webhook_port: int = Field(default=9443, ge=0, le=65535, description="Port the webhook listens on.")
+    webhook_service_name: str = Field(
+        default="dam-operator-webhook", description="Service in front of the webhook (in operator_namespace)."
+    )
+    webhook_service_port: int = Field(default=443, ge=1, le=65535, description="Port of that Service.")
+    webhook_url: str | None = Field(
+        default=None,
+        description="Register the webhook by URL instead of by Service (e.g. https://127.0.0.1:9443).",
+    )
+    webhook_configuration_name: str = Field(
+        default="dam-operator", description="Name of the MutatingWebhookConfiguration."
+    )
+    webhook_manage_configuration: bool = Field(
+        default=True,
+        description="Create/update the MutatingWebhookConfiguration "
+        "(off: Helm owns it; only its caBundle is patched).",
+    )
+    webhook_timeout_seconds: int = Field(default=5, ge=1, le=5, description="timeoutSeconds of the webhook.")
+    cert_mode: CertMode = Field(
+        default="self-signed",
+        description="self-signed: the operator makes a CA and serving cert and keeps them in a Secret; "
+        "files: read tls.crt/tls.key/ca.crt from cert_dir (cert-manager).",
+    )
+    cert_secret_name: str = Field(
+        default="dam-operator-webhook-cert", description="Secret that holds the self-signed webhook cert."
+    )
+    cert_dir: str = Field(
+        default="/etc/dam/webhook-certs", description="Directory of the files (cert_mode=files)."
+    )
+
+    # --- injection defaults ------------------------------------------------------
+    default_sidecar_image: str = Field(
+        default=DEFAULT_SIDECAR_IMAGE, description="Sidecar image when a profile names none."
+    )
+    sidecar_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="imagePullPolicy of the injected containers when a profile names none."
+    )
+    excluded_namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["kube-system"],
+        description="Namespaces (comma-separated) the webhook never touches, besides the operator's own.",
+    )
+    native_sidecar: bool = Field(
+        default=True,
+        description="Inject a native sidecar (init container, restartPolicy Always; Kubernetes >= 1.29).",
+    )
+
+    # --- logging -----------------------------------------------------------------
+    verbose: bool = Field(default=False, description="Debug logging.")
+    quiet: bool = Field(default=False, description="Warnings and errors only.")
+
+    @field_validator("excluded_namespaces", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OperatorSettings:
+        if self.namespace is not None and not self.namespace.strip():
+            self.namespace = None
+        if self.liveness_endpoint is not None and not self.liveness_endpoint.strip():
+            self.liveness_endpoint = None
+        if self.verbose and self.quiet:
+            raise ValueError("verbose and quiet exclude each other; choose one")
+        return self
+
+    @property
+    def clusterwide(self) -> bool:
+        return self.namespace is None

@@ -1,0 +1,242 @@
+"""Where the operator reads a pod's counters: one protocol, two sources.
+
+- ``ScrapeSource`` (default): ``GET http://<podIP>:<port>/metrics`` from the sidecar,
+  with a timeout and a size limit, parsed by the strict text-format reader.
+- ``PrometheusSource``: one instant query per pod against the Prometheus HTTP API
+  (``{__name__=~"dam_.+", namespace="NS", pod="POD"}``), converted to a Snapshot
+  with the target labels (namespace, pod, instance, job, ...) stripped.
+
+Both raise ``SourceError`` with a short, bounded ``reason`` (used as a metric label)
+and a message that says what went wrong; never anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from dam_sidecar import names
+from dam_sidecar.promtext import PromParseError, Sample, Snapshot, labels_of, parse_snapshot
+
+# Bounded reasons (label values of dam_operator_evaluation_errors_total).
+REASON_TIMEOUT = "scrape-timeout"
+REASON_UNREACHABLE = "scrape-unreachable"
+REASON_HTTP = "scrape-http-status"
+REASON_TOO_LARGE = "scrape-too-large"
+REASON_GARBAGE = "scrape-garbage"
+REASON_NO_DATA = "scrape-no-data"
+
+# Labels that Prometheus (or its service discovery) adds to every series of a target.
+TARGET_LABELS = frozenset(
+    {"instance", "job", "namespace", "pod", "container", "endpoint", "service", "node", "prometheus"}
+)
+
+
+class SourceError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    namespace: str
+    name: str
+    ip: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"http://{host}:{self.port}/metrics"
+
+
+class MetricSource(Protocol):
+    async def fetch(self, pod: PodTarget) -> Snapshot: ...
+
+
+def _sidecar_timestamp(snapshot: Snapshot) -> float | None:
+    for sample in snapshot.samples(names.SNAPSHOT_TIMESTAMP_SECONDS):
+        if math.isfinite(sample.value) and sample.value > 0:
+            return sample.value
+    return None
+
+
+class ScrapeSource:
+    """Direct scrape of the sidecar. The snapshot's timestamp is the sidecar's own
+    sample time when it exports one (``dam_snapshot_timestamp_seconds``), else the
+    time the answer arrived: deltas of one pod always use one clock."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        timeout_seconds: float = 2.0,
+        max_bytes: int = 4 * 1024 * 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._timeout_seconds = timeout_seconds
+        self._max_bytes = max_bytes
+        self._clock = clock
+
+    async def fetch(self, pod: PodTarget) -> Snapshot:
+        url = pod.url
+        try:
+            async with self._session.get(url, timeout=self._timeout, allow_redirects=False) as resp:
+                if resp.status != 200:
+                    raise SourceError(REASON_HTTP, f"{url} answered HTTP {resp.status}")
+                body = await resp.content.read(self._max_bytes + 1)
+        except TimeoutError:
+            raise SourceError(
+                REASON_TIMEOUT, f"{url} did not answer within {self._timeout_seconds:g} s"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise SourceError(REASON_UNREACHABLE, f"{url} is unreachable: {_short(exc)}") from None
+        if len(body) > self._max_bytes:
+            raise SourceError(REASON_TOO_LARGE, f"{url} returned more than {self._max_bytes} bytes")
+        received = self._clock()
+        try:
+            text = body.decode("utf-8")
+            snapshot = parse_snapshot(text, source=url)
+        except UnicodeDecodeError:
+            raise SourceError(REASON_GARBAGE, f"{url} returned text that is not UTF-8") from None
+        except PromParseError as exc:
+            raise SourceError(REASON_GARBAGE, f"not Prometheus text: {exc}") from None
+        if len(snapshot) == 0:
+            raise SourceError(REASON_NO_DATA, f"{url} returned no samples")
+        snapshot.timestamp_seconds = _sidecar_timestamp(snapshot) or received
+        return snapshot
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+class PrometheusSource:
+    """Instant queries of the pod's ``dam_`` series in Prometheus."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        timeout_seconds: float = 5.0,
+        namespace_label: str = "namespace",
+        pod_label: str = "pod",
+        max_series: int = 10_000,
+    ) -> None:
+        self._session = session
+        self._base = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._timeout_seconds = timeout_seconds
+        self._ns_label = namespace_label
+        self._pod_label = pod_label
+        self._max_series = max_series
+        self._strip = TARGET_LABELS | {namespace_label, pod_label}
+
+    def query_for(self, pod: PodTarget) -> str:
+        return (
+            f'{{__name__=~"dam_.+",{self._ns_label}="{_escape(pod.namespace)}",'
+            f'{self._pod_label}="{_escape(pod.name)}"}}'
+        )
+
+    async def fetch(self, pod: PodTarget) -> Snapshot:
+        url = f"{self._base}/api/v1/query"
+        try:
+            async with self._session.get(
+                url, params={"query": self.query_for(pod)}, timeout=self._timeout, allow_redirects=False
+            ) as resp:
+                status = resp.status
+                try:
+                    payload: Any = await resp.json(content_type=None)
+                except ValueError:
+                    payload = None
+        except TimeoutError:
+            raise SourceError(
+                REASON_TIMEOUT,
+                f"Prometheus at {self._base} did not answer within {self._timeout_seconds:g} s",
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise SourceError(
+                REASON_UNREACHABLE, f"Prometheus at {self._base} is unreachable: {_short(exc)}"
+            ) from None
+        if not isinstance(payload, Mapping):
+            raise SourceError(
+                REASON_GARBAGE, f"Prometheus at {self._base} answered HTTP {status} without JSON"
+            )
+        if status != 200 or payload.get("status") != "success":
+            error = str(payload.get("error") or "")[:200]
+            raise SourceError(REASON_HTTP, f"Prometheus query failed (HTTP {status}): {error}")
+        return self._snapshot(payload.get("data"), pod)
+
+    def _snapshot(self, data: Any, pod: PodTarget) -> Snapshot:
+        if not isinstance(data, Mapping) or data.get("resultType") != "vector":
+            raise SourceError(REASON_GARBAGE, "Prometheus answered something other than an instant vector")
+        result = data.get("result")
+        if not isinstance(result, list):
+            raise SourceError(REASON_GARBAGE, "Prometheus answer has no result list")
+        if len(result) > self._max_series:
+            raise SourceError(REASON_TOO_LARGE, f"Prometheus returned more than {self._max_series} series")
+        samples: list[Sample] = []
+        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        newest = 0.0
+        for item in result:
+            try:
+                metric = dict(item["metric"])
+                name = str(metric.pop("__name__"))
+                ts_raw, value_raw = item["value"]
+                ts, value = float(ts_raw), float(value_raw)
+            except (KeyError, TypeError, ValueError):
+                raise SourceError(REASON_GARBAGE, "Prometheus answer has a malformed sample") from None
+            labels = labels_of({str(k): str(v) for k, v in metric.items() if k not in self._strip})
+            if (name, labels) in seen:
+                continue  # the same series from two scrape jobs: keep the first
+            seen.add((name, labels))
+            samples.append(Sample(name, labels, value))
+            newest = max(newest, ts)
+        if not samples:
+            raise SourceError(
+                REASON_NO_DATA, f"Prometheus has no dam_ series for pod {pod.namespace}/{pod.name}"
+            )
+        snapshot = Snapshot(samples, timestamp_seconds=newest)
+        sidecar_ts = _sidecar_timestamp(snapshot)
+        if sidecar_ts is not None:
+            snapshot.timestamp_seconds = sidecar_ts
+        return snapshot
+
+
+async def fetch_all(
+    source: MetricSource,
+    pods: list[PodTarget],
+    limit: asyncio.Semaphore,
+    observe: Callable[[float], None] | None = None,
+) -> dict[str, Snapshot | SourceError]:
+    """Fetch every pod concurrently (bounded by ``limit``); a failure is a value, not a raise."""
+
+    async def one(pod: PodTarget) -> Snapshot | SourceError:
+        async with limit:
+            start = time.monotonic()
+            try:
+                return await source.fetch(pod)
+            except SourceError as exc:
+                return exc
+            finally:
+                if observe is not None:
+                    observe(time.monotonic() - start)
+
+    results = await asyncio.gather(*(one(p) for p in pods))
+    return {p.name: r for p, r in zip(pods, results, strict=True)}

@@ -1,0 +1,395 @@
+"""Pure builders of what the operator writes: status merge patches, conditions, Events.
+
+Nothing here does I/O or reads a clock; callers pass ``now``. Status writes are JSON
+merge patches (RFC 7386), so a key that was there before and is gone now is written
+as ``null`` (``null_out``): nothing stale survives an update, including after an
+operator restart (the previous status comes from the object itself).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dam_operator.diagnosis.model import Bottleneck
+
+GROUP = "dam.mlsys.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DAMProfile"
+PLURAL = "damprofiles"
+COMPONENT = "dam-operator"
+
+# Condition types the operator owns (crds/damprofile.yaml); any other type found is stale.
+SPEC_VALID = "SpecValid"
+INSTRUMENTED = "Instrumented"
+REPORTING = "Reporting"
+DIAGNOSED = "Diagnosed"
+MANAGED_CONDITIONS = (SPEC_VALID, INSTRUMENTED, REPORTING, DIAGNOSED)
+
+# Reasons (CamelCase, stable: automation may match on them).
+REASON_VALID = "SpecValid"
+REASON_INVALID = "InvalidSpec"
+REASON_DIAGNOSED = "BottleneckFound"
+REASON_INSUFFICIENT = "InsufficientData"
+REASON_PENDING = "AwaitingWindow"
+REASON_NO_PODS = "NoMatchingPods"
+REASON_NO_REPORTING = "NoReportingPods"
+REASON_NO_INSTRUMENTED = "NoInstrumentedPods"
+REASON_ALL_INSTRUMENTED = "AllPodsInstrumented"
+REASON_NOT_INSTRUMENTED = "PodsNotInstrumented"
+REASON_ALL_REPORTING = "AllPodsReporting"
+REASON_NOT_REPORTING = "SidecarsNotReporting"
+REASON_BOTTLENECK_CHANGED = "BottleneckChanged"
+
+MAX_NOT_INSTRUMENTED_LISTED = 50
+MAX_MESSAGE = 1024
+MAX_NAMES_LISTED = 5
+
+
+def format_time(when: dt.datetime) -> str:
+    """RFC 3339 in UTC with second precision, as Kubernetes writes times."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def condition(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> dict[str, Any]:
+    """One condition without ``lastTransitionTime`` (``merge_conditions`` sets it)."""
+    out: dict[str, Any] = {
+        "type": type_,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": _clip(message),
+    }
+    if generation is not None:
+        out["observedGeneration"] = generation
+    return out
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]] | None, new: Sequence[Mapping[str, Any]], now: str
+) -> list[dict[str, Any]]:
+    """The full conditions list to write: ``new`` in order, each keeping its previous
+    ``lastTransitionTime`` when its status did not change; previous conditions of
+    types absent from ``new`` are dropped (they are stale)."""
+    before = {c.get("type"): c for c in previous or () if isinstance(c, Mapping)}
+    out: list[dict[str, Any]] = []
+    for cond in new:
+        item = dict(cond)
+        old = before.get(item["type"])
+        if old is not None and old.get("status") == item["status"] and old.get("lastTransitionTime"):
+            item["lastTransitionTime"] = old["lastTransitionTime"]
+        else:
+            item["lastTransitionTime"] = now
+        out.append(item)
+    return out
+
+
+def carry_conditions(
+    previous: Sequence[Mapping[str, Any]] | None, types: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Previous conditions of ``types``, unchanged (for partial updates that keep them)."""
+    return [dict(c) for c in previous or () if isinstance(c, Mapping) and c.get("type") in types]
+
+
+def null_out(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """``new`` as a merge patch over ``previous``: keys only in ``previous`` become None,
+    recursively into mappings present on both sides. Lists replace wholesale."""
+    out: dict[str, Any] = {}
+    prev = previous or {}
+    for key, value in new.items():
+        old = prev.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            out[key] = null_out(old, value)
+        else:
+            out[key] = value
+    for key in prev:
+        if key not in new:
+            out[key] = None
+    return out
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(sorted(names)[:MAX_NAMES_LISTED])
+    more = len(names) - MAX_NAMES_LISTED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def spec_condition(error: str | None, generation: int | None) -> dict[str, Any]:
+    if error is None:
+        return condition(SPEC_VALID, True, REASON_VALID, "The spec is valid.", generation)
+    return condition(SPEC_VALID, False, REASON_INVALID, f"Invalid spec: {error}", generation)
+
+
+def instrumented_condition(
+    matched: int, uninstrumented: Sequence[str], generation: int | None, webhook_enabled: bool = True
+) -> dict[str, Any]:
+    """``Instrumented``: False (reason PodsNotInstrumented) when matched pods lack the sidecar."""
+    if matched == 0:
+        return condition(
+            INSTRUMENTED, True, REASON_NO_PODS, "No running pod matches the selector.", generation
+        )
+    if not uninstrumented:
+        return condition(
+            INSTRUMENTED,
+            True,
+            REASON_ALL_INSTRUMENTED,
+            f"All {matched} matched pods have the sidecar.",
+            generation,
+        )
+    how = (
+        "They were probably created while the webhook was down or before this profile existed; "
+        "recreate them (e.g. restart the job) to inject the sidecar."
+        if webhook_enabled
+        else "The operator's webhook is disabled; add the sidecar by hand or enable the webhook."
+    )
+    return condition(
+        INSTRUMENTED,
+        False,
+        REASON_NOT_INSTRUMENTED,
+        f"{len(uninstrumented)} of {matched} matched pods have no DAM sidecar: "
+        f"{_names(uninstrumented)}. {how}",
+        generation,
+    )
+
+
+def reporting_condition(
+    instrumented: int, reporting: int, problems: Sequence[str], generation: int | None
+) -> dict[str, Any]:
+    """``Reporting``: True when every instrumented pod's sidecar answered this window."""
+    if instrumented == 0:
+        return condition(
+            REPORTING, False, REASON_NO_INSTRUMENTED, "No matched pod has the sidecar.", generation
+        )
+    if reporting >= instrumented and not problems:
+        return condition(
+            REPORTING,
+            True,
+            REASON_ALL_REPORTING,
+            f"All {instrumented} instrumented pods reported.",
+            generation,
+        )
+    shown = "; ".join(problems[:MAX_NAMES_LISTED])
+    more = len(problems) - MAX_NAMES_LISTED
+    detail = shown + (f"; and {more} more" if more > 0 else "")
+    return condition(
+        REPORTING,
+        False,
+        REASON_NOT_REPORTING,
+        f"{instrumented - reporting} of {instrumented} instrumented pods did not report: {detail}",
+        generation,
+    )
+
+
+def diagnosed_condition(
+    *, bottleneck: Bottleneck | None, matched: int, instrumented: int, reporting: int, generation: int | None
+) -> dict[str, Any]:
+    """``Diagnosed``: True with the verdict, or False with why there is none this window."""
+    if matched == 0:
+        return condition(DIAGNOSED, False, REASON_NO_PODS, "No running pod matches the selector.", generation)
+    if instrumented == 0:
+        return condition(
+            DIAGNOSED,
+            False,
+            REASON_NO_INSTRUMENTED,
+            f"None of the {matched} matched pods has the sidecar.",
+            generation,
+        )
+    if reporting == 0 or bottleneck is None:
+        held = (
+            f" Holding the last verdict ({bottleneck.axis.value}, {bottleneck.regime.value})."
+            if bottleneck is not None and bottleneck.axis.value != "Unknown"
+            else ""
+        )
+        return condition(
+            DIAGNOSED,
+            False,
+            REASON_NO_REPORTING,
+            f"None of the {instrumented} instrumented pods reported metrics this window.{held}",
+            generation,
+        )
+    b = bottleneck
+    if b.axis.value == "Unknown":
+        missing = f" Missing: {', '.join(b.missing)}." if b.missing else ""
+        return condition(
+            DIAGNOSED,
+            False,
+            REASON_INSUFFICIENT,
+            f"Not enough evidence for a verdict from {reporting} reporting pods.{missing}",
+            generation,
+        )
+    return condition(
+        DIAGNOSED,
+        True,
+        REASON_DIAGNOSED,
+        f"{b.axis.value} ({b.regime.value}), confidence {b.confidence:.2f}: pull {b.lever}. "
+        f"{reporting} of {matched} pods reporting.",
+        generation,
+    )
+
+
+def pending_condition(generation: int | None, window_seconds: float) -> dict[str, Any]:
+    return condition(
+        DIAGNOSED,
+        False,
+        REASON_PENDING,
+        f"Collecting the first {window_seconds:g}-second window.",
+        generation,
+    )
+
+
+def pods_status(
+    matched: int,
+    instrumented: int,
+    reporting: int,
+    not_instrumented: Sequence[str] = (),
+    straggler: str | None = None,
+) -> dict[str, Any]:
+    """``status.pods``; ``notInstrumented`` and ``straggler`` are None (removed) when empty."""
+    listed = sorted(not_instrumented)[:MAX_NOT_INSTRUMENTED_LISTED]
+    return {
+        "matched": matched,
+        "instrumented": instrumented,
+        "reporting": reporting,
+        "notInstrumented": listed or None,
+        "straggler": straggler,
+    }
+
+
+def evaluation_patch(
+    previous_status: Mapping[str, Any] | None,
+    *,
+    verdict_status: Mapping[str, Any] | None,
+    pods: Mapping[str, Any],
+    conditions: Sequence[Mapping[str, Any]],
+    generation: int | None,
+    now: str,
+    evaluated: bool = True,
+) -> dict[str, Any]:
+    """The one merge patch of an evaluation: ``{"status": {...}}``.
+
+    ``verdict_status`` is ``Verdict.to_status()`` (``bottleneck``, ``metrics``) or None
+    to remove both. ``evaluated=False`` (the first write after a (re)start or a spec
+    change) leaves ``bottleneck``/``metrics``/``lastEvaluationTime`` as they are.
+    Conditions not in ``conditions`` are removed (stale).
+    """
+    prev = dict(previous_status or {})
+    status: dict[str, Any] = {
+        "pods": dict(pods),
+        "conditions": merge_conditions(prev.get("conditions"), conditions, now),
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    if evaluated:
+        status["lastEvaluationTime"] = now
+        verdict = dict(verdict_status or {})
+        for key in ("bottleneck", "metrics"):
+            new = verdict.get(key)
+            old = prev.get(key)
+            if new is None:
+                status[key] = None
+            elif isinstance(old, Mapping):
+                status[key] = null_out(old, new)
+            else:
+                status[key] = new
+    return {"status": status}
+
+
+def invalid_patch(
+    previous_status: Mapping[str, Any] | None, error: str, generation: int | None, now: str
+) -> dict[str, Any]:
+    """An invalid spec: SpecValid=False and Diagnosed=False name the field and the fix; no verdict."""
+    prev = dict(previous_status or {})
+    conditions = [
+        spec_condition(error, generation),
+        condition(
+            DIAGNOSED, False, REASON_INVALID, f"Not evaluated: the spec is invalid ({error}).", generation
+        ),
+    ]
+    status: dict[str, Any] = {
+        "conditions": merge_conditions(prev.get("conditions"), conditions, now),
+        "bottleneck": None,
+        "metrics": None,
+        "pods": None,
+        "lastEvaluationTime": None,
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return {"status": status}
+
+
+def verdict_key(bottleneck: Mapping[str, Any] | Bottleneck | None) -> tuple[str, str] | None:
+    """(axis, regime) of a bottleneck in either form; None when there is none."""
+    if bottleneck is None:
+        return None
+    if isinstance(bottleneck, Bottleneck):
+        return (bottleneck.axis.value, bottleneck.regime.value)
+    axis, regime = bottleneck.get("axis"), bottleneck.get("regime")
+    if not isinstance(axis, str) or not isinstance(regime, str):
+        return None
+    return (axis, regime)
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    reason: str
+    message: str
+    type: str = "Normal"
+
+
+def bottleneck_changed_event(previous: Mapping[str, Any] | None, new: Bottleneck) -> EventSpec | None:
+    """The Event to emit when the verdict's (axis, regime) changed; None when it did not
+    (the first ``unknown`` of a new profile is no change either)."""
+    old_key = verdict_key(previous)
+    if old_key == verdict_key(new):
+        return None
+    if old_key is None and new.regime.value == "unknown":
+        return None  # no verdict yet and still none: nothing changed for a reader
+    was = f"; was {old_key[0]} ({old_key[1]})" if old_key else ""
+    message = (
+        f"Bottleneck is {new.axis.value} ({new.regime.value}), confidence {new.confidence:.2f}: "
+        f"pull lever {new.lever} — {new.lever_detail}{was}."
+    )
+    return EventSpec(reason=REASON_BOTTLENECK_CHANGED, message=_clip(message))
+
+
+def invalid_spec_event(error: str) -> EventSpec:
+    """A Warning Event for an invalid spec (once per generation): the field and the fix."""
+    return EventSpec(reason=REASON_INVALID, message=_clip(f"Invalid spec: {error}"), type="Warning")
+
+
+def event_manifest(
+    *,
+    namespace: str,
+    name: str,
+    uid: str | None,
+    spec: EventSpec,
+    now: str,
+    instance: str,
+) -> dict[str, Any]:
+    """A core/v1 Event about a DAMProfile (what ``kubectl describe`` and ``get events`` show)."""
+    involved: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND, "name": name, "namespace": namespace}
+    if uid:
+        involved["uid"] = uid
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name}.", "namespace": namespace},
+        "involvedObject": involved,
+        "reason": spec.reason,
+        "message": spec.message,
+        "type": spec.type,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

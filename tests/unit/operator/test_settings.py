@@ -1,0 +1,72 @@
+"""Operator settings: DAM_ environment, command-line overrides, clear errors."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from pydantic import ValidationError
+
+from dam_operator.main import injection_settings, kopf_settings, main, settings_from_args
+from dam_operator.settings import OperatorSettings
+
+
+def test_environment_configures_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAM_NAMESPACE", "team-a")
+    monkeypatch.setenv("DAM_EVALUATION_CONCURRENCY", "8")
+    monkeypatch.setenv("DAM_EXCLUDED_NAMESPACES", "kube-system, monitoring")
+    monkeypatch.setenv("DAM_WEBHOOK_ENABLED", "false")
+    s = OperatorSettings()
+    assert s.namespace == "team-a" and not s.clusterwide
+    assert s.evaluation_concurrency == 8
+    assert s.excluded_namespaces == ["kube-system", "monitoring"]
+    assert s.webhook_enabled is False
+
+
+def test_empty_namespace_means_cluster_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAM_NAMESPACE", " ")
+    assert OperatorSettings().clusterwide
+
+
+def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAM_NAMESPACE", "team-a")
+    monkeypatch.setenv("DAM_METRICS_PORT", "9000")
+    s = settings_from_args(["-A", "--metrics-port", "0", "--no-webhook", "--liveness", ""])
+    assert s.clusterwide and s.metrics_port == 0 and not s.webhook_enabled
+    assert s.liveness_endpoint is None
+    assert settings_from_args(["-n", "x", "--peering"]).standalone is False
+
+
+@pytest.mark.parametrize(
+    ("env", "value"),
+    [
+        ("DAM_EVALUATION_CONCURRENCY", "0"),
+        ("DAM_SCRAPE_TIMEOUT_SECONDS", "-1"),
+        ("DAM_WEBHOOK_TIMEOUT_SECONDS", "30"),
+        ("DAM_CERT_MODE", "magic"),
+    ],
+)
+def test_bad_values_are_rejected(monkeypatch: pytest.MonkeyPatch, env: str, value: str) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValidationError):
+        OperatorSettings()
+
+
+def test_main_reports_a_bad_setting_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DAM_SCRAPE_TIMEOUT_SECONDS", "-1")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "scrape_timeout_seconds" in err and "DAM_SCRAPE_TIMEOUT_SECONDS" in err
+    assert "Traceback" not in err
+
+
+def test_kopf_is_configured_for_a_single_status_writer() -> None:
+    s = OperatorSettings(standalone=True)
+    k = kopf_settings(s)
+    assert k.peering.standalone is True
+    assert k.posting.level == logging.WARNING
+    inj = injection_settings(OperatorSettings(default_sidecar_image="r/dam:1", operator_namespace="ops"))
+    assert inj.image == "r/dam:1"
+    assert "ops" in inj.never_inject_namespaces()

@@ -1,0 +1,283 @@
+"""Metric sources against real local HTTP servers: a sidecar-like /metrics, a
+Prometheus-like HTTP API, and (when installed) the real Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from dam_operator import sources as src
+from dam_operator.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, fetch_all
+from dam_sidecar import names
+from tests.support.fake_sidecar import FakeJob
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def serve(handler: Handler, path: str = "/metrics") -> AsyncIterator[int]:
+    app = web.Application()
+    app.router.add_get(path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def _pod(port: int) -> PodTarget:
+    return PodTarget("ns", "pod-a", "127.0.0.1", port)
+
+
+async def _scrape(handler: Handler, **kw: Any) -> Any:
+    async with serve(handler) as port, aiohttp.ClientSession() as session:
+        source = ScrapeSource(session, **kw)
+        try:
+            return await source.fetch(_pod(port))
+        except SourceError as exc:
+            return exc
+
+
+def test_scrape_returns_the_sidecar_snapshot_with_its_own_timestamp() -> None:
+    job = FakeJob(clock=lambda: 1234.5)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=job.exposition())
+
+    snap = run(_scrape(metrics))
+    assert snap.samples(names.STEPS_TOTAL)[0].value == pytest.approx(100.0)
+    assert snap.timestamp_seconds == 1234.5
+
+
+def test_scrape_of_a_slow_sidecar_times_out_with_a_clear_reason() -> None:
+    async def slow(_: web.Request) -> web.Response:
+        await asyncio.sleep(2)
+        return web.Response(text="dam_steps_total 1\n")
+
+    err = run(_scrape(slow, timeout_seconds=0.2))
+    assert isinstance(err, SourceError)
+    assert err.reason == src.REASON_TIMEOUT and "0.2 s" in err.message
+
+
+def test_scrape_of_garbage_names_the_line() -> None:
+    async def garbage(_: web.Request) -> web.Response:
+        return web.Response(text="dam_steps_total 1\n<html>oops</html>\n")
+
+    err = run(_scrape(garbage))
+    assert isinstance(err, SourceError)
+    assert err.reason == src.REASON_GARBAGE and ":2:" in err.message
+
+
+def test_scrape_rejects_oversized_and_error_answers() -> None:
+    async def huge(_: web.Request) -> web.Response:
+        return web.Response(text="# " + "x" * 5000 + "\n")
+
+    async def broken(_: web.Request) -> web.Response:
+        return web.Response(status=500, text="boom")
+
+    big = run(_scrape(huge, max_bytes=1024))
+    assert isinstance(big, SourceError) and big.reason == src.REASON_TOO_LARGE
+    err = run(_scrape(broken))
+    assert isinstance(err, SourceError) and err.reason == src.REASON_HTTP and "500" in err.message
+
+
+def test_scrape_of_a_closed_port_is_unreachable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def scenario() -> SourceError:
+        async with aiohttp.ClientSession() as session:
+            try:
+                await ScrapeSource(session).fetch(_pod(port))
+            except SourceError as exc:
+                return exc
+        raise AssertionError("expected a SourceError")
+
+    err = run(scenario())
+    assert err.reason == src.REASON_UNREACHABLE
+
+
+def test_fetch_all_turns_failures_into_values_and_bounds_concurrency() -> None:
+    in_flight = {"now": 0, "max": 0}
+
+    async def metrics(request: web.Request) -> web.Response:
+        in_flight["now"] += 1
+        in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        await asyncio.sleep(0.05)
+        in_flight["now"] -= 1
+        if request.query.get("x") == "bad":
+            return web.Response(status=503)
+        return web.Response(text="dam_steps_total 5\n")
+
+    async def scenario() -> tuple[dict[str, Any], list[float]]:
+        durations: list[float] = []
+        async with serve(metrics) as port, aiohttp.ClientSession() as session:
+            source = ScrapeSource(session)
+            pods = [PodTarget("ns", f"p{i}", "127.0.0.1", port) for i in range(8)]
+            got = await fetch_all(source, pods, asyncio.Semaphore(3), durations.append)
+            return got, durations
+
+    got, durations = run(scenario())
+    assert set(got) == {f"p{i}" for i in range(8)}
+    assert all(not isinstance(v, SourceError) for v in got.values())
+    assert in_flight["max"] <= 3
+    assert len(durations) == 8
+
+
+# ---------------------------------------------------------------- Prometheus HTTP API
+
+
+def _vector(*series: tuple[dict[str, str], float, float]) -> dict[str, Any]:
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": m, "value": [ts, repr(v)]} for m, ts, v in series],
+        },
+    }
+
+
+def test_prometheus_source_queries_the_pod_and_strips_target_labels() -> None:
+    seen: list[str] = []
+
+    async def api(request: web.Request) -> web.Response:
+        seen.append(request.query["query"])
+        target = {"namespace": "ns", "pod": "pod-a", "instance": "10.0.0.1:9450", "job": "dam"}
+        return web.json_response(
+            _vector(
+                ({"__name__": names.STEPS_TOTAL, **target}, 1000.0, 42.0),
+                ({"__name__": names.GPU_UTILIZATION_RATIO, "gpu": "0", **target}, 1001.0, 0.5),
+                ({"__name__": names.STEPS_TOTAL, **target, "job": "dup"}, 1000.0, 43.0),
+            )
+        )
+
+    async def scenario() -> Any:
+        async with serve(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+            source = PrometheusSource(session, f"http://127.0.0.1:{port}/")
+            return await source.fetch(_pod(9450))
+
+    snap = run(scenario())
+    assert seen == ['{__name__=~"dam_.+",namespace="ns",pod="pod-a"}']
+    assert [s.labels for s in snap.samples(names.STEPS_TOTAL)] == [()]  # duplicate from a 2nd job dropped
+    assert snap.samples(names.STEPS_TOTAL)[0].value == 42.0
+    assert snap.samples(names.GPU_UTILIZATION_RATIO)[0].labels == (("gpu", "0"),)
+    assert snap.timestamp_seconds == 1001.0
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "reason"),
+    [
+        (400, {"status": "error", "error": "parse error"}, src.REASON_HTTP),
+        (200, {"status": "success", "data": {"resultType": "matrix", "result": []}}, src.REASON_GARBAGE),
+        (200, _vector(), src.REASON_NO_DATA),
+        (
+            200,
+            {"status": "success", "data": {"resultType": "vector", "result": [{"value": 1}]}},
+            src.REASON_GARBAGE,
+        ),
+        (502, None, src.REASON_GARBAGE),
+    ],
+)
+def test_prometheus_failures_become_source_errors(status: int, body: Any, reason: str) -> None:
+    async def api(_: web.Request) -> web.Response:
+        if body is None:
+            return web.Response(status=status, text="<html>bad gateway</html>")
+        return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+    async def scenario() -> SourceError:
+        async with serve(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+            try:
+                await PrometheusSource(session, f"http://127.0.0.1:{port}").fetch(_pod(1))
+            except SourceError as exc:
+                return exc
+        raise AssertionError("expected a SourceError")
+
+    assert run(scenario()).reason == reason
+
+
+def test_prometheus_query_escapes_label_values() -> None:
+    source = PrometheusSource.__new__(PrometheusSource)
+    source._ns_label, source._pod_label = "namespace", "pod"
+    query = source.query_for(PodTarget('n"s', "a\\b", "1.2.3.4", 1))
+    assert 'namespace="n\\"s"' in query and 'pod="a\\\\b"' in query
+
+
+# ---------------------------------------------------------------- the real Prometheus
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus package")
+def test_prometheus_source_reads_what_a_real_prometheus_scraped() -> None:
+    job = FakeJob()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=job.exposition())
+
+    async def scenario(workdir: Path) -> Any:
+        async with serve(metrics) as sidecar_port:
+            prom_port = _free_port()
+            config = workdir / "prometheus.yml"
+            config.write_text(
+                "global: {scrape_interval: 1s}\n"
+                "scrape_configs:\n"
+                "  - job_name: dam\n"
+                f"    static_configs: [{{targets: ['127.0.0.1:{sidecar_port}'], "
+                "labels: {namespace: ns, pod: pod-a}}]\n"
+            )
+            proc = subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                async with aiohttp.ClientSession() as session:
+                    source = PrometheusSource(session, f"http://127.0.0.1:{prom_port}")
+                    deadline = time.monotonic() + 30
+                    while True:
+                        try:
+                            return await source.fetch(_pod(0))
+                        except SourceError:
+                            if time.monotonic() > deadline:
+                                raise
+                            await asyncio.sleep(0.5)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=20)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        snap = run(scenario(Path(tmp)))
+    assert snap.samples(names.STEPS_TOTAL)[0].value >= 100.0
+    assert snap.samples(names.STEPS_TOTAL)[0].labels == ()  # namespace/pod/instance/job stripped
+    assert snap.timestamp_seconds > 0
