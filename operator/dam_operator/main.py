@@ -50,6 +50,8 @@ from dam_operator.webhook import (
 
 log = logging.getLogger("dam_operator")
 
+WEBHOOK_RETRY_FIRST_SECONDS = 5.0
+WEBHOOK_RETRY_MAX_SECONDS = 300.0
 CERT_RENEW_CHECK_SECONDS = 6 * 3600.0
 CERT_FILES_CHECK_SECONDS = 60.0
 
@@ -268,8 +270,10 @@ async def start_components(
             await runner.setup()
             await web.TCPSite(runner, settings.metrics_host, settings.metrics_port).start()
             running.metrics_runner = runner
-        if settings.webhook_enabled:
-            await _start_webhook(settings, running)
+        if settings.webhook_enabled and not await _try_start_webhook(settings, running):
+            running.background.append(
+                asyncio.create_task(_retry_webhook(settings, running), name="dam-webhook-retry")
+            )
     except BaseException:
         await running.stop()
         raise
@@ -311,6 +315,37 @@ def _configuration_builder(settings: OperatorSettings) -> Callable[[bytes | None
         )
 
     return build
+
+
+async def _try_start_webhook(settings: OperatorSettings, running: Running) -> bool:
+    """Start the webhook; on failure log why and go on: the webhook never blocks the operator.
+
+    Without the webhook, new pods start uninstrumented and the profiles' ``Instrumented``
+    condition says so; diagnosis of instrumented pods goes on.
+    """
+    try:
+        await _start_webhook(settings, running)
+        return True
+    except Exception as exc:
+        log.error(
+            "pod webhook not started: %s; the operator runs on, pods created meanwhile are reported "
+            "as not instrumented; retrying",
+            exc,
+        )
+        if running.webhook is not None:
+            await running.webhook.close()
+            running.webhook = None
+        return False
+
+
+async def _retry_webhook(settings: OperatorSettings, running: Running) -> None:
+    delay = WEBHOOK_RETRY_FIRST_SECONDS
+    while True:
+        await asyncio.sleep(delay)
+        if await _try_start_webhook(settings, running):
+            log.info("pod webhook started")
+            return
+        delay = min(delay * 2, WEBHOOK_RETRY_MAX_SECONDS)
 
 
 async def _start_webhook(settings: OperatorSettings, running: Running) -> None:

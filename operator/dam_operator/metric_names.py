@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 # One series per profile; label values bounded (axis/regime are enums).
-PROFILE_VERDICT: Final = "dam_profile_verdict"  # {namespace, profile, axis, regime} = 1
+PROFILE_VERDICT: Final = "dam_profile_verdict"  # {namespace, profile, axis, regime, lever} = 1
 PROFILE_CONFIDENCE_RATIO: Final = "dam_profile_confidence_ratio"  # {namespace, profile}
 PROFILE_IRON_LAW_SECONDS: Final = "dam_profile_iron_law_seconds"  # {namespace, profile, term}
 PROFILE_DATA_WAIT_RATIO: Final = "dam_profile_data_wait_ratio"  # {namespace, profile}

@@ -31,8 +31,8 @@ class OperatorMetrics:
         per_profile = ["namespace", "profile"]
         self._verdict = Gauge(
             n.PROFILE_VERDICT,
-            "1 for the profile's current verdict (one series per profile).",
-            [*per_profile, "axis", "regime"],
+            "1 for the profile's current verdict (one series per profile; lever ids are bounded).",
+            [*per_profile, "axis", "regime", "lever"],
             registry=registry,
         )
         self._confidence = Gauge(
@@ -100,7 +100,7 @@ class OperatorMetrics:
         )
         self._profiles = Gauge(n.OPERATOR_PROFILES, "DAMProfiles known to the operator.", registry=registry)
         self._lock = threading.Lock()
-        self._verdict_labels: dict[ProfileKey, tuple[str, str]] = {}
+        self._verdict_labels: dict[ProfileKey, tuple[str, str, str]] = {}
         self._known: set[ProfileKey] = set()
 
     # ------------------------------------------------------------ per profile
@@ -110,7 +110,7 @@ class OperatorMetrics:
     ) -> None:
         key = (namespace, profile)
         b = verdict.bottleneck
-        labels = (str(b.axis.value), str(b.regime.value))
+        labels = (str(b.axis.value), str(b.regime.value), b.lever)
         with self._lock:
             self._known.add(key)
             old = self._verdict_labels.get(key)

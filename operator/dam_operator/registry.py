@@ -43,7 +43,9 @@ class PodInfo:
 
     @property
     def scrapable(self) -> bool:
-        return self.active and self.instrumented and bool(self.pod_ip) and self.phase == "Running"
+        """Running with an IP. Pods without the injected sidecar are scraped too, so that a
+        sidecar added by hand (or by another injector) is honoured."""
+        return self.active and bool(self.pod_ip) and self.phase == "Running"
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], instrumented: bool) -> PodInfo:

@@ -8,7 +8,8 @@ scrape goes through one shared semaphore.
 
 Per profile and window (``spec.evaluation.windowSeconds``), the ``Evaluator``:
 
-1. scrapes every matched, instrumented, running pod once (direct or Prometheus);
+1. scrapes every matched, running pod once (direct or Prometheus); a pod without the injected
+   sidecar whose port answers anyway counts as instrumented (a sidecar added by hand);
 2. differences each pod's counters against its previous scrape (one scrape per pod
    per window is enough for counters; the sidecar samples every
    ``spec.sampling.intervalSeconds`` on its own);
@@ -210,12 +211,17 @@ class Evaluator:
         problems = _not_running(pods)
         reporting = 0
         max_age = self._max_baseline_windows * spec.evaluation.window_seconds
+        without_sidecar = {p.name for p in pods if not p.instrumented}
+        answered: set[str] = set()
         for name, result in results.items():
             if isinstance(result, SourceError):
+                if name in without_sidecar:
+                    continue  # no sidecar was injected: silence is expected, not a fault
                 problems.append(f"{name}: {result.message}")
                 self._metrics.error(result.reason)
                 continue
             reporting += 1
+            answered.add(name)
             before = state.snapshots.get(name)
             if before is None or result.timestamp_seconds is None or before.timestamp_seconds is None:
                 state.snapshots[name] = result
@@ -251,7 +257,7 @@ class Evaluator:
         verdict = state.stabilizer.update(raw, when)
         bottleneck = verdict.bottleneck
 
-        matched, instrumented, uninstrumented = _counts(pods)
+        matched, instrumented, uninstrumented = _counts(pods, answered)
         conditions = [
             st.spec_condition(None, entry.generation),
             st.instrumented_condition(matched, uninstrumented, entry.generation, self._webhook_enabled),
@@ -347,8 +353,11 @@ def _not_running(pods: list[PodInfo]) -> list[str]:
     return out
 
 
-def _counts(pods: list[PodInfo]) -> tuple[int, int, list[str]]:
-    uninstrumented = [p.name for p in pods if not p.instrumented]
+def _counts(pods: list[PodInfo], answered: set[str] | None = None) -> tuple[int, int, list[str]]:
+    """(matched, instrumented, names of uninstrumented pods); a pod whose sidecar answered
+    counts as instrumented whoever added it."""
+    answered = answered or set()
+    uninstrumented = [p.name for p in pods if not p.instrumented and p.name not in answered]
     return len(pods), len(pods) - len(uninstrumented), uninstrumented
 
 

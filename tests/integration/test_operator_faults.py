@@ -293,3 +293,28 @@ def test_semantically_invalid_specs_get_a_clear_condition_and_no_crash_loop(
         raise
     finally:
         op.stop()
+
+
+def test_webhook_that_cannot_start_does_not_stop_the_operator(
+    api: StandIn, sidecars: FakeSidecars, tmp_path: Path
+) -> None:
+    # The operator's namespace does not exist: the webhook certificate Secret cannot be
+    # written, so the webhook cannot start. The operator must go on diagnosing, and a pod
+    # whose sidecar was added by hand (here: a fake sidecar on its IP) is honoured.
+    sidecars.add("127.0.0.1", FakeJob())
+    op = OperatorProcess(api, tmp_path, env={"DAM_OPERATOR_NAMESPACE": "no-such-namespace"})
+    op.start(wait=False)
+    try:
+        apply(api, profile("p", sidecars.port, {"app": "t"}))
+        apply(api, pod("trainer-0", {"app": "t"}))
+        set_pod_running(api, "default", "trainer-0")
+        try:
+            wait_for(lambda: axis(api, "p") == "Data", 40, "the Data verdict without a webhook")
+        except AssertionError:
+            raise AssertionError(dumps(status(api, "p"))) from None
+        assert "pod webhook not started" in op.log()
+        pods = status(api, "p")["pods"]
+        assert pods["instrumented"] == 1 and pods["reporting"] == 1, dumps(pods)
+        assert op.proc is not None and op.proc.poll() is None
+    finally:
+        op.stop()

@@ -41,7 +41,15 @@ def test_verdict_change_replaces_the_old_series() -> None:
     m.observe_verdict("ns", "p", _verdict(Axis.DATA, Regime.INPUT_BOUND), 100.0)
     m.observe_verdict("ns", "p", _verdict(Axis.MACHINE, Regime.COMPUTE_BOUND), 130.0)
     series = _series(reg, n.PROFILE_VERDICT)
-    assert series == [{"namespace": "ns", "profile": "p", "axis": "Machine", "regime": "compute-bound"}]
+    assert len(series) == 1
+    only = series[0]
+    assert (only["namespace"], only["profile"], only["axis"], only["regime"]) == (
+        "ns",
+        "p",
+        "Machine",
+        "compute-bound",
+    )
+    assert only["lever"], "the verdict series carries the lever to pull"
     assert (
         reg.get_sample_value(n.PROFILE_LAST_EVALUATION_TIMESTAMP_SECONDS, {"namespace": "ns", "profile": "p"})
         == 130.0

@@ -58,7 +58,8 @@ def test_pod_info_reads_the_pod_body() -> None:
     pod = PodInfo.from_body(body, instrumented=True)
     assert pod.pod_ip == "10.0.0.5" and pod.scrapable
     assert not PodInfo.from_body({**body, "status": {"phase": "Pending"}}, True).scrapable
-    assert not PodInfo.from_body(body, instrumented=False).scrapable
+    # A pod without the injected sidecar is scraped too: a hand-added sidecar is honoured.
+    assert PodInfo.from_body(body, instrumented=False).scrapable
 
 
 def test_listeners_hear_upserts_and_removals_and_revisions_grow() -> None:

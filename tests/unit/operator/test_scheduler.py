@@ -158,7 +158,13 @@ def test_starved_pods_are_diagnosed_input_bound_with_one_event() -> None:
             assert second["lastEvaluationTime"] != first["lastEvaluationTime"]
             assert [e["reason"] for e in w.api.events] == ["BottleneckChanged"]
             assert "input-bound" in w.api.events[0]["message"]
-            labels = {"namespace": "ns", "profile": "p", "axis": "Data", "regime": "input-bound"}
+            labels = {
+                "namespace": "ns",
+                "profile": "p",
+                "axis": "Data",
+                "regime": "input-bound",
+                "lever": first["bottleneck"]["lever"],
+            }
             assert w.prom.get_sample_value(n.PROFILE_VERDICT, labels) == 1.0
 
     asyncio.run(scenario())
