@@ -293,19 +293,7 @@ class Evaluator:
         self._metrics.observe_verdict(entry.namespace, entry.name, verdict, ts)
         self._metrics.evaluation(ok=True)
         if event is not None:
-            body = st.event_manifest(
-                namespace=entry.namespace,
-                name=entry.name,
-                uid=entry.uid,
-                spec=event,
-                now=now,
-                instance=self._instance,
-            )
-            try:
-                await self._api.create_event(entry.namespace, body)
-            except Exception as exc:  # an Event is best effort; the status already says it
-                self._metrics.error("event-failed")
-                log.warning("profile %s/%s: could not post event: %s", entry.namespace, entry.name, exc)
+            await self._post(entry, event, now)
 
     # ------------------------------------------------------------ helpers
 

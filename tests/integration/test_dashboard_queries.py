@@ -20,8 +20,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -38,6 +36,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Observation, Verdict
 from dam_operator.opmetrics import OperatorMetrics
+from tests.support.procs import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "dam-operator" / "dashboards" / "dam.json"
@@ -87,26 +86,6 @@ WRITER = textwrap.dedent(
         worker.kill()
     """
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
 
 
 def _input_bound_verdict() -> Verdict:
@@ -159,7 +138,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 env=env,
             )
         )
-        sidecar_port = _free_port()
+        sidecar_port = free_port()
         procs.append(
             subprocess.Popen(
                 [
@@ -178,7 +157,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         metrics.set_profiles(1)
         metrics.evaluation(ok=True)
         metrics.evaluation(ok=False, reason="scrape")
-        operator_port = _free_port()
+        operator_port = free_port()
         server, _thread = start_http_server(operator_port, addr="127.0.0.1", registry=registry)
 
         config = {
@@ -207,7 +186,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         }
         config_file = base / "prometheus.yml"
         config_file.write_text(json.dumps(config))  # JSON is YAML
-        prom_port = _free_port()
+        prom_port = free_port()
         procs.append(
             subprocess.Popen(
                 [
@@ -229,7 +208,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             server.shutdown()
             server.server_close()
         for proc in reversed(procs):
-            _stop(proc)
+            stop_process(proc)
 
 
 def _wait_for_targets(api: str, procs: list[subprocess.Popen[bytes]]) -> None:

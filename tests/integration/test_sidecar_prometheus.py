@@ -12,8 +12,6 @@ import math
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +23,7 @@ import httpx
 import pytest
 
 from dam_sidecar import names as n
+from tests.support.procs import free_port, stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -54,22 +53,6 @@ TRAIN = textwrap.dedent(
             break
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def query(client: httpx.Client, base: str, promql: str) -> list[dict[str, object]]:
@@ -179,4 +162,4 @@ def run_all(tmp_path: Path, env: dict[str, str], logs: dict[str, BinaryIO], prom
         assert float(nvml[0]["value"][1]) == 0.0  # type: ignore[index]  # no GPU here, reported not hidden
     finally:
         for p in reversed(procs):
-            stop(p)
+            stop_process(p)

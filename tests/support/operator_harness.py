@@ -11,16 +11,16 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
+from tests.support.procs import free_port, stop_process, wait_for
 from tests.support.standin import StandIn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,39 +29,6 @@ OPERATOR_NAMESPACE = "dam-system"
 PROBE_DIR_IN_POD = "/dam/probe"  # dam_operator.injection.PROBE_DIR
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25) -> T:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # keep polling; report the last error
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(
-        f"timed out after {timeout:g} s waiting for {what}" + (f" (last error: {last})" if last else "")
-    )
-
-
-def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def ensure_namespace(api: StandIn, name: str) -> None:

@@ -23,6 +23,7 @@ from dam_operator import sources as src
 from dam_operator.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, fetch_all
 from dam_sidecar import names
 from tests.support.fake_sidecar import FakeJob
+from tests.support.procs import free_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -226,12 +227,6 @@ def test_prometheus_query_escapes_label_values() -> None:
 # ---------------------------------------------------------------- the real Prometheus
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus package")
 def test_prometheus_source_reads_what_a_real_prometheus_scraped() -> None:
@@ -242,7 +237,7 @@ def test_prometheus_source_reads_what_a_real_prometheus_scraped() -> None:
 
     async def scenario(workdir: Path) -> Any:
         async with serve(metrics) as sidecar_port:
-            prom_port = _free_port()
+            prom_port = free_port()
             config = workdir / "prometheus.yml"
             config.write_text(
                 "global: {scrape_interval: 1s}\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from dam_operator.webhook import (
     webhook_configuration,
     webhook_configuration_for_url,
 )
+from tests.support.procs import free_port
 
 SETTINGS = InjectionSettings(image="ghcr.io/mlsys/dam-operator:0.1.0", operator_namespace="dam-system")
 PROFILES = {
@@ -202,17 +202,10 @@ def test_pod_matching_two_profiles_is_instrumented_once_with_a_warning() -> None
     asyncio.run(run())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_webhook_serves_tls_with_a_certificate_the_ca_vouches_for(tmp_path: Path) -> None:
     certs = issue(["localhost"], ip_addresses=["127.0.0.1"])
     certfile, keyfile = write_pem_files(certs, tmp_path)
-    port = _free_port()
+    port = free_port()
 
     async def run() -> None:
         server = await serve_webhook(
