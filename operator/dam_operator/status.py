@@ -352,10 +352,13 @@ def bottleneck_changed_event(previous: Mapping[str, Any] | None, new: Bottleneck
         return None
     if old_key is None and new.regime.value == "unknown":
         return None  # no verdict yet and still none: nothing changed for a reader
-    was = f"; was {old_key[0]} ({old_key[1]})" if old_key else ""
+    was = f" It was {old_key[0]} ({old_key[1]})." if old_key else ""
+    detail = new.lever_detail.rstrip()
+    if detail and not detail.endswith("."):
+        detail += "."
     message = (
         f"Bottleneck is {new.axis.value} ({new.regime.value}), confidence {new.confidence:.2f}: "
-        f"pull lever {new.lever} — {new.lever_detail}{was}."
+        f"pull lever {new.lever} — {detail}{was}"
     )
     return EventSpec(reason=REASON_BOTTLENECK_CHANGED, message=_clip(message))
 
