@@ -232,6 +232,12 @@ class ApiHandler(kmock.RawHandler):
 
     @staticmethod
     def _json(body: bytes) -> Any:
+        if body.startswith(b"k8s\x00"):
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the stand-in serves JSON only: send application/json (protobuf bodies are not supported)",
+            )
         try:
             return json.loads(body) if body else None
         except ValueError as e:
