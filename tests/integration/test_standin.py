@@ -657,3 +657,18 @@ def test_throughput_benchmark_delivers_every_patch_to_every_watcher() -> None:
     delivered = next(line for line in result.stdout.splitlines() if "watch events delivered" in line)
     got, expected = delivered.split(":")[1].split("(expected")
     assert int(got) == int(expected.strip(" )")) > 0
+
+
+def test_protobuf_body_is_refused_with_a_message_naming_json(api: StandIn) -> None:
+    # `kubectl create namespace` sends protobuf, which the stand-in does not decode.
+    result = api.kubectl("create", "namespace", "proto-ns")
+    assert result.returncode != 0
+    assert "serves JSON only" in result.stderr
+    # The same object as JSON (what `kubectl apply` sends) is accepted.
+    applied = api.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input='{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "proto-ns"}}',
+    )
+    assert applied.returncode == 0, applied.stderr
