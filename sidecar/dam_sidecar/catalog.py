@@ -141,6 +141,13 @@ CATALOG: tuple[MetricSpec, ...] = (
         "cpu",
     ),
     MetricSpec(
+        n.PROCESSES,
+        "gauge",
+        "Live training processes (role=main) and their descendants, the DataLoader workers (role=worker).",
+        ("role",),
+        "cpu",
+    ),
+    MetricSpec(
         n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL,
         "counter",
         "CFS throttled time of the training container's cgroup.",

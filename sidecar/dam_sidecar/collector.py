@@ -309,6 +309,10 @@ class SidecarCollector(Collector):
             fam.add_metric([n.ROLE_MAIN], c.main_cpu_seconds)
             fam.add_metric([n.ROLE_WORKER], c.worker_cpu_seconds or 0.0)
             yield fam
+            procs = _gauge(n.PROCESSES, ("role",))
+            procs.add_metric([n.ROLE_MAIN], float(c.main_processes))
+            procs.add_metric([n.ROLE_WORKER], float(c.worker_processes))
+            yield procs
         if c.throttled_seconds is not None:
             t = _counter(n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL)
             t.add_metric([], c.throttled_seconds)

@@ -40,6 +40,7 @@ GPU_ATTRIBUTION: Final = "dam_gpu_attribution"
 
 # --- host CPU ----------------------------------------------------------------
 PROCESS_CPU_SECONDS_TOTAL: Final = "dam_process_cpu_seconds_total"
+PROCESSES: Final = "dam_processes"
 CONTAINER_CPU_THROTTLED_SECONDS_TOTAL: Final = "dam_container_cpu_throttled_seconds_total"
 CONTAINER_CPU_LIMIT_CORES: Final = "dam_container_cpu_limit_cores"
 NODE_CPU_UTILIZATION_RATIO: Final = "dam_node_cpu_utilization_ratio"

@@ -196,6 +196,10 @@ def observation_from_snapshots(
     limit = _gauge(after, names.CONTAINER_CPU_LIMIT_CORES)
     if limit:
         fields["cpu_limit_cores"] = limit
+    for s in after.samples(names.PROCESSES):
+        count = _valid(s.value)
+        if _label(s.labels, "role") == names.ROLE_WORKER and count is not None and count <= 100_000:
+            fields["worker_count"] = round(count)
     node = _gauge(after, names.NODE_CPU_UTILIZATION_RATIO)
     if node is not None:
         fields["node_cpu_utilization"] = _ratio(node)

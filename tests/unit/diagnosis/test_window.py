@@ -193,3 +193,18 @@ def test_even_pods_have_no_straggler() -> None:
     pods = {f"p{i}": Observation(steps_per_second=4.0 + 0.1 * i, data_wait_ratio=0.02) for i in range(4)}
     assert find_straggler(pods) is None
     assert find_straggler({"only": Observation(steps_per_second=1.0)}) is None
+
+
+def test_loader_worker_count_comes_from_the_process_gauge() -> None:
+    before = parse_snapshot(f"{names.STEPS_TOTAL} 0\n")
+    after = parse_snapshot(
+        f'{names.STEPS_TOTAL} 100\n{names.PROCESSES}{{role="main"}} 1\n{names.PROCESSES}{{role="worker"}} 6\n'
+    )
+    obs = observation_from_snapshots(before, after, elapsed_seconds=10.0)
+    assert obs.worker_count == 6
+
+
+def test_garbage_worker_count_is_dropped() -> None:
+    before = parse_snapshot(f"{names.STEPS_TOTAL} 0\n")
+    after = parse_snapshot(f"{names.STEPS_TOTAL} 100\n" + f'{names.PROCESSES}{{role="worker"}} NaN\n')
+    assert observation_from_snapshots(before, after, elapsed_seconds=10.0).worker_count is None

@@ -46,7 +46,12 @@ class StubCpu:
     def sample(self, pids: Iterable[int]) -> CpuSample:
         self.pids = list(pids)
         return CpuSample(
-            main_cpu_seconds=12.5, worker_cpu_seconds=30.0, throttled_seconds=1.5, limit_cores=4.0
+            main_cpu_seconds=12.5,
+            worker_cpu_seconds=30.0,
+            main_processes=1,
+            worker_processes=4,
+            throttled_seconds=1.5,
+            limit_cores=4.0,
         )
 
 
@@ -116,6 +121,7 @@ def test_snapshot_carries_probe_cpu_gpu_and_sidecar_series() -> None:
     assert snap.series(n.PROBE_UP)[()] == 1.0
     assert snap.series(n.BATCH_SIZE)[()] == 32
     assert snap.series(n.PROCESS_CPU_SECONDS_TOTAL)[labels_of({"role": "worker"})] == 30.0
+    assert snap.series(n.PROCESSES)[labels_of({"role": "worker"})] == 4.0
     assert snap.series(n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL)[()] == 1.5
     assert snap.series(n.GPU_SM_ACTIVE_RATIO)[labels_of({"gpu": "0", "uuid": "GPU-0"})] == pytest.approx(0.85)
     assert (
