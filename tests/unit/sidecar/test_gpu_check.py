@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -195,3 +199,272 @@ def test_gpu_check_shell_wrapper_dry_run_needs_no_wheels() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "launch-overhead" in done.stdout
+
+
+# --- the rehearsal: the whole pipeline on the CPU --------------------------------------------
+def _probe_dir(out: Path) -> str:
+    m = re.search(r"probe_dir=(\S+)", (out / "sidecar.log").read_text())
+    assert m, "the sidecar logged no probe_dir"
+    return m.group(1)
+
+
+def _processes_of(probe_dir: str) -> list[int]:
+    """Live processes started by the check: the sidecar, the workload, its loader workers (by their env)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"DAM_PROBE_DIR={probe_dir}".encode() in env and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def _rehearse(tmp_path: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--rehearse", "--out", str(tmp_path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_all_four_workloads_under_the_real_sidecar_and_evaluate(tmp_path: Path) -> None:
+    done = _rehearse(tmp_path, "--seconds", "3", "--warmup", "0.5")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [e["workload"] for e in summary] == [w.name for w in gc.WORKLOADS]
+    for entry in summary:
+        assert entry["ok"] and entry["problems"] == [], entry
+        assert gc.verdict_problems(entry["verdict"]) == []
+        before = (tmp_path / f"{entry['workload']}.before.prom").read_text()
+        after = (tmp_path / f"{entry['workload']}.after.prom").read_text()
+        assert gc.steps_total(after) > gc.steps_total(before) > 0
+        assert "dam_gpu_utilization_ratio{" in after  # the simulated GPU, through the real sampler
+    starved = summary[0]
+    assert starved["cpu_verdict"]["bottleneck"]["regime"] == "input-bound"
+    assert starved["cpu_verdict"]["metrics"]["dataWaitRatio"] > 0.5
+    assert "4/4 checks passed" in done.stdout
+    assert _processes_of(_probe_dir(tmp_path)) == []
+
+
+def test_a_workload_that_never_steps_fails_the_check_and_is_stopped(tmp_path: Path) -> None:
+    done = _rehearse(tmp_path, "--only", "launch-overhead", "--start-timeout", "0.5", timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no step counted within 0.5 s" in done.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary[0]["ok"] is False
+    assert _processes_of(_probe_dir(tmp_path)) == []
+
+
+def test_sigterm_stops_the_sidecar_and_the_workload(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--rehearse", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "input-starved.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        probe_dir = _probe_dir(tmp_path)
+        pids = _processes_of(probe_dir)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert len(pids) >= 2  # the sidecar and the workload
+    assert _processes_of(probe_dir) == []
+
+
+def test_cpu_view_of_a_snapshot_drops_every_gpu_series_and_nothing_else() -> None:
+    _, after = snapshots(wait_share=0.5)
+    cpu = gc.without_gpu_series(after)
+    assert "dam_gpu_" not in cpu
+    kept = [line for line in after.splitlines() if "dam_gpu_" not in line]
+    assert cpu.splitlines() == kept
+    assert "dam_steps_total" in cpu and "dam_nvml_up" in cpu
+
+
+def test_rehearsal_check_wants_a_well_formed_verdict_and_input_bound_without_the_fake() -> None:
+    good = {
+        "bottleneck": {"axis": "Machine", "regime": "compute-bound", "confidence": 0.8, "lever": "x"},
+        "metrics": {},
+    }
+    ok, msg = gc.check_rehearsal(gc.BY_NAME["memory-bound"], good, None)
+    assert ok and "valid verdict" in msg
+    ok, msg = gc.check_rehearsal(gc.BY_NAME["memory-bound"], {"bottleneck": {"regime": "x"}}, None)
+    assert not ok and "no known regime" in msg and "no metrics" in msg
+    starved = gc.BY_NAME["input-starved"]
+    assert not gc.check_rehearsal(starved, good, None)[0]
+    assert not gc.check_rehearsal(starved, good, good)[0]
+    input_bound = {**good, "bottleneck": {**good["bottleneck"], "regime": "input-bound"}}
+    assert gc.check_rehearsal(starved, good, input_bound)[0]
+
+
+def test_gpu_mode_without_nvml_exits_2_and_starts_nothing(tmp_path: Path) -> None:
+    if importlib.util.find_spec("pynvml") is not None:
+        import pynvml
+
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:
+            pass
+        else:
+            pynvml.nvmlShutdown()
+            pytest.skip("NVML works here")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "--rehearse" in done.stderr
+    assert not (tmp_path / "sidecar.log").exists()
+
+
+def test_every_dam_name_the_check_reads_is_a_metric_the_sidecar_exports() -> None:
+    from dam_sidecar import names
+
+    exported = {v for v in vars(names).values() if isinstance(v, str) and v.startswith("dam_")}
+    source = (ROOT / "tools" / "gpu_check.py").read_text()
+    used = set(re.findall(r'"(dam_[a-z0-9_]+)"', source)) - {gc.GPU_PREFIX}
+    assert used and used <= exported, used - exported
+
+
+def test_a_window_shorter_than_two_sidecar_samples_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        gc.parse_args(["--rehearse", "--seconds", "1"])
+    assert gc.parse_args(["--rehearse"]).seconds < gc.parse_args([]).seconds
+
+
+# --- the real NVML binding: what the sampler and the check call exists, with that shape --------
+# (name, positional parameters the sampler passes); a pynvml upgrade that renames or reshapes one
+# of these fails here instead of on the GPU machine.
+PYNVML_CALLS = (
+    ("nvmlInit", 0),
+    ("nvmlShutdown", 0),
+    ("nvmlDeviceGetCount", 0),
+    ("nvmlDeviceGetHandleByIndex", 1),
+    ("nvmlDeviceGetUUID", 1),
+    ("nvmlDeviceGetName", 1),
+    ("nvmlDeviceGetUtilizationRates", 1),
+    ("nvmlDeviceGetMemoryInfo", 1),
+    ("nvmlDeviceGetPowerUsage", 1),
+    ("nvmlDeviceGetClockInfo", 2),
+    ("nvmlDeviceGetTemperature", 2),
+    ("nvmlDeviceGetCurrentClocksEventReasons", 1),
+    ("nvmlDeviceGetCurrentClocksThrottleReasons", 1),
+    ("nvmlDeviceGetPcieThroughput", 2),
+    ("nvmlGpmQueryDeviceSupport", 1),
+    ("nvmlGpmSampleAlloc", 0),
+    ("nvmlGpmSampleFree", 1),
+    ("nvmlGpmSampleGet", 2),
+    ("nvmlGpmMetricsGet", 1),
+)
+
+
+def _pynvml() -> ModuleType:
+    return pytest.importorskip("pynvml")
+
+
+def test_every_pynvml_function_the_sampler_calls_exists_with_that_arity() -> None:
+    import inspect
+
+    nv = _pynvml()
+    for name, arity in PYNVML_CALLS:
+        fn = getattr(nv, name, None)
+        assert callable(fn), f"pynvml has no {name}"
+        params = list(inspect.signature(fn).parameters.values())
+        required = [p for p in params if p.default is inspect.Parameter.empty]
+        assert len(required) <= arity <= len(params), f"{name}{inspect.signature(fn)} vs {arity} arguments"
+
+
+def test_nvml_ids_constants_and_error_codes_match_the_installed_pynvml() -> None:
+    from dam_sidecar.samplers import nvml
+
+    nv = _pynvml()
+    assert nvml.GPM_SM_UTIL == nv.NVML_GPM_METRIC_SM_UTIL
+    assert nvml.GPM_SM_OCCUPANCY == nv.NVML_GPM_METRIC_SM_OCCUPANCY
+    assert nvml.GPM_ANY_TENSOR_UTIL == nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    assert nvml.GPM_DRAM_BW_UTIL == nv.NVML_GPM_METRIC_DRAM_BW_UTIL
+    assert nvml.GPM_FP32_UTIL == nv.NVML_GPM_METRIC_FP32_UTIL
+    assert nvml.GPM_FP16_UTIL == nv.NVML_GPM_METRIC_FP16_UTIL
+    for name in (
+        "NVML_CLOCK_SM",
+        "NVML_TEMPERATURE_GPU",
+        "NVML_PCIE_UTIL_TX_BYTES",
+        "NVML_PCIE_UTIL_RX_BYTES",
+        "NVML_GPM_METRICS_GET_VERSION",
+    ):
+        assert isinstance(getattr(nv, name, None), int), f"pynvml has no {name}"
+    reasons = {
+        "gpu_idle": "GpuIdle",
+        "applications_clocks_setting": "ApplicationsClocksSetting",
+        "sw_power_cap": "SwPowerCap",
+        "hw_slowdown": "HwSlowdown",
+        "sync_boost": "SyncBoost",
+        "sw_thermal_slowdown": "SwThermalSlowdown",
+        "hw_thermal_slowdown": "HwThermalSlowdown",
+        "hw_power_brake_slowdown": "HwPowerBrakeSlowdown",
+        "display_clock_setting": "DisplayClockSetting",
+    }
+    assert set(reasons) == set(nvml.THROTTLE_REASONS.values())
+    for bit, label in nvml.THROTTLE_REASONS.items():
+        assert getattr(nv, "nvmlClocksEventReason" + reasons[label]) == bit, label
+    for code, name in (
+        (nvml._NOT_SUPPORTED, "NVML_ERROR_NOT_SUPPORTED"),
+        (nvml._NO_PERMISSION, "NVML_ERROR_NO_PERMISSION"),
+        (nvml._DRIVER_NOT_LOADED, "NVML_ERROR_DRIVER_NOT_LOADED"),
+        (nvml._TIMEOUT, "NVML_ERROR_TIMEOUT"),
+        (nvml._LIBRARY_NOT_FOUND, "NVML_ERROR_LIBRARY_NOT_FOUND"),
+        (nvml._FUNCTION_NOT_FOUND, "NVML_ERROR_FUNCTION_NOT_FOUND"),
+        (nvml._GPU_IS_LOST, "NVML_ERROR_GPU_IS_LOST"),
+        (nvml._UNKNOWN, "NVML_ERROR_UNKNOWN"),
+    ):
+        assert getattr(nv, name) == code, name
+    assert nv.NVMLError(nvml._GPU_IS_LOST).value == nvml._GPU_IS_LOST  # the sampler reads .value
+
+
+def test_the_gpm_request_the_sampler_builds_fits_the_real_ctypes_structure() -> None:
+    """The statements of NvmlSampler._sample_gpm, on pynvml's real c_nvmlGpmMetricsGet_t."""
+    from dam_sidecar.samplers import nvml
+
+    nv = _pynvml()
+    previous, current = nv.c_nvmlGpmSample_t(), nv.c_nvmlGpmSample_t()
+    mg = nv.c_nvmlGpmMetricsGet_t()
+    mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+    mg.numMetrics = len(nvml.GPM_METRICS)
+    mg.sample1 = previous
+    mg.sample2 = current
+    assert len(mg.metrics) >= len(nvml.GPM_METRICS)
+    for i, metric_id in enumerate(nvml.GPM_METRICS):
+        mg.metrics[i].metricId = metric_id
+    mg.metrics[1].nvmlReturn = nvml._NOT_SUPPORTED
+    mg.metrics[0].value = 87.5  # what the driver writes back
+    assert [int(mg.metrics[i].metricId) for i in range(len(nvml.GPM_METRICS))] == list(nvml.GPM_METRICS)
+    assert int(mg.metrics[0].nvmlReturn) == 0 and int(mg.metrics[1].nvmlReturn) == nvml._NOT_SUPPORTED
+    assert float(mg.metrics[0].value) == 87.5
+    assert int(nv.c_nvmlGpmSupport_t(isSupportedDevice=1).isSupportedDevice) == 1
+
+
+def test_the_fake_nvml_offers_nothing_that_the_real_pynvml_lacks() -> None:
+    """The simulated GPUs of the rehearsal stand behind the same names as the real binding."""
+    nv = _pynvml()
+    fake = FakeNvml(1)
+    public = {n for n in dir(fake) if n.startswith(("nvml", "NVML", "c_nvml"))}
+    assert public and public <= set(dir(nv)), public - set(dir(nv))
