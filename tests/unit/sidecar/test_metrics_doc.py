@@ -39,3 +39,17 @@ def test_docs_metrics_md_is_up_to_date() -> None:
     tool = load_tool()
     current = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
     assert current == tool.render_markdown(), "docs/metrics.md is stale: run tools/gen_metrics_doc.py"
+
+
+def test_every_operator_metric_name_is_in_the_generated_reference() -> None:
+    from dam_operator import metric_names
+
+    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    declared = {
+        v
+        for k, v in vars(metric_names).items()
+        if k.isupper() and isinstance(v, str) and v.startswith("dam_")
+    }
+    assert declared, "metric_names declares the operator's metrics"
+    for name in declared:
+        assert f"`{name}`" in text, f"{name} is missing from docs/metrics.md"
