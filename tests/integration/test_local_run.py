@@ -137,3 +137,22 @@ def test_existing_pythonpath_is_kept_for_the_command(tmp_path: Path) -> None:
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_live_verdict_lines_are_printed_while_the_command_runs() -> None:
+    proc = dam_run(
+        "--live",
+        "always",
+        "--interval",
+        "0.2",
+        "--window",
+        "0.4",
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(2.5)",
+    )
+    assert proc.returncode == 0, proc.stderr
+    live = [line for line in proc.stderr.splitlines() if line.startswith("dam: ")]
+    assert len(live) >= 2, proc.stderr
+    assert all("unknown" in line.lower() for line in live), "no training loop: the live verdict is unknown"
