@@ -276,6 +276,8 @@ def run(
             for s, handler in previous.items():
                 signal.signal(s, handler)
         code = child.wait()
+        if code < 0:  # killed by a signal: report it the way a shell does (128 + signal number)
+            code = 128 - code
         final = session.final_verdict()
     if args.json:
         doc = final.to_status()

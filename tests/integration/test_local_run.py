@@ -156,3 +156,33 @@ def test_live_verdict_lines_are_printed_while_the_command_runs() -> None:
     live = [line for line in proc.stderr.splitlines() if line.startswith("dam: ")]
     assert len(live) >= 2, proc.stderr
     assert all("unknown" in line.lower() for line in live), "no training loop: the live verdict is unknown"
+
+
+def test_ctrl_c_is_forwarded_to_the_command_and_the_verdict_still_printed() -> None:
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [
+            *DAM,
+            "run",
+            "--json",
+            "--interval",
+            "0.2",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err  # the child died of SIGINT: 128 + 2, as a shell reports it
+    verdict = json.loads(out)
+    assert verdict["exitCode"] == 130
+    assert verdict["bottleneck"]["regime"] == "unknown"
