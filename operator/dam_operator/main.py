@@ -66,7 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     scope.add_argument("-n", "--namespace", help="watch this namespace only")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
     peering = p.add_mutually_exclusive_group()
-    peering.add_argument("--standalone", dest="standalone", action="store_true", default=None)
+    peering.add_argument(
+        "--standalone",
+        dest="standalone",
+        action="store_true",
+        default=None,
+        help="run without kopf peering: one replica (the default)",
+    )
     peering.add_argument("--peering", dest="standalone", action="store_false", help="use kopf peering")
     p.add_argument("--metrics-port", type=int, help="port of the operator's /metrics (0: off)")
     p.add_argument("--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz ('' for off)")
@@ -77,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook-port", type=int, help="port the webhook listens on")
     p.add_argument("--no-webhook", action="store_true", help="do not serve the pod webhook")
     p.add_argument("--operator-namespace", help="namespace of the operator's Secret and Service")
-    p.add_argument("-v", "--verbose", action="store_true", default=None)
-    p.add_argument("-q", "--quiet", action="store_true", default=None)
+    p.add_argument("-v", "--verbose", action="store_true", default=None, help="debug logging")
+    p.add_argument("-q", "--quiet", action="store_true", default=None, help="warnings and errors only")
     return p
 
 
