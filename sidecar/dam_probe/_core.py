@@ -3,8 +3,9 @@
 Hot path (once per batch): two clock reads, three counter updates and one
 integer compare against the next publish deadline (the step time is derived
 from the first and latest delivery of each uninterrupted run of batches). Everything else (opening
-the file, the CUDA device query, the batch size, the mmap write) happens at
-publish time, at most every ``interval_ns``.
+the file, the CUDA device query, the batch size, the cgroup read (at most once
+a second, ``dam_probe._cgroup``), the mmap write) happens at publish time, at
+most every ``interval_ns``.
 
 The probe never raises into the training loop: an exception at publish time
 disables it for the rest of the process and prints one line on stderr.
@@ -21,6 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
+from dam_probe._cgroup import CgroupReader
 from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
 
 ENV_DIR: Final = "DAM_PROBE_DIR"
@@ -113,6 +115,7 @@ class Probe:
         "_fork_registered",
         "_next_devices_ns",
         "batch_size",
+        "cgroup",
         "closed_step_ns",
         "device_uuids",
         "directory",
@@ -145,6 +148,7 @@ class Probe:
         self.flops_per_step = 0.0
         self.device_uuids: tuple[str, ...] = ()
         self._next_devices_ns = 0
+        self.cgroup = CgroupReader()  # this process's own cgroup: CPU throttling and limit
         self.directory = ""
         self.path = ""
         self.writer: ProbeWriter | None = None
@@ -247,6 +251,9 @@ class Probe:
                 if uuids is not None:
                     self.device_uuids = uuids
                     self._next_devices_ns = now_ns + DEVICE_REFRESH_NS
+            # Never raises; a process without a readable cgroup publishes the fields as invalid.
+            cgroup = self.cgroup.read(now_ns)
+            throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
             writer.publish(
                 self.steps,
                 self.wait_ns,
@@ -255,6 +262,9 @@ class Probe:
                 flops_per_step=self.flops_per_step,
                 device_uuids=self.device_uuids,
                 closed=closed,
+                cgroup_throttled_ns=throttled_ns,
+                cgroup_limit_millicores=limit_millicores,
+                cgroup_id=cgroup_id,
             )
             self.next_publish_ns = now_ns + self.interval_ns
         except Exception as exc:
@@ -286,6 +296,7 @@ class Probe:
         self.batch_size = 0
         self.device_uuids = ()
         self._next_devices_ns = 0
+        self.cgroup.reset()
         self.path = ""
         self.reported = False
         self.next_publish_ns = NEVER if self.disabled else 0

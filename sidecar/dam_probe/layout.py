@@ -19,8 +19,13 @@ offset size   type    field
 72     8      u64     batch size of the latest batch (0 = unknown)
 80     8      f64     model FLOPs per step declared by the user (0 = unknown)
 88     4      u32     number of device UUIDs that follow (0..``MAX_DEVICES``)
-92     4      u32     flags (bit 0: the writer closed the file cleanly)
-96     32     -       reserved, zero
+92     4      u32     flags (bit 0: the writer closed the file cleanly;
+                      bit 1: the three cgroup fields below are valid)
+96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
+                      as the kernel reports it (valid only with flag bit 1)
+104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
+112    8      u64     id of that cgroup: inode of its directory (0 = unknown)
+120    8      -       reserved, zero
 128    8 x 48 8 x 48s device UUIDs, NUL-padded ASCII (``GPU-…``)
 ====== ====== ======= ==========================================================
 
@@ -29,6 +34,10 @@ the payload, then increments it to the next even value. A reader reads the
 sequence, the payload, and the sequence again; the read is valid only if both
 sequences are equal and even. Readers retry a few times and otherwise report
 the file as busy. Counters are cumulative, so a missed sample never loses time.
+
+The cgroup fields (offsets 96..120) were reserved zero bytes before they were
+defined; a file written without them has flag bit 1 clear and reads as
+"unknown" (``None`` in ``ProbeRecord``), so the layout version stays 1.
 
 Standard library only: this module is imported inside training processes.
 """
@@ -50,12 +59,13 @@ FILE_SIZE: Final = 512
 MAX_DEVICES: Final = 8
 UUID_BYTES: Final = 48
 FLAG_CLOSED: Final = 1
+FLAG_CGROUP: Final = 2  # the cgroup fields are valid
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
 
 _HEADER = struct.Struct("<8sII")  # magic, version, size
 _SEQ = struct.Struct("<Q")
-_PAYLOAD = struct.Struct("<QQQQQQQdII")  # pid .. flags (offset 24..96)
+_PAYLOAD = struct.Struct("<QQQQQQQdIIQQQ")  # pid .. cgroup id (offset 24..120)
 _SEQ_OFFSET: Final = 16
 _PAYLOAD_OFFSET: Final = 24
 _DEVICES_OFFSET: Final = 128
@@ -79,10 +89,29 @@ class ProbeRecord:
     flops_per_step: float
     closed: bool
     device_uuids: tuple[str, ...] = field(default_factory=tuple)
+    # The training process's own cgroup (flag bit 1); all None when the writer did not know them.
+    cgroup_throttled_ns: int | None = None
+    cgroup_limit_millicores: int | None = None  # 0: no limit
+    cgroup_id: int | None = None  # 0: unknown
+
+    def __post_init__(self) -> None:
+        known = self.cgroup_throttled_ns is not None
+        if not known and (self.cgroup_limit_millicores is not None or self.cgroup_id is not None):
+            raise ValueError("cgroup_limit_millicores and cgroup_id need cgroup_throttled_ns")
 
     @property
     def wait_seconds(self) -> float:
         return self.wait_ns / 1e9
+
+    @property
+    def cgroup_throttled_seconds(self) -> float | None:
+        """CFS throttled time of the process's cgroup, seconds; None when unknown."""
+        return None if self.cgroup_throttled_ns is None else self.cgroup_throttled_ns / 1e9
+
+    @property
+    def cgroup_limit_cores(self) -> float | None:
+        """CPU limit of the process's cgroup in cores; None when unknown or unlimited."""
+        return self.cgroup_limit_millicores / 1000 if self.cgroup_limit_millicores else None
 
     @property
     def step_seconds(self) -> float:
@@ -116,7 +145,10 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         record.batch_size,
         float(record.flops_per_step),
         len(uuids),
-        FLAG_CLOSED if record.closed else 0,
+        (FLAG_CLOSED if record.closed else 0) | (0 if record.cgroup_throttled_ns is None else FLAG_CGROUP),
+        record.cgroup_throttled_ns or 0,
+        record.cgroup_limit_millicores or 0,
+        record.cgroup_id or 0,
     )
     for i in range(MAX_DEVICES):
         raw = uuids[i].encode("ascii", "replace")[: UUID_BYTES - 1] if i < len(uuids) else b""
@@ -128,8 +160,8 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
     """Parse one file image; returns ``(sequence, record)``. Raises ProbeFormatError."""
     _check_header(data)
     (sequence,) = _SEQ.unpack_from(data, _SEQ_OFFSET)
-    pid, start, steps, wait, step, last, batch, flops, n_dev, flags = _PAYLOAD.unpack_from(
-        data, _PAYLOAD_OFFSET
+    (pid, start, steps, wait, step, last, batch, flops, n_dev, flags, throttled, limit, cgroup_id) = (
+        _PAYLOAD.unpack_from(data, _PAYLOAD_OFFSET)
     )
     if n_dev > MAX_DEVICES:
         raise ProbeFormatError(f"device count {n_dev} exceeds {MAX_DEVICES}")
@@ -140,6 +172,7 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         off = _DEVICES_OFFSET + i * UUID_BYTES
         raw = bytes(data[off : off + UUID_BYTES]).split(b"\0", 1)[0]
         uuids.append(raw.decode("ascii", "replace"))
+    cgroup = bool(flags & FLAG_CGROUP)  # clear in files written before the cgroup fields existed
     return sequence, ProbeRecord(
         pid=pid,
         start_time_ns=start,
@@ -151,6 +184,9 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         flops_per_step=flops,
         closed=bool(flags & FLAG_CLOSED),
         device_uuids=tuple(uuids),
+        cgroup_throttled_ns=throttled if cgroup else None,
+        cgroup_limit_millicores=limit if cgroup else None,
+        cgroup_id=cgroup_id if cgroup else None,
     )
 
 
@@ -296,6 +332,9 @@ class ProbeWriter:
         flops_per_step: float = 0.0,
         device_uuids: tuple[str, ...] = (),
         closed: bool = False,
+        cgroup_throttled_ns: int | None = None,
+        cgroup_limit_millicores: int | None = None,
+        cgroup_id: int | None = None,
     ) -> None:
         # The payload is packed into a scratch image first, so the odd (busy)
         # window covers one memory copy only.
@@ -313,6 +352,9 @@ class ProbeWriter:
                 flops_per_step=flops_per_step,
                 closed=closed,
                 device_uuids=device_uuids,
+                cgroup_throttled_ns=cgroup_throttled_ns,
+                cgroup_limit_millicores=cgroup_limit_millicores if cgroup_throttled_ns is not None else None,
+                cgroup_id=cgroup_id if cgroup_throttled_ns is not None else None,
             ),
         )
         mm = self._mm

@@ -160,6 +160,14 @@ CATALOG: tuple[MetricSpec, ...] = (
         source="cpu",
     ),
     MetricSpec(
+        n.CONTAINER_CPU_SOURCE,
+        "gauge",
+        "Where the container CPU throttling and limit come from: 1 for the current source "
+        "(cgroup: read by the sidecar; probe: read by the probe inside the training container; none).",
+        ("source",),
+        "cpu",
+    ),
+    MetricSpec(
         n.NODE_CPU_UTILIZATION_RATIO,
         "gauge",
         "Node CPU utilization between the last two samples.",

@@ -44,6 +44,40 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class ContainerCpu:
+    """The training container's CFS throttling and limit, and where they come from this tick."""
+
+    source: str = n.CPU_SOURCE_NONE
+    throttled_seconds: float | None = None
+    limit_cores: float | None = None
+
+
+@dataclass
+class SourcedCounter:
+    """One exported counter fed by whichever cumulative source is preferred each tick.
+
+    Every source is itself monotonic (the CPU sampler's carried cgroup counter,
+    the probe reader's per-cgroup high-water marks) but they start from
+    different bases, so the exported value is the first value seen plus the
+    increases of the source chosen at each tick: switching sources never makes
+    it jump or go down; the tick of a switch adds only what the newly chosen
+    source gained since the previous tick (nothing if it was absent then).
+    """
+
+    total: float | None = None
+    last: dict[str, float] = field(default_factory=dict)
+
+    def update(self, chosen: str | None, values: dict[str, float | None]) -> float | None:
+        if chosen is not None and (value := values.get(chosen)) is not None:
+            if self.total is None:
+                self.total = value
+            elif (prev := self.last.get(chosen)) is not None and value > prev:
+                self.total += value - prev
+        self.last = {k: v for k, v in values.items() if v is not None}
+        return self.total
+
+
+@dataclass(frozen=True)
 class Sample:
     """One tick of every sampler."""
 
@@ -51,6 +85,7 @@ class Sample:
     nvml: NvmlSample = field(default_factory=lambda: NvmlSample(up=False))
     cpu: CpuSample = field(default_factory=CpuSample)
     attribution: Attribution = field(default_factory=lambda: Attribution("none", frozenset()))
+    container_cpu: ContainerCpu = field(default_factory=ContainerCpu)
     durations: tuple[tuple[str, float], ...] = ()
     timestamp_seconds: float = 0.0
 
@@ -95,6 +130,8 @@ class SidecarCollector(Collector):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_tick_monotonic = time.monotonic()
+        self._throttled = SourcedCounter()
+        self._cpu_source_logged: str | None = None
 
     # --- sampling -----------------------------------------------------------------
     def sample_now(self) -> Sample:
@@ -113,11 +150,13 @@ class SidecarCollector(Collector):
             t3 = time.perf_counter()
             durations = [("probe", t1 - t0), ("nvml", t2 - t1), ("cpu", t3 - t2)]
             attribution = self._attributor.decide(probe.device_uuids)
+            container_cpu = self._container_cpu(cpu, probe)
             sample = Sample(
                 probe=probe,
                 nvml=nvml,
                 cpu=cpu,
                 attribution=attribution,
+                container_cpu=container_cpu,
                 durations=tuple(durations),
                 timestamp_seconds=self._clock(),
             )
@@ -130,6 +169,28 @@ class SidecarCollector(Collector):
                 self._text_cache = text
                 self._last_tick_monotonic = time.monotonic()
             return sample
+
+    def _container_cpu(self, cpu: CpuSample, probe: ProbeSample) -> ContainerCpu:
+        """Prefer the cgroup the sidecar read itself; else what the probe read from inside the container."""
+        if cpu.throttled_seconds is not None:
+            source, limit = n.CPU_SOURCE_CGROUP, cpu.limit_cores
+        elif probe.cgroup_throttled_seconds is not None:
+            source, limit = n.CPU_SOURCE_PROBE, probe.cgroup_limit_cores
+        else:
+            source, limit = n.CPU_SOURCE_NONE, None
+        throttled = self._throttled.update(
+            None if source == n.CPU_SOURCE_NONE else source,
+            {n.CPU_SOURCE_CGROUP: cpu.throttled_seconds, n.CPU_SOURCE_PROBE: probe.cgroup_throttled_seconds},
+        )
+        if source not in (self._cpu_source_logged, n.CPU_SOURCE_NONE):
+            self._cpu_source_logged = source
+            log.info(
+                "container CPU throttling and limit: %s",
+                "read from the training container's cgroup"
+                if source == n.CPU_SOURCE_CGROUP
+                else "published by the probe (the training container's cgroup is not visible here)",
+            )
+        return ContainerCpu(source, throttled, limit)
 
     def _guard(self, sampler: str, fn: Callable[[], T], fallback: T) -> T:
         try:
@@ -211,7 +272,7 @@ class SidecarCollector(Collector):
         have = s.timestamp_seconds > 0
         yield from self._probe_families(s.probe)
         yield from self._gpu_families(s.nvml, s.attribution)
-        yield from self._cpu_families(s.cpu)
+        yield from self._cpu_families(s.cpu, s.container_cpu)
         errors = _counter(n.SAMPLER_ERRORS_TOTAL, ("sampler", "reason"))
         for (sampler, reason), count in sorted(self.errors.counts().items()):
             errors.add_metric([sampler, reason], count)
@@ -303,7 +364,7 @@ class SidecarCollector(Collector):
             if fam.samples:
                 yield fam
 
-    def _cpu_families(self, c: CpuSample) -> Iterator[Family]:
+    def _cpu_families(self, c: CpuSample, container: ContainerCpu) -> Iterator[Family]:
         if c.main_cpu_seconds is not None:
             fam = _counter(n.PROCESS_CPU_SECONDS_TOTAL, ("role",))
             fam.add_metric([n.ROLE_MAIN], c.main_cpu_seconds)
@@ -313,12 +374,16 @@ class SidecarCollector(Collector):
             procs.add_metric([n.ROLE_MAIN], float(c.main_processes))
             procs.add_metric([n.ROLE_WORKER], float(c.worker_processes))
             yield procs
-        if c.throttled_seconds is not None:
+        if container.throttled_seconds is not None:
             t = _counter(n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL)
-            t.add_metric([], c.throttled_seconds)
+            t.add_metric([], container.throttled_seconds)
             yield t
+        sources = _gauge(n.CONTAINER_CPU_SOURCE, ("source",))
+        for source in n.CPU_SOURCES:
+            sources.add_metric([source], 1.0 if source == container.source else 0.0)
+        yield sources
         for name, value in (
-            (n.CONTAINER_CPU_LIMIT_CORES, c.limit_cores),
+            (n.CONTAINER_CPU_LIMIT_CORES, container.limit_cores),
             (n.NODE_CPU_UTILIZATION_RATIO, c.node_utilization_ratio),
         ):
             if value is not None:

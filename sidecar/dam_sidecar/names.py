@@ -43,6 +43,7 @@ PROCESS_CPU_SECONDS_TOTAL: Final = "dam_process_cpu_seconds_total"
 PROCESSES: Final = "dam_processes"
 CONTAINER_CPU_THROTTLED_SECONDS_TOTAL: Final = "dam_container_cpu_throttled_seconds_total"
 CONTAINER_CPU_LIMIT_CORES: Final = "dam_container_cpu_limit_cores"
+CONTAINER_CPU_SOURCE: Final = "dam_container_cpu_source"
 NODE_CPU_UTILIZATION_RATIO: Final = "dam_node_cpu_utilization_ratio"
 
 # --- the sidecar itself ------------------------------------------------------
@@ -54,3 +55,8 @@ PROBE_PROCESSES: Final = "dam_probe_processes"
 # Label values that are bounded by construction.
 ROLE_MAIN: Final = "main"
 ROLE_WORKER: Final = "worker"
+# Where the container CPU throttling and limit come from (dam_container_cpu_source{source}).
+CPU_SOURCE_CGROUP: Final = "cgroup"  # the sidecar read the training container's cgroup itself
+CPU_SOURCE_PROBE: Final = "probe"  # the probe read its own cgroup from inside the training container
+CPU_SOURCE_NONE: Final = "none"
+CPU_SOURCES: Final = (CPU_SOURCE_CGROUP, CPU_SOURCE_PROBE, CPU_SOURCE_NONE)

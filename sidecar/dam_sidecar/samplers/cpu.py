@@ -182,8 +182,9 @@ class CpuSampler:
 
         In a container with its own cgroup namespace, a process of the same
         container reads ``0::/`` (``cgroup_root`` itself); a process of another
-        container reads ``0::/../…``, which is not visible: then there is no
-        throttling series rather than a wrong one.
+        container reads ``0::/../…``, which is not visible: then this sampler
+        reports no throttling rather than a wrong one (the collector falls back
+        to what the probe reads from inside the training container).
         """
         if pid == self._cgroup_for:
             return self._cgroup_dir
@@ -213,7 +214,8 @@ class CpuSampler:
             self.errors.record(
                 SAMPLER,
                 "cgroup_unresolved",
-                f"the cgroup of pid {pid} is not visible under {self.cgroup_root}; no throttling series",
+                f"the cgroup of pid {pid} is not visible under {self.cgroup_root}; "
+                "CPU throttling comes from the probe if it publishes it",
             )
         self._cgroup_dir, self._cgroup_for = chosen, pid
         return chosen

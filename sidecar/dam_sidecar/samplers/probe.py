@@ -1,4 +1,18 @@
-"""Probe reader: sums the probe files of the training processes into monotonic counters."""
+"""Probe reader: sums the probe files of the training processes into monotonic counters.
+
+It also gathers what the probes publish about their own cgroup (CFS throttled
+time and CPU limit), for when the sidecar cannot read the training container's
+cgroup itself. Several training processes of one container share one cgroup
+and publish the same kernel counter, so those values are never summed per
+process: they are keyed by the cgroup id the probe publishes. Per cgroup the
+reader keeps the highest throttled value any process ever published (a
+high-water mark: processes publish at different moments, so a lower value is
+an older reading, not a reset), and the total is the sum of the high-water
+marks over every cgroup seen. A restarted container gets a new cgroup (new id,
+counter from zero) and so adds to the total instead of lowering it; a trainer
+restarted inside the same container keeps its cgroup and continues its mark.
+The total is therefore monotonic by construction.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +30,7 @@ from dam_sidecar.errors import ErrorLog
 SAMPLER = "probe"
 
 Key = tuple[int, int]  # (pid, start_time_ns)
+MAX_CGROUPS = 256  # high-water marks kept; older ones are folded into a carried total
 
 
 @dataclass(frozen=True)
@@ -31,6 +46,9 @@ class ProbeSample:
     batch_size: int = 0
     flops_per_step: float = 0.0
     files: int = 0
+    # From the probes' own cgroup reads; None until a probe published them.
+    cgroup_throttled_seconds: float | None = None  # monotonic, summed over distinct cgroups
+    cgroup_limit_cores: float | None = None  # live cgroups only; None when unlimited or unknown
 
 
 class ProbeSource(Protocol):
@@ -83,6 +101,36 @@ class ProbeReader:
     _carried: _Totals = field(default_factory=_Totals)
     _last: dict[Key, ProbeRecord] = field(default_factory=dict)
     _folded: set[Key] = field(default_factory=set)
+    _cgroup_marks: dict[int, int] = field(default_factory=dict)  # cgroup id -> highest throttled ns
+    _cgroup_carried_ns: int = 0
+
+    def _mark_cgroup(self, r: ProbeRecord) -> None:
+        if r.cgroup_throttled_ns is None:
+            return
+        key = r.cgroup_id or 0
+        if r.cgroup_throttled_ns > self._cgroup_marks.get(key, -1):
+            self._cgroup_marks[key] = r.cgroup_throttled_ns
+        while len(self._cgroup_marks) > MAX_CGROUPS:
+            oldest = next(iter(self._cgroup_marks))
+            self._cgroup_carried_ns += self._cgroup_marks.pop(oldest)
+
+    def _cgroup_totals(self, live: dict[Key, ProbeRecord]) -> tuple[float | None, float | None]:
+        throttled = (
+            (self._cgroup_carried_ns + sum(self._cgroup_marks.values())) / 1e9
+            if self._cgroup_marks or self._cgroup_carried_ns
+            else None
+        )
+        newest: dict[int, ProbeRecord] = {}
+        for r in live.values():
+            if r.cgroup_throttled_ns is None:
+                continue
+            key = r.cgroup_id or 0
+            if key not in newest or r.last_update_ns > newest[key].last_update_ns:
+                newest[key] = r
+        limits = [r.cgroup_limit_cores for r in newest.values()]
+        # One unlimited cgroup makes the whole unlimited; otherwise distinct cgroups add up.
+        limit = sum(v for v in limits if v is not None) if limits and None not in limits else None
+        return throttled, limit
 
     def _pid_alive(self, pid: int) -> bool:
         return os.path.exists(os.path.join(self.proc_root, str(pid)))
@@ -123,6 +171,7 @@ class ProbeReader:
             key = (rec.pid, rec.start_time_ns)
             if key in self._folded:
                 continue
+            self._mark_cgroup(rec)
             prev = self._last.get(key)
             if prev is not None and (
                 rec.steps < prev.steps or rec.wait_ns < prev.wait_ns or rec.step_ns < prev.step_ns
@@ -152,6 +201,7 @@ class ProbeReader:
             for u in r.device_uuids:
                 if u and u not in uuids:
                     uuids.append(u)
+        cgroup_throttled, cgroup_limit = self._cgroup_totals(current)
         return ProbeSample(
             steps=steps,
             wait_seconds=wait_ns / 1e9,
@@ -162,6 +212,8 @@ class ProbeReader:
             batch_size=newest.batch_size if newest else 0,
             flops_per_step=newest.flops_per_step if newest else 0.0,
             files=len(paths),
+            cgroup_throttled_seconds=cgroup_throttled,
+            cgroup_limit_cores=cgroup_limit,
         )
 
     def _remove(self, path: str) -> None:

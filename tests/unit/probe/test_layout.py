@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,10 +60,21 @@ RECORDS = st.builds(
     closed=st.booleans(),
     device_uuids=st.lists(UUID, max_size=MAX_DEVICES).map(tuple),
 )
+CGROUP = st.one_of(st.none(), st.tuples(U64, U64, U64))
+
+
+def _with_cgroup(record: ProbeRecord, cgroup: tuple[int, int, int] | None) -> ProbeRecord:
+    if cgroup is None:
+        return record
+    throttled, limit, cgroup_id = cgroup
+    return replace(record, cgroup_throttled_ns=throttled, cgroup_limit_millicores=limit, cgroup_id=cgroup_id)
+
+
+RECORDS_ANY = st.builds(_with_cgroup, RECORDS, CGROUP)
 
 
 @settings(max_examples=150, deadline=None)
-@given(record=RECORDS, seq=U64)
+@given(record=RECORDS_ANY, seq=U64)
 def test_every_record_survives_an_encode_decode_round_trip(record: ProbeRecord, seq: int) -> None:
     image = encode(record, seq)
     assert len(image) == FILE_SIZE
@@ -175,3 +187,73 @@ def test_read_all_of_a_missing_directory_reports_the_directory(tmp_path: Path) -
     scan = read_all(missing)
     assert scan.records == {}
     assert isinstance(scan.errors[missing], FileNotFoundError)
+
+
+# --- the cgroup fields (offsets 96..120, flag bit 1) ------------------------------------------
+
+
+def test_cgroup_fields_sit_at_the_documented_offsets_with_flag_bit_1() -> None:
+    rec = _record(cgroup_throttled_ns=2_500_000_000, cgroup_limit_millicores=1500, cgroup_id=77)
+    image = encode(rec)
+    assert struct.unpack_from("<QQQ", image, 96) == (2_500_000_000, 1500, 77)
+    (flags,) = struct.unpack_from("<I", image, 92)
+    assert flags & layout.FLAG_CGROUP and not flags & layout.FLAG_CLOSED
+    assert image[120:128] == bytes(8)
+    _, back = decode(image)
+    assert back.cgroup_throttled_seconds == pytest.approx(2.5)
+    assert back.cgroup_limit_cores == pytest.approx(1.5)
+
+
+def test_a_record_without_cgroup_fields_leaves_the_reserved_bytes_zero_and_reads_as_unknown() -> None:
+    image = encode(_record(closed=True))
+    assert image[96:128] == bytes(32)
+    _, back = decode(image)
+    assert (back.cgroup_throttled_ns, back.cgroup_limit_millicores, back.cgroup_id) == (None, None, None)
+    assert back.cgroup_throttled_seconds is None and back.cgroup_limit_cores is None
+    assert back.closed
+
+
+def test_values_in_the_cgroup_bytes_are_ignored_while_flag_bit_1_is_clear() -> None:
+    image = bytearray(encode(_record(cgroup_throttled_ns=5, cgroup_limit_millicores=2000, cgroup_id=3)))
+    (flags,) = struct.unpack_from("<I", image, 92)
+    struct.pack_into("<I", image, 92, flags & ~layout.FLAG_CGROUP)
+    _, back = decode(bytes(image))
+    assert back.cgroup_throttled_ns is None and back.cgroup_limit_cores is None
+
+
+def test_an_old_format_file_written_before_the_cgroup_fields_reads_as_unknown(tmp_path: Path) -> None:
+    # What the layout produced before offsets 96..120 were defined, byte by byte.
+    old = bytearray(FILE_SIZE)
+    struct.pack_into("<8sIIQ", old, 0, b"DAMPROBE", 1, FILE_SIZE, 4)
+    struct.pack_into("<QQQQQQQdII", old, 24, 9, 1, 10, 20, 30, 40, 8, 0.0, 0, layout.FLAG_CLOSED)
+    path = tmp_path / "probe-9.bin"
+    path.write_bytes(bytes(old))
+    rec = read_file(str(path))
+    assert (rec.pid, rec.steps, rec.wait_ns, rec.step_ns, rec.closed) == (9, 10, 20, 30, True)
+    assert rec.cgroup_throttled_ns is None and rec.cgroup_id is None and rec.cgroup_limit_cores is None
+
+
+def test_no_limit_is_zero_millicores_and_reads_as_no_limit_cores() -> None:
+    _, back = decode(encode(_record(cgroup_throttled_ns=0, cgroup_limit_millicores=0, cgroup_id=1)))
+    assert back.cgroup_throttled_seconds == 0.0
+    assert back.cgroup_limit_millicores == 0 and back.cgroup_limit_cores is None
+
+
+def test_a_cgroup_limit_without_throttled_time_is_refused() -> None:
+    with pytest.raises(ValueError, match="need cgroup_throttled_ns"):
+        _record(cgroup_limit_millicores=1000)
+
+
+def test_writer_publishes_the_cgroup_fields_and_clears_them_again(tmp_path: Path) -> None:
+    path = str(tmp_path / "probe-42.bin")
+    writer = ProbeWriter(path, pid=42, start_time_ns=5)
+    try:
+        assert read_file(path).cgroup_throttled_ns is None
+        writer.publish(1, 2, 3, cgroup_throttled_ns=700, cgroup_limit_millicores=250, cgroup_id=9)
+        known = read_file(path)
+        writer.publish(2, 3, 4)
+        unknown = read_file(path)
+    finally:
+        writer.close()
+    assert (known.cgroup_throttled_ns, known.cgroup_limit_millicores, known.cgroup_id) == (700, 250, 9)
+    assert unknown.steps == 2 and unknown.cgroup_throttled_ns is None and unknown.cgroup_id is None

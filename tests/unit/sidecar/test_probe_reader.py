@@ -201,3 +201,85 @@ def test_error_log_rate_limits_lines_but_counts_every_fault(caplog: pytest.LogCa
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
     assert "4 more since the last report" in lines[1]
+
+
+# --- what the probes publish about their own cgroup ----------------------------------------------
+
+
+def test_probes_of_one_container_share_a_cgroup_so_its_throttling_is_not_summed(tmp_path: Path) -> None:
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 20, 21)
+    cg = {"cgroup_id": 5, "cgroup_limit_millicores": 2000}
+    write_probe(tmp_path / "probe", pid=20, cgroup_throttled_ns=3 * 10**9, last_update_ns=1, **cg)
+    write_probe(tmp_path / "probe", pid=21, cgroup_throttled_ns=4 * 10**9, last_update_ns=2, **cg)
+    s = r.sample()
+    assert s.cgroup_throttled_seconds == pytest.approx(4.0)  # the freshest reading, not 7
+    assert s.cgroup_limit_cores == pytest.approx(2.0)
+
+
+def test_probes_in_different_cgroups_add_up(tmp_path: Path) -> None:
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 20, 21)
+    write_probe(
+        tmp_path / "probe", pid=20, cgroup_throttled_ns=10**9, cgroup_limit_millicores=1000, cgroup_id=5
+    )
+    write_probe(
+        tmp_path / "probe", pid=21, cgroup_throttled_ns=2 * 10**9, cgroup_limit_millicores=500, cgroup_id=6
+    )
+    s = r.sample()
+    assert s.cgroup_throttled_seconds == pytest.approx(3.0)
+    assert s.cgroup_limit_cores == pytest.approx(1.5)
+
+
+def test_one_unlimited_cgroup_makes_the_limit_unknown(tmp_path: Path) -> None:
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 20, 21)
+    write_probe(tmp_path / "probe", pid=20, cgroup_throttled_ns=1, cgroup_limit_millicores=1000, cgroup_id=5)
+    write_probe(tmp_path / "probe", pid=21, cgroup_throttled_ns=1, cgroup_limit_millicores=0, cgroup_id=6)
+    assert r.sample().cgroup_limit_cores is None
+
+
+def test_old_format_probe_files_give_no_cgroup_values(tmp_path: Path) -> None:
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 20)
+    write_probe(tmp_path / "probe", pid=20, steps=3)
+    s = r.sample()
+    assert s.steps == 3 and s.cgroup_throttled_seconds is None and s.cgroup_limit_cores is None
+
+
+def test_cgroup_throttling_stays_monotonic_when_the_container_restarts(tmp_path: Path) -> None:
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 7)
+    write_probe(tmp_path / "probe", pid=7, start_time_ns=1, cgroup_throttled_ns=5 * 10**9, cgroup_id=40)
+    assert r.sample().cgroup_throttled_seconds == pytest.approx(5.0)
+    # The container restarts: a new cgroup whose counter starts from zero, same pid 7.
+    write_probe(tmp_path / "probe", pid=7, start_time_ns=2, cgroup_throttled_ns=10**9, cgroup_id=41)
+    assert r.sample().cgroup_throttled_seconds == pytest.approx(6.0)
+    write_probe(tmp_path / "probe", pid=7, start_time_ns=2, cgroup_throttled_ns=2 * 10**9, cgroup_id=41)
+    assert r.sample().cgroup_throttled_seconds == pytest.approx(7.0)
+
+
+def test_a_trainer_restarted_in_the_same_cgroup_continues_its_count_without_double_counting(
+    tmp_path: Path,
+) -> None:
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 7, 8)
+    old = write_probe(tmp_path / "probe", pid=7, cgroup_throttled_ns=5 * 10**9, cgroup_id=40)
+    # A second process of the same container that last published a while ago (an older reading).
+    write_probe(tmp_path / "probe", pid=8, cgroup_throttled_ns=4 * 10**9, cgroup_id=40)
+    assert r.sample().cgroup_throttled_seconds == pytest.approx(5.0)
+    os.remove(old)  # pid 7 exits; the remaining reading is older, not a reset
+    assert r.sample().cgroup_throttled_seconds == pytest.approx(5.0)
+    write_probe(tmp_path / "probe", pid=9, start_time_ns=3, cgroup_throttled_ns=6 * 10**9, cgroup_id=40)
+    alive(tmp_path, 9)
+    assert r.sample().cgroup_throttled_seconds == pytest.approx(6.0)
+
+
+def test_cgroup_throttling_is_kept_after_every_probe_has_finished(tmp_path: Path) -> None:
+    r, _ = reader(tmp_path)
+    write_probe(tmp_path / "probe", pid=30, closed=True, cgroup_throttled_ns=2 * 10**9, cgroup_id=1)
+    s = r.sample()
+    assert not s.up
+    assert s.cgroup_throttled_seconds == pytest.approx(2.0)  # the counter does not vanish
+    assert s.cgroup_limit_cores is None  # a limit is only reported for live processes
+    assert r.sample().cgroup_throttled_seconds == pytest.approx(2.0)
