@@ -71,12 +71,18 @@ class LocalSession:
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     history: deque[tuple[float, Snapshot]] = field(default_factory=deque)
     anchors: list[tuple[float, Snapshot]] = field(default_factory=list)
+    first: tuple[float, Snapshot] | None = None
+    baseline: tuple[float, Snapshot] | None = None
     stabilizer: Stabilizer = field(default_factory=Stabilizer)
 
     def add(self, t: float, snap: Snapshot) -> None:
+        if self.first is None:
+            self.first = (t, snap)
         self.history.append((t, snap))
         # The final verdict starts at the first batch: interpreter start-up and imports are
-        # not part of the training loop.
+        # not part of the training loop. The last snapshot before it is kept as a baseline.
+        if not self.anchors and _steps(snap) == 0:
+            self.baseline = (t, snap)
         if self.anchors or _steps(snap) > 0:
             self.anchors.append((t, snap))
             if len(self.anchors) > MAX_ANCHORS:
@@ -104,17 +110,21 @@ class LocalSession:
         window: DataLoader workers starting, cudnn autotuning and compilation belong to no
         steady state.
         """
-        if not self.history:
+        if not self.history or self.first is None:
             return self._verdict_from_nothing()
         last = self.history[-1]
-        if not self.anchors:
-            start = self.history[0]
-        else:
+        start = self.first
+        if self.anchors:
             first_t = self.anchors[0][0]
             warmup = min(self.window_seconds, WARMUP_FRACTION * (last[0] - first_t))
             start = next((a for a in self.anchors if a[0] >= first_t + warmup), self.anchors[0])
             if start[0] >= last[0]:
                 start = self.anchors[0]
+        if start[0] >= last[0] or _steps(start[1]) >= _steps(last[1]):
+            # A run that trained within about one sampling interval: every batch happened
+            # before the first snapshot that shows one. The probe's counters start at zero
+            # with the process, so the last snapshot before any batch is an exact baseline.
+            start = self.baseline or self.first
         if start[0] >= last[0]:
             return self._verdict_from_nothing()
         return self._verdict(start, last)

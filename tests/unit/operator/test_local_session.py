@@ -75,3 +75,15 @@ def test_memory_stays_bounded_over_a_long_run() -> None:
 
 def test_a_run_without_snapshots_is_unknown() -> None:
     assert LocalSession(window_seconds=2.0).final_verdict().bottleneck.regime is Regime.UNKNOWN
+
+
+def test_a_run_that_trained_within_one_interval_is_still_diagnosed() -> None:
+    # Imports take three intervals; all ten batches happen between two snapshots.
+    session = LocalSession(window_seconds=10.0)
+    for t in (0.0, 1.0, 2.0):
+        session.add(t, snap(0, 0, 0))
+    session.add(3.0, snap(10, 0.9, 0.95))
+    session.add(3.9, snap(10, 0.9, 0.95))  # after the command exited
+    final = session.final_verdict()
+    assert final.bottleneck.regime is Regime.INPUT_BOUND
+    assert final.metrics.data_wait_ratio is not None and final.metrics.data_wait_ratio > 0.9
