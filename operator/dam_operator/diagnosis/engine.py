@@ -458,6 +458,12 @@ class _Rules:
         elif saturated:
             lever = "cuda-graphs"
             ev.append("the Python thread is busy launching work while the GPU idles (launch overhead)")
+        elif o.main_cpu_cores is None:
+            lever = "remove-host-syncs"
+            ev.append(
+                "the loader is not the cause and the main process's CPU is not measured: suspect "
+                "per-step host synchronisation or launch overhead"
+            )
         else:
             lever = "remove-host-syncs"
             ev.append(

@@ -392,3 +392,12 @@ def test_cpu_only_job_on_a_saturated_node_is_compute_bound_on_the_host_cpu() -> 
 def test_cpu_only_job_with_idle_node_and_unsaturated_process_stays_unknown() -> None:
     verdict = diagnose(_cpu_only_low_wait(node_cpu_utilization=0.40))
     assert verdict.bottleneck.regime is Regime.UNKNOWN
+
+
+def test_latency_evidence_does_not_claim_an_idle_python_thread_when_cpu_is_unmeasured() -> None:
+    verdict = diagnose(
+        Observation(steps=600, steps_per_second=10.0, data_wait_ratio=0.01, gpu_count=1, gpu_utilization=0.3)
+    )
+    assert verdict.bottleneck.regime is Regime.LATENCY_BOUND
+    assert not any("Python thread is busy" in e for e in verdict.bottleneck.evidence)
+    assert any("not measured" in e for e in verdict.bottleneck.evidence)
