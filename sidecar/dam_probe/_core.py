@@ -4,7 +4,7 @@ Hot path (once per batch): two clock reads, three counter updates and one
 integer compare against the next publish deadline (the step time is derived
 from the first and latest delivery of each uninterrupted run of batches). Everything else (opening
 the file, the CUDA device query, the batch size, the cgroup read (at most once
-a second, ``dam_probe._cgroup``), the mmap write) happens at publish time, at
+a second, ``dam_probe.cgroup``), the mmap write) happens at publish time, at
 most every ``interval_ns``.
 
 The probe never raises into the training loop: an exception at publish time
@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from dam_probe._cgroup import CgroupReader
+from dam_probe.cgroup import CgroupReader
 from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
 
 ENV_DIR: Final = "DAM_PROBE_DIR"

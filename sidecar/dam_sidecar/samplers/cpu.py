@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dam_probe import cgroup
 from dam_sidecar.errors import ErrorLog
 
 SAMPLER = "cpu"
@@ -189,27 +190,12 @@ class CpuSampler:
         if pid == self._cgroup_for:
             return self._cgroup_dir
         try:
-            lines = self._read(self.proc_root, str(pid), "cgroup").splitlines()
+            text = self._read(self.proc_root, str(pid), "cgroup")
         except OSError:
             return None  # the process is gone; try again next tick
-        chosen: str | None = None
-        v2 = self._is_v2()
-        for line in lines:
-            parts = line.split(":", 2)
-            if len(parts) != 3:
-                continue
-            hid, controllers, path = parts
-            if v2 and hid == "0" and controllers == "":
-                base = self.cgroup_root
-            elif not v2 and "cpu" in controllers.split(","):
-                base = self._v1_cpu_root()
-            else:
-                continue
-            candidate = os.path.normpath(os.path.join(base, path.lstrip("/")))
-            inside = candidate == base or candidate.startswith(base.rstrip("/") + "/")
-            if inside and os.path.exists(os.path.join(candidate, "cpu.stat")):
-                chosen = candidate
-            break
+        v2 = cgroup.is_v2(self.cgroup_root)
+        base = self.cgroup_root if v2 else (cgroup.v1_cpu_root(self.cgroup_root) or self.cgroup_root)
+        chosen = cgroup.cgroup_directory(text, base, v2)
         if chosen is None:
             self.errors.record(
                 SAMPLER,
@@ -220,34 +206,17 @@ class CpuSampler:
         self._cgroup_dir, self._cgroup_for = chosen, pid
         return chosen
 
-    def _is_v2(self) -> bool:
-        return os.path.exists(os.path.join(self.cgroup_root, "cgroup.controllers"))
-
-    def _v1_cpu_root(self) -> str:
-        for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
-            p = os.path.join(self.cgroup_root, name)
-            if os.path.isdir(p):
-                return p
-        return self.cgroup_root
-
     def _cgroup(self, pid: int | None) -> tuple[float | None, float | None]:
         if pid is None:
             return None, None
         directory = self._resolve_cgroup(pid)
         if directory is None:
             return None, None
-        v2 = self._is_v2()
+        v2 = cgroup.is_v2(self.cgroup_root)
         throttled: float | None = None
         limit: float | None = None
         try:
-            stat = dict(
-                (k, v)
-                for k, _, v in (ln.partition(" ") for ln in self._read(directory, "cpu.stat").splitlines())
-            )
-            if v2:
-                throttled = int(stat["throttled_usec"]) / 1e6
-            else:
-                throttled = int(stat["throttled_time"]) / 1e9
+            throttled = cgroup.throttled_ns(self._read(directory, "cpu.stat"), v2) / 1e9
         except FileNotFoundError:
             self.errors.record(SAMPLER, "no_cgroup", f"no cpu.stat under {directory}")
             self._cgroup_for = None  # resolve again next tick
@@ -255,14 +224,12 @@ class CpuSampler:
             self.errors.record(SAMPLER, "cgroup_parse", f"{directory}/cpu.stat: {exc!r}")
         try:
             if v2:
-                quota, _, period = self._read(directory, "cpu.max").strip().partition(" ")
-                if quota != "max":
-                    limit = int(quota) / int(period or "100000")
+                limit = cgroup.limit_cores_v2(self._read(directory, "cpu.max"))
             else:
-                q = int(self._read(directory, "cpu.cfs_quota_us").strip())
-                p = int(self._read(directory, "cpu.cfs_period_us").strip())
-                if q > 0 and p > 0:
-                    limit = q / p
+                limit = cgroup.limit_cores_v1(
+                    int(self._read(directory, "cpu.cfs_quota_us").strip()),
+                    int(self._read(directory, "cpu.cfs_period_us").strip()),
+                )
         except FileNotFoundError:
             pass  # no limit file: no limit series
         except (OSError, ValueError) as exc:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import dam_probe
-from dam_probe._cgroup import REFRESH_NS, RETRY_NS, CgroupReader
 from dam_probe._core import Probe
+from dam_probe.cgroup import REFRESH_NS, RETRY_NS, CgroupReader
 from dam_probe.layout import probe_files, read_file
 
 from .conftest import probe_lines, python_env, run_python
@@ -186,3 +186,26 @@ def test_a_training_subprocess_publishes_the_cgroup_named_by_the_environment(tmp
     assert probe_lines(done.stderr) == []
     rec = read_file(probe_files(str(tmp_path / "probes"))[0])
     assert (rec.steps, rec.closed, rec.cgroup_throttled_ns, rec.cgroup_limit_cores) == (10, True, 77_000, 1.0)
+
+
+def test_shared_parsers_read_v2_and_v1_figures() -> None:
+    from dam_probe import cgroup
+
+    assert cgroup.throttled_ns("usage_usec 9\nthrottled_usec 1500\n", v2=True) == 1_500_000
+    assert cgroup.throttled_ns("nr_periods 3\nthrottled_time 42\n", v2=False) == 42
+    with pytest.raises(KeyError):
+        cgroup.throttled_ns("usage_usec 9\n", v2=True)
+    assert cgroup.limit_cores_v2("200000 100000\n") == 2.0
+    assert cgroup.limit_cores_v2("max 100000\n") is None
+    assert cgroup.limit_cores_v1(50000, 100000) == 0.5
+    assert cgroup.limit_cores_v1(-1, 100000) is None
+
+
+def test_a_cgroup_path_of_another_namespace_is_not_resolved(tmp_path: Path) -> None:
+    from dam_probe import cgroup
+
+    (tmp_path / "kubepods" / "pod1").mkdir(parents=True)
+    (tmp_path / "kubepods" / "pod1" / "cpu.stat").write_text("throttled_usec 0\n")
+    found = cgroup.cgroup_directory("0::/kubepods/pod1\n", str(tmp_path), v2=True)
+    assert found == str(tmp_path / "kubepods" / "pod1")
+    assert cgroup.cgroup_directory("0::/../other\n", str(tmp_path), v2=True) is None

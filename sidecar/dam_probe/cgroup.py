@@ -36,27 +36,76 @@ _U64_MAX: Final = 2**64 - 1
 CgroupCpu = tuple[int, int, int]  # (throttled ns, limit millicores (0 = none), cgroup id)
 
 
+V1_CPU_HIERARCHIES: Final = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
+
+
 def _read_text(path: str) -> str:
     with open(path, encoding="ascii", errors="replace") as fh:
         return fh.read(4096)
 
 
-def _stat_field(text: str, key: str) -> int:
-    for line in text.splitlines():
+# -- parsers shared with the sidecar's CPU sampler (dam_sidecar.samplers.cpu) -------------
+
+
+def is_v2(root: str) -> bool:
+    """Whether ``root`` is a cgroup v2 (unified) mount."""
+    return os.path.exists(os.path.join(root, "cgroup.controllers"))
+
+
+def v1_cpu_root(root: str) -> str | None:
+    """The cgroup v1 ``cpu`` hierarchy under ``root`` (its directory name varies), or None."""
+    for name in V1_CPU_HIERARCHIES:
+        path = os.path.join(root, name)
+        if os.path.isdir(path):
+            return path
+    return None
+
+
+def cgroup_directory(proc_cgroup_text: str, base: str, v2: bool) -> str | None:
+    """The process's cgroup directory under ``base``, from its ``/proc/<pid>/cgroup`` text.
+
+    ``base`` is the v2 root or the v1 ``cpu`` hierarchy. None when the path lies outside
+    ``base`` (another container's cgroup namespace: ``0::/../…``) or has no ``cpu.stat``.
+    """
+    for line in proc_cgroup_text.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if (v2 and hid == "0" and controllers == "") or (not v2 and "cpu" in controllers.split(",")):
+            candidate = os.path.normpath(os.path.join(base, path.lstrip("/")))
+            inside = candidate == base or candidate.startswith(base.rstrip("/") + "/")
+            if inside and os.path.exists(os.path.join(candidate, "cpu.stat")):
+                return candidate
+            return None
+    return None
+
+
+def throttled_ns(cpu_stat_text: str, v2: bool) -> int:
+    """Cumulative throttled time from ``cpu.stat``; raises KeyError or ValueError."""
+    key = "throttled_usec" if v2 else "throttled_time"
+    for line in cpu_stat_text.splitlines():
         name, _, value = line.partition(" ")
         if name == key:
-            return int(value)
+            return int(value) * 1000 if v2 else int(value)
     raise KeyError(key)
 
 
-def _millicores(quota: int, period: int) -> int:
-    if quota <= 0 or period <= 0:
-        return 0
-    return max(1, round(quota * 1000 / period))
+def limit_cores_v2(cpu_max_text: str) -> float | None:
+    """The limit in cores from ``cpu.max`` (``"quota period"``); None for ``max`` (no limit)."""
+    quota, _, period = cpu_max_text.strip().partition(" ")
+    if quota == "max":
+        return None
+    return limit_cores_v1(int(quota), int(period or "100000"))
 
 
-def _inside(candidate: str, base: str) -> bool:
-    return candidate == base or candidate.startswith(base.rstrip("/") + "/")
+def limit_cores_v1(quota_us: int, period_us: int) -> float | None:
+    """The limit in cores from ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; None for no limit."""
+    if quota_us <= 0 or period_us <= 0:
+        return None
+    return quota_us / period_us
+
+
+def _millicores(cores: float | None) -> int:
+    return 0 if cores is None else max(1, round(cores * 1000))
 
 
 class CgroupReader:
@@ -98,48 +147,28 @@ class CgroupReader:
         if root is None:
             root = os.environ.get(ENV_ROOT, "").strip() or DEFAULT_ROOT
         root = os.path.normpath(root)
-        self._v2 = os.path.exists(os.path.join(root, "cgroup.controllers"))
-        if self._v2:
-            base = root
-        else:
-            for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
-                if os.path.isdir(os.path.join(root, name)):
-                    base = os.path.join(root, name)
-                    break
-            else:
-                raise FileNotFoundError(f"no cgroup v2 root and no v1 cpu hierarchy under {root}")
-        directory = base
+        self._v2 = is_v2(root)
+        base = root if self._v2 else v1_cpu_root(root)
+        if base is None:
+            raise FileNotFoundError(f"no cgroup v2 root and no v1 cpu hierarchy under {root}")
         try:
-            lines = _read_text(self.proc_self_cgroup).splitlines()
+            text = _read_text(self.proc_self_cgroup)
         except OSError:
-            lines = []
-        for line in lines:
-            hid, _, rest = line.partition(":")
-            controllers, _, path = rest.partition(":")
-            if (self._v2 and hid == "0" and controllers == "") or (
-                not self._v2 and "cpu" in controllers.split(",")
-            ):
-                candidate = os.path.normpath(os.path.join(base, path.lstrip("/")))
-                if _inside(candidate, base) and os.path.exists(os.path.join(candidate, "cpu.stat")):
-                    directory = candidate
-                break
-        return directory
+            text = ""
+        return cgroup_directory(text, base, self._v2) or base
 
     def _read_now(self) -> CgroupCpu:
         directory = self._directory
         if directory is None:
             directory = self._directory = self._resolve()
-        stat = _read_text(os.path.join(directory, "cpu.stat"))
+        throttled = throttled_ns(_read_text(os.path.join(directory, "cpu.stat")), self._v2)
         if self._v2:
-            throttled = _stat_field(stat, "throttled_usec") * 1000
-            quota_text, _, period_text = _read_text(os.path.join(directory, "cpu.max")).strip().partition(" ")
-            period = int(period_text or "100000")
-            limit = 0 if quota_text == "max" else _millicores(int(quota_text), period)
+            cores = limit_cores_v2(_read_text(os.path.join(directory, "cpu.max")))
         else:
-            throttled = _stat_field(stat, "throttled_time")
             quota = int(_read_text(os.path.join(directory, "cpu.cfs_quota_us")).strip())
             period = int(_read_text(os.path.join(directory, "cpu.cfs_period_us")).strip())
-            limit = _millicores(quota, period)
+            cores = limit_cores_v1(quota, period)
+        limit = _millicores(cores)
         cgroup_id = os.stat(directory).st_ino
         if not (0 <= throttled <= _U64_MAX and 0 <= limit <= _U64_MAX and 0 <= cgroup_id <= _U64_MAX):
             raise ValueError("cgroup value out of range")
