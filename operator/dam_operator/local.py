@@ -81,9 +81,10 @@ class LocalSession:
         self.history.append((t, snap))
         # The final verdict starts at the first batch: interpreter start-up and imports are
         # not part of the training loop. The last snapshot before it is kept as a baseline.
-        if not self.anchors and _steps(snap) == 0:
+        trained = self.anchors or _steps(snap) > 0
+        if not trained:
             self.baseline = (t, snap)
-        if self.anchors or _steps(snap) > 0:
+        else:
             self.anchors.append((t, snap))
             if len(self.anchors) > MAX_ANCHORS:
                 self.anchors = self.anchors[::2]
