@@ -58,7 +58,7 @@ def operator_section() -> list[str]:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
 
-    from dam_operator.opmetrics import OperatorMetrics
+    from dam_operator.cluster.opmetrics import OperatorMetrics
 
     metrics = OperatorMetrics(CollectorRegistry())
     collectors = [v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)]

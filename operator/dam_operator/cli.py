@@ -29,11 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     command, rest = args[0], args[1:]
     if command == "run":
-        from dam_operator.local import main as run_main
+        from dam_operator.local.run import main as run_main
 
         return run_main(rest)
     if command == "evaluate":
-        from dam_operator.evaluate import main as evaluate_main
+        from dam_operator.local.evaluate import main as evaluate_main
 
         return evaluate_main(rest)
     if command == "sidecar":
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return sidecar_main(rest)
     if command == "operator":
-        from dam_operator.main import main as operator_main
+        from dam_operator.cluster.main import main as operator_main
 
         return operator_main(rest)
     if command == "probe-install":

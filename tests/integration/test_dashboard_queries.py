@@ -33,9 +33,9 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
+from dam_operator.cluster.opmetrics import OperatorMetrics
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Observation, Verdict
-from dam_operator.opmetrics import OperatorMetrics
 from tests.support.procs import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dam_operator import metric_names as mn
+from dam_operator.cluster import metric_names as mn
 from dam_sidecar.promtext import parse_snapshot
 from tests.support.operator_harness import (
     REPO,

@@ -26,7 +26,7 @@ from tests.support.standin import StandIn
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 OPERATOR_NAMESPACE = "dam-system"
-PROBE_DIR_IN_POD = "/dam/probe"  # dam_operator.injection.PROBE_DIR
+PROBE_DIR_IN_POD = "/dam/probe"  # dam_operator.cluster.injection.PROBE_DIR
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ import yaml
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (the Helm engine) is not installed")
 
-from dam_operator.settings import OperatorSettings  # noqa: E402
-from dam_operator.webhook import MUTATE_PATH, WEBHOOK_NAME, webhook_configuration  # noqa: E402
+from dam_operator.cluster.settings import OperatorSettings  # noqa: E402
+from dam_operator.cluster.webhook import MUTATE_PATH, WEBHOOK_NAME, webhook_configuration  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "dam-operator"
@@ -30,7 +30,7 @@ ALL_FEATURES: dict[str, Any] = {
 NAMESPACED: dict[str, Any] = {"operator": {"watchNamespace": "ml-team", "peering": {"enabled": True}}}
 VARIANTS = {"defaults": {}, "all-features": ALL_FEATURES, "single-namespace": NAMESPACED}
 
-# What the operator does with the API (operator/dam_operator/kube.py, handlers.py, kopf).
+# What the operator does with the API (operator/dam_operator/cluster/kube.py, handlers.py, kopf).
 EXPECTED_CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch", "update"},
@@ -525,6 +525,6 @@ def test_monitors_scrape_the_operator_and_the_sidecar_ports(chart: Any) -> None:
     selector = service_monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= metrics_service["metadata"]["labels"].items()
     (pod_endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]
-    from dam_operator.injection import METRICS_PORT_NAME
+    from dam_operator.cluster.injection import METRICS_PORT_NAME
 
     assert pod_endpoint["port"] == METRICS_PORT_NAME

@@ -149,8 +149,8 @@ def test_evaluate_runs_the_dam_command_and_reads_its_json(tmp_path: Path) -> Non
 
 
 def test_real_dam_evaluate_accepts_the_sidecar_snapshots(tmp_path: Path) -> None:
-    if importlib.util.find_spec("dam_operator.evaluate") is None:
-        pytest.skip("dam_operator.evaluate is not there yet")
+    if importlib.util.find_spec("dam_operator.local.evaluate") is None:
+        pytest.skip("dam_operator.local.evaluate is not there yet")
     before, after = snapshots(wait_share=0.7, utilization=20)
     (tmp_path / "b.prom").write_text(before)
     (tmp_path / "a.prom").write_text(after)

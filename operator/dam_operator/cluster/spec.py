@@ -54,7 +54,7 @@ __all__ = [
     "selector_matches",
 ]
 
-# Limits shared with the CRD schema (tests/unit/operator/test_crd.py checks they agree).
+# Limits shared with the CRD schema (tests/unit/cluster/test_crd.py checks they agree).
 MAX_LABELS = 64
 MAX_EXPRESSIONS = 32
 MAX_EXPRESSION_VALUES = 64

@@ -8,9 +8,9 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from dam_operator import metric_names as n
+from dam_operator.cluster import metric_names as n
+from dam_operator.cluster.opmetrics import OperatorMetrics, make_metrics_app
 from dam_operator.diagnosis.model import Axis, Bottleneck, IronLaw, Regime, Verdict, WindowMetrics
-from dam_operator.opmetrics import OperatorMetrics, make_metrics_app
 from dam_sidecar.promtext import parse_snapshot
 
 

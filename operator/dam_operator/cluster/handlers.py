@@ -22,10 +22,10 @@ from typing import Any
 
 import kopf
 
-from dam_operator import status as st
-from dam_operator.injection import is_instrumented
-from dam_operator.registry import PodInfo, Registry
-from dam_operator.spec import SpecError, parse_spec
+from dam_operator.cluster import status as st
+from dam_operator.cluster.injection import is_instrumented
+from dam_operator.cluster.registry import PodInfo, Registry
+from dam_operator.cluster.spec import SpecError, parse_spec
 
 PROFILE = (st.GROUP, st.VERSION, st.PLURAL)
 

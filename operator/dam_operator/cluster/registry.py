@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dam_operator.spec import DAMProfileSpec, selector_matches
+from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
 
 ProfileKey = tuple[str, str]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

@@ -15,8 +15,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from dam_operator.cluster.spec import DAMProfileSpec, ThresholdsSpec
 from dam_operator.diagnosis.model import Axis, Bottleneck, IronLaw, Regime, Thresholds, WindowMetrics
-from dam_operator.spec import DAMProfileSpec, ThresholdsSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = yaml.safe_load((ROOT / "crds" / "damprofile.yaml").read_text())

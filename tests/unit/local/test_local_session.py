@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dam_operator.diagnosis.model import Regime
-from dam_operator.local import MAX_ANCHORS, LocalSession, child_environment
+from dam_operator.local.run import MAX_ANCHORS, LocalSession, child_environment
 from dam_sidecar import names
 from dam_sidecar.promtext import Sample, Snapshot
 

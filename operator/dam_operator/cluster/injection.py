@@ -26,7 +26,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dam_operator.spec import DAMProfileSpec, quantity_value
+from dam_operator.cluster.spec import DAMProfileSpec, quantity_value
 
 __all__ = [
     "ANNOTATION_INJECT",

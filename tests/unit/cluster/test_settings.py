@@ -7,8 +7,8 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from dam_operator.main import injection_settings, kopf_settings, main, settings_from_args
-from dam_operator.settings import OperatorSettings
+from dam_operator.cluster.main import injection_settings, kopf_settings, main, settings_from_args
+from dam_operator.cluster.settings import OperatorSettings
 
 
 def test_environment_configures_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,14 +24,14 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
-from dam_operator.injection import (
+from dam_operator.cluster.injection import (
     LABEL_INJECT,
     InjectionError,
     InjectionSettings,
     build_injection_patch,
     should_inject,
 )
-from dam_operator.spec import DAMProfileSpec, selector_matches
+from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
 
 __all__ = [
     "MUTATE_PATH",
@@ -46,7 +46,7 @@ __all__ = [
     "webhook_configuration_for_url",
 ]
 
-log = logging.getLogger("dam_operator.webhook")
+log = logging.getLogger("dam_operator.cluster.webhook")
 
 MUTATE_PATH = "/mutate-pods"
 HEALTH_PATH = "/healthz"

@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from dam_operator import sources as src
-from dam_operator.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, fetch_all
+from dam_operator.cluster import sources as src
+from dam_operator.cluster.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, fetch_all
 from dam_sidecar import names
 from tests.support.fake_sidecar import FakeJob
 from tests.support.procs import free_port

@@ -25,9 +25,9 @@ from urllib.parse import quote
 import aiohttp
 import kopf
 
-from dam_operator import status as st
+from dam_operator.cluster import status as st
 
-log = logging.getLogger("dam_operator.kube")
+log = logging.getLogger("dam_operator.cluster.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

@@ -3,7 +3,7 @@
 ``OperatorMetrics`` registers its collectors on the registry it is given (never the
 global default one). Label sets are bounded: per-profile series carry
 ``namespace``/``profile`` only (plus enum labels), and every series of a profile is
-removed when the profile goes away. Names come from ``dam_operator.metric_names``.
+removed when the profile goes away. Names come from ``dam_operator.cluster.metric_names``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from dam_operator import metric_names as n
+from dam_operator.cluster import metric_names as n
 from dam_operator.diagnosis.model import Verdict
 
 SCRAPE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -28,17 +28,17 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from dam_operator import certs
-from dam_operator.handlers import build_registry
-from dam_operator.injection import InjectionSettings
-from dam_operator.kube import ApiError, KubeClient, WebhookCertStore, default_login
-from dam_operator.opmetrics import OperatorMetrics, make_metrics_app
-from dam_operator.registry import Registry
-from dam_operator.scheduler import Evaluator, Scheduler
-from dam_operator.settings import OperatorSettings
-from dam_operator.sources import MetricSource, PrometheusSource, ScrapeSource
-from dam_operator.spec import DAMProfileSpec
-from dam_operator.webhook import (
+from dam_operator.cluster import certs
+from dam_operator.cluster.handlers import build_registry
+from dam_operator.cluster.injection import InjectionSettings
+from dam_operator.cluster.kube import ApiError, KubeClient, WebhookCertStore, default_login
+from dam_operator.cluster.opmetrics import OperatorMetrics, make_metrics_app
+from dam_operator.cluster.registry import Registry
+from dam_operator.cluster.scheduler import Evaluator, Scheduler
+from dam_operator.cluster.settings import OperatorSettings
+from dam_operator.cluster.sources import MetricSource, PrometheusSource, ScrapeSource
+from dam_operator.cluster.spec import DAMProfileSpec
+from dam_operator.cluster.webhook import (
     MUTATE_PATH,
     ProfileRef,
     WebhookServer,

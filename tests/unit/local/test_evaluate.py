@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dam_operator.cli import main as dam
-from dam_operator.evaluate import main
+from dam_operator.local.evaluate import main
 from tests.unit.diagnosis.snapshots import Job, snapshot_pair
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -15,10 +15,10 @@ import jsonpatch
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from dam_operator.certs import issue, write_pem_files
-from dam_operator.injection import ANNOTATION_PROFILE, SIDECAR_CONTAINER, InjectionSettings
-from dam_operator.spec import parse_spec
-from dam_operator.webhook import (
+from dam_operator.cluster.certs import issue, write_pem_files
+from dam_operator.cluster.injection import ANNOTATION_PROFILE, SIDECAR_CONTAINER, InjectionSettings
+from dam_operator.cluster.spec import parse_spec
+from dam_operator.cluster.webhook import (
     MUTATE_PATH,
     ProfileRef,
     make_webhook_app,

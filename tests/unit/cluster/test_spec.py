@@ -10,8 +10,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dam_operator.diagnosis.model import Hardware, Thresholds
-from dam_operator.spec import (
+from dam_operator.cluster.spec import (
     DAMProfileSpec,
     LabelSelector,
     SpecError,
@@ -20,6 +19,7 @@ from dam_operator.spec import (
     quantity_value,
     selector_matches,
 )
+from dam_operator.diagnosis.model import Hardware, Thresholds
 
 ROOT = Path(__file__).resolve().parents[3]
 SELECTOR = {"matchLabels": {"app": "trainer"}}

@@ -37,19 +37,19 @@ from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
-from dam_operator import status as st
+from dam_operator.cluster import status as st
+from dam_operator.cluster.kube import ApiError, NotFoundError
+from dam_operator.cluster.opmetrics import OperatorMetrics
+from dam_operator.cluster.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
+from dam_operator.cluster.sources import MetricSource, PodTarget, SourceError, fetch_all
+from dam_operator.cluster.spec import DAMProfileSpec
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Bottleneck, Observation, Verdict
 from dam_operator.diagnosis.window import aggregate, find_straggler, observation_from_snapshots
-from dam_operator.kube import ApiError, NotFoundError
-from dam_operator.opmetrics import OperatorMetrics
-from dam_operator.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
-from dam_operator.sources import MetricSource, PodTarget, SourceError, fetch_all
-from dam_operator.spec import DAMProfileSpec
 from dam_sidecar.promtext import Snapshot
 
-log = logging.getLogger("dam_operator.scheduler")
+log = logging.getLogger("dam_operator.cluster.scheduler")
 
 Job = Literal["init", "evaluate"]
 

@@ -1,0 +1,1 @@
+"""Local mode: `dam run` and `dam evaluate`, no cluster needed."""
