@@ -26,3 +26,27 @@ OPERATOR_PROFILES: Final = "dam_operator_profiles"
 
 IRON_LAW_TERMS: Final = ("data", "compute", "latency")
 POD_STATES: Final = ("matched", "instrumented", "reporting")
+
+# Closed sets of label values: every one is exported at 0 from the start, so that a
+# healthy operator's dashboard panels and rate() alerts have a series to read.
+SCRAPE_ERROR_REASONS: Final = (
+    "scrape-timeout",
+    "scrape-unreachable",
+    "scrape-http-status",
+    "scrape-too-large",
+    "scrape-garbage",
+    "scrape-no-data",
+)
+API_ERROR_REASONS: Final = (
+    "api-connection",
+    "api-5xx",
+    "api-404",
+    "api-409",
+    "api-410",
+    "api-422",
+    "api-429",
+    "api-4xx",
+)
+OTHER_ERROR_REASONS: Final = ("event-failed", "evaluation-overrun", "internal", "unknown")
+ERROR_REASONS: Final = (*SCRAPE_ERROR_REASONS, *API_ERROR_REASONS, *OTHER_ERROR_REASONS)
+WEBHOOK_RESULTS: Final = ("injected", "skipped", "no-profile", "error")

@@ -9,74 +9,116 @@ removed when the profile goes away. Names come from ``dam_operator.cluster.metri
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 from dam_operator.cluster import metric_names as n
+from dam_operator.cluster.registry import ProfileKey
 from dam_operator.diagnosis.model import Verdict
 
 SCRAPE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-ProfileKey = tuple[str, str]
+
+@dataclass
+class _ProfileFigures:
+    """What the operator knows of one profile right now; the collector reads it at scrape time."""
+
+    verdict: tuple[str, str, str] | None = None  # axis, regime, lever
+    confidence: float | None = None
+    data_wait: float | None = None
+    steps: float | None = None
+    mfu: float | None = None
+    iron_law: dict[str, float] = field(default_factory=dict)
+    pods: tuple[int, int, int] | None = None  # matched, instrumented, reporting
+    last_evaluation: float | None = None
+
+
+class _ProfileCollector(Collector):
+    """Per-profile series built from ``OperatorMetrics``' state at scrape time.
+
+    As the sidecar's collector does: no labelled gauges to keep in step with hand-made
+    ``remove()`` calls; a profile that is forgotten simply has no series at the next scrape.
+    """
+
+    def __init__(self, owner: OperatorMetrics) -> None:
+        self._owner = owner
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected lazily; nothing to check for duplicates at registration
+
+    def collect(self) -> Iterable[Metric]:
+        per_profile = ["namespace", "profile"]
+        verdict = GaugeMetricFamily(
+            n.PROFILE_VERDICT,
+            "1 for the profile's current verdict (one series per profile; lever ids are bounded).",
+            labels=[*per_profile, "axis", "regime", "lever"],
+        )
+        confidence = GaugeMetricFamily(
+            n.PROFILE_CONFIDENCE_RATIO, "Confidence of the current verdict, 0-1.", labels=per_profile
+        )
+        iron_law = GaugeMetricFamily(
+            n.PROFILE_IRON_LAW_SECONDS,
+            "Per-step estimate of an iron-law term (data, compute, latency), seconds.",
+            labels=[*per_profile, "term"],
+        )
+        data_wait = GaugeMetricFamily(
+            n.PROFILE_DATA_WAIT_RATIO,
+            "Share of step time blocked waiting for the DataLoader over the window.",
+            labels=per_profile,
+        )
+        steps = GaugeMetricFamily(
+            n.PROFILE_STEPS_PER_SECOND, "Training steps per second over the window.", labels=per_profile
+        )
+        mfu = GaugeMetricFamily(
+            n.PROFILE_MFU_RATIO, "Model FLOPs utilization over the window, 0-1.", labels=per_profile
+        )
+        pods = GaugeMetricFamily(
+            n.PROFILE_PODS,
+            "Pods of the profile by state (matched, instrumented, reporting).",
+            labels=[*per_profile, "state"],
+        )
+        last = GaugeMetricFamily(
+            n.PROFILE_LAST_EVALUATION_TIMESTAMP_SECONDS,
+            "Unix time of the profile's last evaluation.",
+            labels=per_profile,
+        )
+        for (namespace, profile), f in self._owner.figures().items():
+            key = [namespace, profile]
+            if f.verdict is not None:
+                verdict.add_metric([*key, *f.verdict], 1.0)
+            for family, value in ((confidence, f.confidence), (data_wait, f.data_wait), (steps, f.steps)):
+                if value is not None:
+                    family.add_metric(key, value)
+            if f.mfu is not None:
+                mfu.add_metric(key, f.mfu)
+            for term, seconds in f.iron_law.items():
+                iron_law.add_metric([*key, term], seconds)
+            if f.pods is not None:
+                for state, count in zip(n.POD_STATES, f.pods, strict=True):
+                    pods.add_metric([*key, state], float(count))
+            if f.last_evaluation is not None:
+                last.add_metric(key, f.last_evaluation)
+        yield from (verdict, confidence, iron_law, data_wait, steps, mfu, pods, last)
 
 
 class OperatorMetrics:
-    """Collectors of the operator, on ``registry``; see docs/operator.md for the list."""
+    """The operator's metrics, on ``registry``; see docs/metrics.md for the list.
+
+    Per-profile figures are state read by a collector at scrape time; operator-wide
+    counters are ordinary counters whose closed label sets start at 0.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        per_profile = ["namespace", "profile"]
-        self._verdict = Gauge(
-            n.PROFILE_VERDICT,
-            "1 for the profile's current verdict (one series per profile; lever ids are bounded).",
-            [*per_profile, "axis", "regime", "lever"],
-            registry=registry,
-        )
-        self._confidence = Gauge(
-            n.PROFILE_CONFIDENCE_RATIO,
-            "Confidence of the current verdict, 0-1.",
-            per_profile,
-            registry=registry,
-        )
-        self._iron_law = Gauge(
-            n.PROFILE_IRON_LAW_SECONDS,
-            "Per-step estimate of an iron-law term (data, compute, latency), seconds.",
-            [*per_profile, "term"],
-            registry=registry,
-        )
-        self._data_wait = Gauge(
-            n.PROFILE_DATA_WAIT_RATIO,
-            "Share of step time blocked waiting for the DataLoader over the window.",
-            per_profile,
-            registry=registry,
-        )
-        self._steps = Gauge(
-            n.PROFILE_STEPS_PER_SECOND,
-            "Training steps per second over the window.",
-            per_profile,
-            registry=registry,
-        )
-        self._mfu = Gauge(
-            n.PROFILE_MFU_RATIO,
-            "Model FLOPs utilization over the window, 0-1.",
-            per_profile,
-            registry=registry,
-        )
-        self._pods = Gauge(
-            n.PROFILE_PODS,
-            "Pods of the profile by state (matched, instrumented, reporting).",
-            [*per_profile, "state"],
-            registry=registry,
-        )
-        self._last_eval = Gauge(
-            n.PROFILE_LAST_EVALUATION_TIMESTAMP_SECONDS,
-            "Unix time of the profile's last evaluation.",
-            per_profile,
-            registry=registry,
-        )
+        self._lock = threading.Lock()
+        self._figures: dict[ProfileKey, _ProfileFigures] = {}
+        registry.register(_ProfileCollector(self))
         self._evaluations = Counter(
             n.OPERATOR_EVALUATIONS_TOTAL, "Profile evaluations run.", registry=registry
         )
@@ -86,6 +128,8 @@ class OperatorMetrics:
             ["reason"],
             registry=registry,
         )
+        for reason in n.ERROR_REASONS:
+            self._errors.labels(reason)
         self._scrape = Histogram(
             n.OPERATOR_SCRAPE_DURATION_SECONDS,
             "Duration of one sidecar scrape or Prometheus query.",
@@ -98,76 +142,68 @@ class OperatorMetrics:
             ["result"],
             registry=registry,
         )
+        for result in n.WEBHOOK_RESULTS:
+            self._webhook.labels(result)
         self._profiles = Gauge(n.OPERATOR_PROFILES, "DAMProfiles known to the operator.", registry=registry)
-        self._lock = threading.Lock()
-        self._verdict_labels: dict[ProfileKey, tuple[str, str, str]] = {}
-        self._known: set[ProfileKey] = set()
 
     # ------------------------------------------------------------ per profile
+
+    def _entry(self, namespace: str, profile: str) -> _ProfileFigures:
+        return self._figures.setdefault((namespace, profile), _ProfileFigures())
 
     def observe_verdict(
         self, namespace: str, profile: str, verdict: Verdict, timestamp_seconds: float | None = None
     ) -> None:
-        key = (namespace, profile)
         b = verdict.bottleneck
-        labels = (str(b.axis.value), str(b.regime.value), b.lever)
-        with self._lock:
-            self._known.add(key)
-            old = self._verdict_labels.get(key)
-            if old is not None and old != labels:
-                self._verdict.remove(namespace, profile, *old)
-            self._verdict_labels[key] = labels
-        self._verdict.labels(namespace, profile, *labels).set(1)
-        self._confidence.labels(namespace, profile).set(b.confidence)
         m = verdict.metrics
-        self._set_or_remove(self._data_wait, key, m.data_wait_ratio)
-        self._set_or_remove(self._steps, key, m.steps_per_second)
-        self._set_or_remove(self._mfu, key, m.mfu)
         law = m.iron_law
         terms = {
             "data": law.data_seconds if law else None,
             "compute": law.compute_seconds if law else None,
             "latency": law.latency_seconds if law else None,
         }
-        for term in n.IRON_LAW_TERMS:
-            self._set_or_remove(self._iron_law, (*key, term), terms[term])
-        if timestamp_seconds is not None:
-            self._last_eval.labels(namespace, profile).set(timestamp_seconds)
+        with self._lock:
+            f = self._entry(namespace, profile)
+            f.verdict = (str(b.axis.value), str(b.regime.value), b.lever)
+            f.confidence = b.confidence
+            f.data_wait, f.steps, f.mfu = m.data_wait_ratio, m.steps_per_second, m.mfu
+            f.iron_law = {t: v for t in n.IRON_LAW_TERMS if (v := terms[t]) is not None}
+            if timestamp_seconds is not None:
+                f.last_evaluation = timestamp_seconds
 
     def clear_verdict(self, namespace: str, profile: str, timestamp_seconds: float | None = None) -> None:
         """No verdict this window (no reporting pods): drop the verdict's series, keep the pod counts."""
-        key = (namespace, profile)
         with self._lock:
-            old = self._verdict_labels.pop(key, None)
-        if old is not None:
-            _remove(self._verdict, (*key, *old))
-        for gauge in (self._confidence, self._data_wait, self._steps, self._mfu):
-            _remove(gauge, key)
-        for term in n.IRON_LAW_TERMS:
-            _remove(self._iron_law, (*key, term))
-        if timestamp_seconds is not None:
-            with self._lock:
-                self._known.add(key)
-            self._last_eval.labels(namespace, profile).set(timestamp_seconds)
+            old = self._figures.get((namespace, profile))
+            if old is None and timestamp_seconds is None:
+                return
+            f = _ProfileFigures(
+                pods=old.pods if old else None, last_evaluation=old.last_evaluation if old else None
+            )
+            if timestamp_seconds is not None:
+                f.last_evaluation = timestamp_seconds
+            self._figures[(namespace, profile)] = f
 
     def set_pods(self, namespace: str, profile: str, matched: int, instrumented: int, reporting: int) -> None:
         with self._lock:
-            self._known.add((namespace, profile))
-        for state, value in zip(n.POD_STATES, (matched, instrumented, reporting), strict=True):
-            self._pods.labels(namespace, profile, state).set(value)
+            self._entry(namespace, profile).pods = (matched, instrumented, reporting)
 
     def forget_profile(self, namespace: str, profile: str) -> None:
         """Remove every series of the profile (it was deleted or became invalid)."""
-        key = (namespace, profile)
-        self.clear_verdict(namespace, profile)
-        _remove(self._last_eval, key)
-        for state in n.POD_STATES:
-            _remove(self._pods, (*key, state))
         with self._lock:
-            self._known.discard(key)
+            self._figures.pop((namespace, profile), None)
 
     def set_profiles(self, count: int) -> None:
         self._profiles.set(count)
+
+    def figures(self) -> dict[ProfileKey, _ProfileFigures]:
+        """A consistent copy of the per-profile state (what the next scrape will show)."""
+        with self._lock:
+            return {k: replace(v, iron_law=dict(v.iron_law)) for k, v in self._figures.items()}
+
+    def profiles_with_series(self) -> set[ProfileKey]:
+        with self._lock:
+            return set(self._figures)
 
     # ------------------------------------------------------------ operator-wide
 
@@ -185,22 +221,6 @@ class OperatorMetrics:
 
     def webhook_request(self, result: str) -> None:
         self._webhook.labels(result).inc()
-
-    def profiles_with_series(self) -> set[ProfileKey]:
-        with self._lock:
-            return set(self._known)
-
-    # ------------------------------------------------------------ helpers
-
-    def _set_or_remove(self, gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
-        if value is None:
-            _remove(gauge, labels)
-        else:
-            gauge.labels(*labels).set(value)
-
-
-def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
-    gauge.remove(*labels)  # a label set that is not there is no error
 
 
 def make_metrics_app(

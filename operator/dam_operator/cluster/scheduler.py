@@ -43,10 +43,9 @@ from dam_operator.cluster.opmetrics import OperatorMetrics
 from dam_operator.cluster.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
 from dam_operator.cluster.sources import MetricSource, PodTarget, SourceError, fetch_all
 from dam_operator.cluster.spec import DAMProfileSpec
-from dam_operator.diagnosis.engine import diagnose
+from dam_operator.cluster.window import StepResult, initial_step, invalid_step, window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_operator.diagnosis.model import Bottleneck, Observation, Verdict
-from dam_operator.diagnosis.window import aggregate, find_straggler, observation_from_snapshots
+from dam_operator.diagnosis.model import Bottleneck
 from dam_sidecar.promtext import Snapshot
 
 log = logging.getLogger("dam_operator.cluster.scheduler")
@@ -148,152 +147,65 @@ class Evaluator:
         if entry.spec is None:
             self._metrics.forget_profile(entry.namespace, entry.name)
             self._state.pop(entry.key, None)
-            error = entry.error or "invalid"
-            await self._write(entry, st.invalid_patch(entry.status, error, entry.generation, now))
-            await self._post(entry, st.invalid_spec_event(error), now)
+            result = invalid_step(entry.status, entry.error or "invalid", entry.generation, now)
+            await self._write(entry, result.patch)
+            if result.event is not None:
+                await self._post(entry, result.event, now)
             return False
         spec = entry.spec
         state = self._state_for(entry, spec)
         pods = self._registry.pods_for(entry)
-        results = await self._scrape(spec, pods)
-        reporting, problems = 0, _not_running(pods)
-        for name, result in results.items():
-            if isinstance(result, SourceError):
-                problems.append(f"{name}: {result.message}")
-            else:
-                reporting += 1
-                state.snapshots[name] = result
-        matched, instrumented, uninstrumented = _counts(pods)
-        previous = {c.get("type"): c for c in entry.status.get("conditions") or () if isinstance(c, Mapping)}
-        old_diag = previous.get(st.DIAGNOSED)
-        if (
-            old_diag is not None
-            and old_diag.get("observedGeneration") == entry.generation
-            and entry.status.get("bottleneck")
-        ):
-            diagnosed = {k: v for k, v in old_diag.items() if k != "lastTransitionTime"}
-        else:
-            diagnosed = st.pending_condition(entry.generation, spec.evaluation.window_seconds)
-        conditions = [
-            st.spec_condition(None, entry.generation),
-            st.instrumented_condition(matched, uninstrumented, entry.generation, self._webhook_enabled),
-            st.reporting_condition(instrumented, reporting, problems, entry.generation),
-            diagnosed,
-        ]
-        old_pods = entry.status.get("pods") if isinstance(entry.status.get("pods"), Mapping) else {}
-        pods_status = st.pods_status(
-            matched, instrumented, reporting, uninstrumented, straggler=(old_pods or {}).get("straggler")
-        )
-        patch = st.evaluation_patch(
-            entry.status,
-            verdict_status=None,
-            pods=pods_status,
-            conditions=conditions,
+        result = initial_step(
+            spec=spec,
+            status=entry.status,
             generation=entry.generation,
+            pods=pods,
+            results=await self._scrape(spec, pods),
             now=now,
-            evaluated=False,
+            webhook_enabled=self._webhook_enabled,
         )
-        self._metrics.set_pods(entry.namespace, entry.name, matched, instrumented, reporting)
-        await self._write(entry, patch)
+        state.snapshots.update(result.baselines)
+        self._record(entry, result)
+        await self._write(entry, result.patch)
         return True
 
     async def evaluate(self, entry: ProfileEntry) -> None:
-        """One window: scrape, difference, aggregate, diagnose, stabilize, patch, maybe an Event."""
+        """One window: scrape, then the pure window step, one status patch, maybe an Event."""
         spec = entry.spec
         if spec is None:
             return
         state = self._state_for(entry, spec)
         when = self._now()
-        now = st.format_time(when)
         pods = self._registry.pods_for(entry)
-        results = await self._scrape(spec, pods)
-        per_pod: dict[str, Observation] = {}
-        problems = _not_running(pods)
-        reporting = 0
-        max_age = self._max_baseline_windows * spec.evaluation.window_seconds
-        without_sidecar = {p.name for p in pods if not p.instrumented}
-        answered: set[str] = set()
-        for name, result in results.items():
-            if isinstance(result, SourceError):
-                if name in without_sidecar:
-                    continue  # no sidecar was injected: silence is expected, not a fault
-                problems.append(f"{name}: {result.message}")
-                self._metrics.error(result.reason)
-                continue
-            reporting += 1
-            answered.add(name)
-            before = state.snapshots.get(name)
-            if before is None or result.timestamp_seconds is None or before.timestamp_seconds is None:
-                state.snapshots[name] = result
-                continue
-            elapsed = result.timestamp_seconds - before.timestamp_seconds
-            if elapsed <= 0:
-                continue  # no new sample since the last scrape (e.g. Prometheus has not scraped yet)
-            state.snapshots[name] = result
-            if elapsed > max_age:
-                continue  # too old to difference against; this scrape is the new baseline
-            per_pod[name] = observation_from_snapshots(
-                before,
-                result,
-                elapsed_seconds=elapsed,
-                batch_size=spec.model.batch_size if spec.model else None,
-                flops_per_step=spec.model.flops_per_step if spec.model else None,
-                gpu_model=spec.hardware.gpu_model if spec.hardware else None,
-            )
-        for gone in set(state.snapshots) - {p.name for p in pods}:
-            del state.snapshots[gone]
-
-        observation = aggregate(per_pod) if per_pod else Observation()
-        raw = diagnose(observation, spec.thresholds_model(), spec.hardware_model())
-        straggler = find_straggler(per_pod)
-        if straggler is not None:
-            b = raw.bottleneck
-            raw = Verdict(
-                bottleneck=b.model_copy(update={"evidence": [*b.evidence, f"straggler: {straggler[1]}"]}),
-                metrics=raw.metrics,
-            )
-        # No data this window gives an unknown verdict, which the stabilizer holds off
-        # for a few windows: a missed scrape does not erase a diagnosis.
-        verdict = state.stabilizer.update(raw, when)
-        bottleneck = verdict.bottleneck
-
-        matched, instrumented, uninstrumented = _counts(pods, answered)
-        conditions = [
-            st.spec_condition(None, entry.generation),
-            st.instrumented_condition(matched, uninstrumented, entry.generation, self._webhook_enabled),
-            st.reporting_condition(instrumented, reporting, problems, entry.generation),
-            st.diagnosed_condition(
-                bottleneck=bottleneck,
-                matched=matched,
-                instrumented=instrumented,
-                reporting=len(per_pod),
-                generation=entry.generation,
-            ),
-        ]
-        patch = st.evaluation_patch(
-            entry.status,
-            verdict_status=verdict.to_status(),
-            pods=st.pods_status(
-                matched,
-                instrumented,
-                reporting,
-                uninstrumented,
-                straggler=straggler[0] if straggler else None,
-            ),
-            conditions=conditions,
+        result = window_step(
+            spec=spec,
+            status=entry.status,
             generation=entry.generation,
-            now=now,
+            pods=pods,
+            results=await self._scrape(spec, pods),
+            baselines=state.snapshots,
+            stabilizer=state.stabilizer,
+            published=state.published,
+            when=when,
+            webhook_enabled=self._webhook_enabled,
+            max_baseline_seconds=self._max_baseline_windows * spec.evaluation.window_seconds,
         )
-        event = st.bottleneck_changed_event(_published_dict(state.published), verdict.bottleneck)
-        await self._write(entry, patch)
-        state.published = st.verdict_key(verdict.bottleneck)
-
-        ts = when.timestamp()
-        self._metrics.set_pods(entry.namespace, entry.name, matched, instrumented, reporting)
-        self._metrics.observe_verdict(entry.namespace, entry.name, verdict, ts)
+        state.snapshots = result.baselines
+        self._record(entry, result)
+        await self._write(entry, result.patch)
+        state.published = result.published
+        if result.verdict is not None:
+            self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
         self._metrics.evaluation(ok=True)
-        if event is not None:
-            await self._post(entry, event, now)
+        if result.event is not None:
+            await self._post(entry, result.event, st.format_time(when))
+
+    def _record(self, entry: ProfileEntry, result: StepResult) -> None:
+        for reason in result.error_reasons:
+            self._metrics.error(reason)
+        if result.counts is not None:
+            c = result.counts
+            self._metrics.set_pods(entry.namespace, entry.name, c.matched, c.instrumented, c.reporting)
 
     # ------------------------------------------------------------ helpers
 
@@ -331,24 +243,6 @@ class Evaluator:
                 current.status = dict(new_status)
 
 
-def _not_running(pods: list[PodInfo]) -> list[str]:
-    """Why instrumented pods were not scraped at all (not running yet, no IP)."""
-    out = []
-    for p in pods:
-        if p.instrumented and not p.scrapable:
-            why = f"phase {p.phase or 'unknown'}" if p.phase != "Running" else "no pod IP yet"
-            out.append(f"{p.name}: not scraped ({why})")
-    return out
-
-
-def _counts(pods: list[PodInfo], answered: set[str] | None = None) -> tuple[int, int, list[str]]:
-    """(matched, instrumented, names of uninstrumented pods); a pod whose sidecar answered
-    counts as instrumented whoever added it."""
-    answered = answered or set()
-    uninstrumented = [p.name for p in pods if not p.instrumented and p.name not in answered]
-    return len(pods), len(pods) - len(uninstrumented), uninstrumented
-
-
 def _bottleneck_from(raw: Any) -> Bottleneck | None:
     if not isinstance(raw, Mapping):
         return None
@@ -356,10 +250,6 @@ def _bottleneck_from(raw: Any) -> Bottleneck | None:
         return Bottleneck.model_validate(dict(raw))
     except ValidationError:
         return None
-
-
-def _published_dict(key: tuple[str, str] | None) -> dict[str, str] | None:
-    return None if key is None else {"axis": key[0], "regime": key[1]}
 
 
 # ---------------------------------------------------------------- the loop
@@ -403,7 +293,6 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._in_flight: set[ProfileKey] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.jobs_run = 0
 
     # ------------------------------------------------------------ inputs
 
@@ -417,9 +306,6 @@ class Scheduler:
     def _push(self, at: float, entry: ProfileEntry, job: Job) -> None:
         heapq.heappush(self._heap, _Due(at, next(self._seq), entry.key, entry.revision, job))
         self._wake.set()
-
-    def pending(self) -> int:
-        return len(self._heap)
 
     # ------------------------------------------------------------ the loop
 
@@ -491,7 +377,6 @@ class Scheduler:
         finally:
             self._in_flight.discard(due.key)
             limit.release()
-            self.jobs_run += 1
         if next_job is not None and next_at is not None and self._same(entry):
             self._push(next_at, entry, next_job)
 

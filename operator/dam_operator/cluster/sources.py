@@ -21,16 +21,20 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from dam_operator.cluster.metric_names import SCRAPE_ERROR_REASONS
 from dam_sidecar import names
 from dam_sidecar.promtext import PromParseError, Sample, Snapshot, labels_of, parse_snapshot
 
 # Bounded reasons (label values of dam_operator_evaluation_errors_total).
-REASON_TIMEOUT = "scrape-timeout"
-REASON_UNREACHABLE = "scrape-unreachable"
-REASON_HTTP = "scrape-http-status"
-REASON_TOO_LARGE = "scrape-too-large"
-REASON_GARBAGE = "scrape-garbage"
-REASON_NO_DATA = "scrape-no-data"
+# Bounded reasons (the operator's error counter's label values, declared in metric_names).
+(
+    REASON_TIMEOUT,
+    REASON_UNREACHABLE,
+    REASON_HTTP,
+    REASON_TOO_LARGE,
+    REASON_GARBAGE,
+    REASON_NO_DATA,
+) = SCRAPE_ERROR_REASONS
 
 # Labels that Prometheus (or its service discovery) adds to every series of a target.
 TARGET_LABELS = frozenset(

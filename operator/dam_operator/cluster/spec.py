@@ -39,7 +39,7 @@ __all__ = [
     "LabelSelector",
     "LabelSelectorRequirement",
     "ModelSpec",
-    "PrometheusSource",
+    "PrometheusSourceSpec",
     "ResourceList",
     "ResourceRequirements",
     "SamplingSpec",
@@ -268,13 +268,13 @@ class SidecarSpec(_Spec):
     resources: ResourceRequirements | None = None
 
 
-class PrometheusSource(_Spec):
+class PrometheusSourceSpec(_Spec):
     url: Annotated[str, Field(max_length=MAX_URL_LENGTH, pattern=URL_PATTERN)]
     timeout_seconds: Annotated[float, Field(gt=0.0, le=60.0), AfterValidator(_finite)] = 5.0
 
 
 class SourceSpec(_Spec):
-    prometheus: PrometheusSource | None = None
+    prometheus: PrometheusSourceSpec | None = None
 
 
 class ModelSpec(_Spec):

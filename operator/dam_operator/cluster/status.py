@@ -8,11 +8,11 @@ operator restart (the previous status comes from the object itself).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Bottleneck
 
 GROUP = "dam.mlsys.dev"
@@ -49,11 +49,8 @@ MAX_MESSAGE = 1024
 MAX_NAMES_LISTED = 5
 
 
-def format_time(when: dt.datetime) -> str:
-    """RFC 3339 in UTC with second precision, as Kubernetes writes times."""
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+format_time = rfc3339
+"""RFC 3339 in UTC with second precision, as Kubernetes writes times (one formatter for the project)."""
 
 
 def _clip(text: str, limit: int = MAX_MESSAGE) -> str:

@@ -31,6 +31,7 @@ from dam_operator.cluster.injection import (
     build_injection_patch,
     should_inject,
 )
+from dam_operator.cluster.metric_names import WEBHOOK_RESULTS
 from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
 
 __all__ = [
@@ -54,10 +55,7 @@ WEBHOOK_NAME = "pods.dam.mlsys.dev"
 MAX_BODY_BYTES = 8 * 1024 * 1024  # pods with huge specs exist; the API server caps requests at 3 MiB
 
 # Results counted by the ``metrics`` callback (bounded label values).
-RESULT_INJECTED = "injected"
-RESULT_SKIPPED = "skipped"
-RESULT_NO_PROFILE = "no-profile"
-RESULT_ERROR = "error"
+RESULT_INJECTED, RESULT_SKIPPED, RESULT_NO_PROFILE, RESULT_ERROR = WEBHOOK_RESULTS
 
 
 class ProfileRef(NamedTuple):

@@ -623,9 +623,14 @@ def _metrics(obs: Observation, d: Derived) -> WindowMetrics:
 def diagnose(
     obs: Observation, thresholds: Thresholds | None = None, hardware: Hardware | None = None
 ) -> Verdict:
-    """The verdict for one window. ``hardware`` defaults to the GPU table's entry for ``obs.gpu_model``."""
+    """The verdict for one window.
+
+    ``hardware`` holds the user's overrides (spec ``hardware``, ``--gpu-model`` …), never a final
+    answer: every entry point passes them here and this is the one place they are resolved, with
+    the GPU table's entry for the model (the override's, else ``obs.gpu_model``) as the base.
+    """
     t = thresholds or Thresholds()
-    hw = hardware if hardware is not None else resolve_hardware(obs.gpu_model)
+    hw = resolve_hardware(obs.gpu_model, hardware)
     d = derive(obs, hw)
     rules = _Rules(obs, t, hw, d)
     f = rules.decide()

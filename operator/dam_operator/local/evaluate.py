@@ -18,7 +18,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.gpus import resolve_hardware
 from dam_operator.diagnosis.model import Hardware, Thresholds
 from dam_operator.diagnosis.render import render_text
 from dam_operator.diagnosis.window import observation_from_snapshots
@@ -136,8 +135,7 @@ def _run(argv: list[str]) -> int:
             peak_flops=args.peak_flops,
             memory_bandwidth_bytes_per_second=args.memory_bandwidth,
         )
-    hardware = resolve_hardware(obs.gpu_model, overrides)
-    verdict = diagnose(obs, thresholds, hardware)
+    verdict = diagnose(obs, thresholds, overrides)
     if args.json:
         sys.stdout.write(json.dumps(verdict.to_status(), indent=2, ensure_ascii=False) + "\n")
     else:

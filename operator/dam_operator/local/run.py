@@ -32,7 +32,7 @@ from types import FrameType
 from typing import Protocol, TextIO
 
 from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.hysteresis import Stabilizer
+from dam_operator.diagnosis.hysteresis import Stabilizer, rfc3339
 from dam_operator.diagnosis.model import Hardware, Thresholds, Verdict
 from dam_operator.diagnosis.render import render_line, render_text
 from dam_operator.diagnosis.window import observation_from_snapshots
@@ -292,7 +292,7 @@ def run(
         final = session.final_verdict()
     if args.json:
         doc = final.to_status()
-        doc["lastEvaluationTime"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        doc["lastEvaluationTime"] = rfc3339(datetime.now(UTC))
         doc["exitCode"] = code
         out(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:

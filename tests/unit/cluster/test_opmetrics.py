@@ -123,3 +123,21 @@ def test_metrics_app_serves_parseable_text_and_health() -> None:
     snap = parse_snapshot(text, "operator")
     assert snap.samples(n.PROFILE_VERDICT)[0].value == 1.0
     assert (unhealthy, status) == (503, 200)
+
+
+def test_every_error_reason_and_webhook_result_is_exported_at_zero_from_the_start() -> None:
+    reg = CollectorRegistry()
+    OperatorMetrics(reg)
+    for reason in n.ERROR_REASONS:
+        assert reg.get_sample_value(n.OPERATOR_EVALUATION_ERRORS_TOTAL, {"reason": reason}) == 0.0, reason
+    for result in n.WEBHOOK_RESULTS:
+        assert reg.get_sample_value(n.OPERATOR_WEBHOOK_REQUESTS_TOTAL, {"result": result}) == 0.0, result
+
+
+def test_every_reason_the_operator_can_count_is_in_the_closed_set() -> None:
+    from dam_operator.cluster import sources
+    from dam_operator.cluster.kube import ApiError
+
+    scrape = {v for k, v in vars(sources).items() if k.startswith("REASON_")}
+    api = {ApiError(status, "x").reason_label for status in (0, 400, 403, 404, 409, 410, 422, 429, 500, 503)}
+    assert scrape | api <= set(n.ERROR_REASONS)

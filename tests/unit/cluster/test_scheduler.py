@@ -407,3 +407,24 @@ def test_api_errors_are_retried_and_not_found_unregisters() -> None:
     assert len(flaky) >= 3  # failed once, retried, then kept its schedule
     assert reg.profile("ns", "vanished") is None
     assert prom.get_sample_value(n.OPERATOR_EVALUATION_ERRORS_TOTAL, {"reason": "api-5xx"}) == 1.0
+
+
+def test_restarted_operator_does_not_post_a_second_invalid_spec_event_for_the_same_generation() -> None:
+    async def scenario() -> None:
+        async with World() as w:
+            error = "spec.thresholds.dataWaitFine: must be below dataWaitSuspect"
+            bad = w.registry.upsert_profile("ns", "p", uid="uid-1", generation=2, spec=None, error=error)
+            assert not await w.evaluator.initialize(bad)
+            assert len(w.api.events) == 1
+            # A restart: a new evaluator and registry entry, the status read back from the object.
+            resumed = Registry().upsert_profile("ns", "p", uid="uid-1", generation=2, spec=None, error=error)
+            resumed.status = w.api.status()
+            assert not await w.make_evaluator().initialize(resumed)
+            assert len(w.api.events) == 1
+            # The user edits the spec, still invalid: a new generation gets its Event.
+            edited = w.registry.upsert_profile("ns", "p", uid="uid-1", generation=3, spec=None, error=error)
+            edited.status = w.api.status()
+            assert not await w.evaluator.initialize(edited)
+            assert len(w.api.events) == 2
+
+    asyncio.run(scenario())

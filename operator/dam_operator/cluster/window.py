@@ -1,0 +1,270 @@
+"""The window step: what one window of one profile decides, as pure functions.
+
+Snapshots and pods in; observation, pod counts, conditions, the status patch and the
+Event out. No I/O, no clock, no kopf: the scheduler fetches (``sources``), calls one of
+the three steps here, then writes what it returns. The first write after a (re)start
+(``initial_step``) and every later window (``window_step``) count pods and scrape
+failures with the same functions (``classify`` and ``count_pods``), so ``status.pods``
+and the conditions cannot differ between them with nothing changed in the cluster.
+
+The only state a step touches is the profile's ``Stabilizer`` (hysteresis), which is
+passed in and updated in place; everything else is returned.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dam_operator.cluster import status as st
+from dam_operator.cluster.registry import PodInfo
+from dam_operator.cluster.sources import SourceError
+from dam_operator.cluster.spec import DAMProfileSpec
+from dam_operator.diagnosis.engine import diagnose
+from dam_operator.diagnosis.hysteresis import Stabilizer
+from dam_operator.diagnosis.model import Observation, Verdict
+from dam_operator.diagnosis.window import aggregate, find_straggler, observation_from_snapshots
+from dam_sidecar.promtext import Snapshot
+
+Results = Mapping[str, "Snapshot | SourceError"]
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """This window's scrape results, classified."""
+
+    answered: dict[str, Snapshot]
+    """Pods whose sidecar (injected or added by hand) answered."""
+    problems: list[str]
+    """Why instrumented pods did not report (not running, no IP, a sidecar error)."""
+    error_reasons: list[str]
+    """One ``SourceError.reason`` per failed scrape of an instrumented pod (for the metrics)."""
+
+
+@dataclass(frozen=True)
+class PodCounts:
+    matched: int
+    instrumented: int
+    reporting: int
+    uninstrumented: list[str]
+
+
+@dataclass
+class StepResult:
+    patch: dict[str, Any]
+    """The one status merge patch to write."""
+    counts: PodCounts | None = None
+    event: st.EventSpec | None = None
+    verdict: Verdict | None = None
+    baselines: dict[str, Snapshot] = field(default_factory=dict)
+    """Each pod's snapshot to difference the next window against."""
+    published: tuple[str, str] | None = None
+    """(axis, regime) now in the status."""
+    error_reasons: list[str] = field(default_factory=list)
+
+
+def _not_running(pods: Sequence[PodInfo]) -> list[str]:
+    """Why instrumented pods were not scraped at all (not running yet, no IP)."""
+    out = []
+    for p in pods:
+        if p.instrumented and not p.scrapable:
+            why = f"phase {p.phase or 'unknown'}" if p.phase != "Running" else "no pod IP yet"
+            out.append(f"{p.name}: not scraped ({why})")
+    return out
+
+
+def classify(pods: Sequence[PodInfo], results: Results) -> Scrape:
+    """Splits scrape results into answers and problems.
+
+    Every running pod is scraped, so that a sidecar added by hand is honoured; a pod
+    without the injected sidecar that does not answer is expected silence, not a fault.
+    """
+    without_sidecar = {p.name for p in pods if not p.instrumented}
+    answered: dict[str, Snapshot] = {}
+    problems = _not_running(pods)
+    reasons: list[str] = []
+    for name, result in results.items():
+        if isinstance(result, SourceError):
+            if name in without_sidecar:
+                continue
+            problems.append(f"{name}: {result.message}")
+            reasons.append(result.reason)
+        else:
+            answered[name] = result
+    return Scrape(answered=answered, problems=problems, error_reasons=reasons)
+
+
+def count_pods(pods: Sequence[PodInfo], scrape: Scrape) -> PodCounts:
+    """``status.pods``' figures; a pod whose sidecar answered counts as instrumented whoever added it."""
+    uninstrumented = [p.name for p in pods if not p.instrumented and p.name not in scrape.answered]
+    return PodCounts(
+        matched=len(pods),
+        instrumented=len(pods) - len(uninstrumented),
+        reporting=len(scrape.answered),
+        uninstrumented=uninstrumented,
+    )
+
+
+def _common_conditions(counts: PodCounts, scrape: Scrape, generation: int | None, webhook: bool) -> list[Any]:
+    return [
+        st.spec_condition(None, generation),
+        st.instrumented_condition(counts.matched, counts.uninstrumented, generation, webhook),
+        st.reporting_condition(counts.instrumented, counts.reporting, scrape.problems, generation),
+    ]
+
+
+def invalid_step(status: Mapping[str, Any], error: str, generation: int | None, now: str) -> StepResult:
+    """An invalid spec: the conditions say so; the Warning Event goes out once per generation.
+
+    A restart of the operator, a resume or a metadata-only update re-registers the profile
+    with the same generation: its status already carries ``SpecValid=False`` for that
+    generation, so no second Event is posted.
+    """
+    previous = _conditions(status).get(st.SPEC_VALID)
+    already = (
+        previous is not None
+        and previous.get("status") == "False"
+        and previous.get("observedGeneration") == generation
+    )
+    return StepResult(
+        patch=st.invalid_patch(status, error, generation, now),
+        event=None if already else st.invalid_spec_event(error),
+    )
+
+
+def _conditions(status: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
+    return {c.get("type"): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
+
+
+def initial_step(
+    *,
+    spec: DAMProfileSpec,
+    status: Mapping[str, Any],
+    generation: int | None,
+    pods: Sequence[PodInfo],
+    results: Results,
+    now: str,
+    webhook_enabled: bool,
+) -> StepResult:
+    """The first write after (re)registration: validity, pods, conditions and a baseline.
+
+    The verdict already in the status stays (``Diagnosed`` too, when it is for this generation).
+    """
+    scrape = classify(pods, results)
+    counts = count_pods(pods, scrape)
+    old_diag = _conditions(status).get(st.DIAGNOSED)
+    if old_diag is not None and old_diag.get("observedGeneration") == generation and status.get("bottleneck"):
+        diagnosed = {k: v for k, v in old_diag.items() if k != "lastTransitionTime"}
+    else:
+        diagnosed = st.pending_condition(generation, spec.evaluation.window_seconds)
+    old_pods = status.get("pods") if isinstance(status.get("pods"), Mapping) else {}
+    patch = st.evaluation_patch(
+        status,
+        verdict_status=None,
+        pods=st.pods_status(
+            counts.matched,
+            counts.instrumented,
+            counts.reporting,
+            counts.uninstrumented,
+            straggler=(old_pods or {}).get("straggler"),
+        ),
+        conditions=[*_common_conditions(counts, scrape, generation, webhook_enabled), diagnosed],
+        generation=generation,
+        now=now,
+        evaluated=False,
+    )
+    return StepResult(
+        patch=patch,
+        counts=counts,
+        baselines=dict(scrape.answered),
+        error_reasons=scrape.error_reasons,
+    )
+
+
+def window_step(
+    *,
+    spec: DAMProfileSpec,
+    status: Mapping[str, Any],
+    generation: int | None,
+    pods: Sequence[PodInfo],
+    results: Results,
+    baselines: Mapping[str, Snapshot],
+    stabilizer: Stabilizer,
+    published: tuple[str, str] | None,
+    when: dt.datetime,
+    webhook_enabled: bool,
+    max_baseline_seconds: float,
+) -> StepResult:
+    """One window: difference each pod against its baseline, aggregate, diagnose, stabilize."""
+    scrape = classify(pods, results)
+    counts = count_pods(pods, scrape)
+    new_baselines = {k: v for k, v in baselines.items() if k in {p.name for p in pods}}
+    per_pod: dict[str, Observation] = {}
+    for name, result in scrape.answered.items():
+        before = baselines.get(name)
+        if before is None or result.timestamp_seconds is None or before.timestamp_seconds is None:
+            new_baselines[name] = result
+            continue
+        elapsed = result.timestamp_seconds - before.timestamp_seconds
+        if elapsed <= 0:
+            continue  # no new sample since the last scrape (e.g. Prometheus has not scraped yet)
+        new_baselines[name] = result
+        if elapsed > max_baseline_seconds:
+            continue  # too old to difference against; this scrape is the new baseline
+        per_pod[name] = observation_from_snapshots(
+            before,
+            result,
+            elapsed_seconds=elapsed,
+            batch_size=spec.model.batch_size if spec.model else None,
+            flops_per_step=spec.model.flops_per_step if spec.model else None,
+            gpu_model=spec.hardware.gpu_model if spec.hardware else None,
+        )
+
+    observation = aggregate(per_pod) if per_pod else Observation()
+    raw = diagnose(observation, spec.thresholds_model(), spec.hardware_model())
+    straggler = find_straggler(per_pod)
+    if straggler is not None:
+        b = raw.bottleneck
+        raw = Verdict(
+            bottleneck=b.model_copy(update={"evidence": [*b.evidence, f"straggler: {straggler[1]}"]}),
+            metrics=raw.metrics,
+        )
+    # No data this window gives an unknown verdict, which the stabilizer holds off
+    # for a few windows: a missed scrape does not erase a diagnosis.
+    verdict = stabilizer.update(raw, when)
+    conditions = [
+        *_common_conditions(counts, scrape, generation, webhook_enabled),
+        st.diagnosed_condition(
+            bottleneck=verdict.bottleneck,
+            matched=counts.matched,
+            instrumented=counts.instrumented,
+            reporting=len(per_pod),
+            generation=generation,
+        ),
+    ]
+    patch = st.evaluation_patch(
+        status,
+        verdict_status=verdict.to_status(),
+        pods=st.pods_status(
+            counts.matched,
+            counts.instrumented,
+            counts.reporting,
+            counts.uninstrumented,
+            straggler=straggler[0] if straggler else None,
+        ),
+        conditions=conditions,
+        generation=generation,
+        now=st.format_time(when),
+    )
+    previous = None if published is None else {"axis": published[0], "regime": published[1]}
+    return StepResult(
+        patch=patch,
+        counts=counts,
+        event=st.bottleneck_changed_event(previous, verdict.bottleneck),
+        verdict=verdict,
+        baselines=new_baselines,
+        published=st.verdict_key(verdict.bottleneck),
+        error_reasons=scrape.error_reasons,
+    )

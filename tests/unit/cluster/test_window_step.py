@@ -1,0 +1,130 @@
+"""The pure window step: the first write and every later window agree on the pods; hardware
+overrides are resolved against the GPU table; the InvalidSpec Event goes out once per generation."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from dam_operator.cluster import status as st
+from dam_operator.cluster.registry import PodInfo
+from dam_operator.cluster.sources import REASON_UNREACHABLE, SourceError
+from dam_operator.cluster.spec import parse_spec
+from dam_operator.cluster.window import initial_step, invalid_step, window_step
+from dam_operator.diagnosis.hysteresis import Stabilizer
+from dam_sidecar.promtext import Snapshot, parse_snapshot
+from tests.unit.diagnosis.snapshots import Job, snapshot_pair
+
+WHEN = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+SELECTOR = {"matchLabels": {"app": "t"}}
+
+
+def _pod(name: str, instrumented: bool) -> PodInfo:
+    return PodInfo("ns", name, {"app": "t"}, pod_ip="10.0.0.1", phase="Running", instrumented=instrumented)
+
+
+def _pair(job: Job) -> tuple[Snapshot, Snapshot]:
+    before, after = snapshot_pair(job)
+    return (
+        parse_snapshot(before, timestamp_seconds=1000.0),
+        parse_snapshot(after, timestamp_seconds=1000.0 + job.seconds),
+    )
+
+
+def _window(spec: dict[str, Any], pods: list[PodInfo], before: dict[str, Any], after: dict[str, Any]) -> Any:
+    return window_step(
+        spec=parse_spec(spec),
+        status={},
+        generation=1,
+        pods=pods,
+        results=after,
+        baselines=before,
+        stabilizer=Stabilizer(confirm_windows=1),
+        published=None,
+        when=WHEN,
+        webhook_enabled=True,
+        max_baseline_seconds=600.0,
+    )
+
+
+def test_first_write_and_later_windows_count_pods_the_same_way() -> None:
+    job = Job(seconds=30.0, steps=60.0, wait_ratio=0.5)
+    before, after = _pair(job)
+    pods = [_pod("injected", True), _pod("by-hand", False), _pod("plain", False)]
+    failure = SourceError(REASON_UNREACHABLE, "connection refused")
+    first = {"injected": before, "by-hand": before, "plain": failure}
+    later = {"injected": after, "by-hand": after, "plain": failure}
+    spec = {"selector": SELECTOR, "evaluation": {"windowSeconds": 30}}
+    init = initial_step(
+        spec=parse_spec(spec),
+        status={},
+        generation=1,
+        pods=pods,
+        results=first,
+        now="t",
+        webhook_enabled=True,
+    )
+    step = _window(spec, pods, init.baselines, later)
+    assert init.counts == step.counts
+    assert step.counts is not None
+    assert (step.counts.matched, step.counts.instrumented, step.counts.reporting) == (3, 2, 2)
+    assert step.counts.uninstrumented == ["plain"]
+    # A pod with no sidecar that does not answer is expected silence, not a failed scrape.
+    assert init.error_reasons == step.error_reasons == []
+    for result in (init, step):
+        conds = {c["type"]: c for c in result.patch["status"]["conditions"]}
+        assert conds[st.REPORTING]["status"] == "True", conds[st.REPORTING]
+
+
+def test_an_instrumented_pod_that_fails_is_a_problem_in_both_steps() -> None:
+    before, after = _pair(Job(seconds=30.0, steps=60.0, wait_ratio=0.5))
+    pods = [_pod("a", True), _pod("b", True)]
+    failure = SourceError(REASON_UNREACHABLE, "connection refused")
+    spec = {"selector": SELECTOR}
+    init = initial_step(
+        spec=parse_spec(spec),
+        status={},
+        generation=1,
+        pods=pods,
+        results={"a": before, "b": failure},
+        now="t",
+        webhook_enabled=True,
+    )
+    step = _window(spec, pods, init.baselines, {"a": after, "b": failure})
+    assert init.error_reasons == step.error_reasons == [REASON_UNREACHABLE]
+    assert init.counts == step.counts
+
+
+def test_spec_naming_only_a_gpu_model_gets_mfu_and_ridge_point_from_the_table() -> None:
+    job = Job(
+        seconds=30.0,
+        steps=300.0,
+        wait_ratio=0.01,
+        gpus=[{"util": 0.99, "sm": 0.9, "tensor": 0.6, "dram": 0.3}],
+    )
+    before, after = _pair(job)
+    spec = {
+        "selector": SELECTOR,
+        "hardware": {"gpuModel": "NVIDIA H100 80GB HBM3"},
+        "model": {"flopsPerStep": 2e13},
+    }
+    step = _window(spec, [_pod("a", True)], {"a": before}, {"a": after})
+    metrics = step.patch["status"]["metrics"]
+    assert metrics["ridgePoint"] > 100, metrics
+    assert 0 < metrics["mfu"] <= 1, metrics
+    # Only peakFlops given: the table still supplies the bandwidth of the detected model.
+    spec["hardware"] = {"gpuModel": "NVIDIA H100 80GB HBM3", "peakFlops": 5e14}
+    mfu_half_peak = _window(spec, [_pod("a", True)], {"a": before}, {"a": after}).patch["status"]["metrics"]
+    assert mfu_half_peak["ridgePoint"] < metrics["ridgePoint"]
+    assert abs(mfu_half_peak["mfu"] - 2 * metrics["mfu"]) < 0.02
+
+
+def test_invalid_spec_event_once_per_generation() -> None:
+    first = invalid_step({}, "spec.x: bad", generation=3, now="t")
+    assert first.event is not None and first.event.reason == st.REASON_INVALID
+    written = first.patch["status"]
+    again = invalid_step(written, "spec.x: bad", generation=3, now="t2")  # restart, resume, metadata edit
+    assert again.event is None
+    assert again.patch["status"]["conditions"][0]["status"] == "False"
+    newer = invalid_step(written, "spec.y: bad", generation=4, now="t3")
+    assert newer.event is not None
