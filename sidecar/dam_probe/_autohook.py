@@ -63,6 +63,9 @@ def timed_next(orig: Callable[[Any], Any], p: Probe = PROBE) -> Callable[[Any], 
 
 def patch_module(module: ModuleType) -> bool:
     """Wraps ``module._BaseDataLoaderIter.__next__`` once; True when it is (now) wrapped."""
+    from dam_probe.overrides import patch_dataloader
+
+    patch_dataloader(module)  # opt-in DataLoader overrides (DAM_LOADER_OVERRIDES); never raises
     cls = getattr(module, ITER_CLASS, None)
     if cls is None:
         raise RuntimeError(f"{module.__name__}.{ITER_CLASS} not found (unsupported torch version)")
