@@ -7,21 +7,24 @@ entry point the chart and the webhook use runs, as the image's user (65532) when
 test runs as root.
 
 One compromise, to stay offline and fast: the wheel goes in with ``--no-deps``, and
-the dependencies come from this test's own environment through a ``.pth`` line
-appended *after* the fresh environment's site-packages. The package itself is only
-importable from the wheel (the test checks where it is imported from), and every
-``Requires-Dist`` of the wheel is checked to be satisfied.
+its dependencies (the closure of its ``Requires-Dist``) are copied file by file from
+this test's own environment into a directory beside the fresh environment, reached
+through a ``.pth`` line appended *after* its site-packages. A copy, not a path into
+the test's environment: that environment lives in the clone, and a clone in a private
+directory (``/root``, any 0700 parent) is unreadable for the image's user. The package
+itself is only importable from the wheel (the test checks where it is imported from),
+and every ``Requires-Dist`` of the wheel is checked to be satisfied.
 """
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_UID = IMAGE_GID = 65532
@@ -72,6 +76,47 @@ def _runs_as_image_user(python: str) -> bool:
         return False
     probe = _run([*_as_image_user(), python, "-c", "import sys; print(sys.version_info[:2])"])
     return probe.returncode == 0 and probe.stdout.strip() == str(tuple(sys.version_info[:2]))
+
+
+def _requirements_of(requires: list[str] | None) -> list[str]:
+    names = []
+    for spec in requires or []:
+        req = Requirement(spec)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            names.append(req.name)
+    return names
+
+
+def _dependency_closure(wheel: Path) -> set[str]:
+    """Distribution names the wheel needs at run time, transitively, as installed here."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    todo = _requirements_of(
+        [ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Requires-Dist:")]
+    )
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(_requirements_of(md.distribution(name).requires))
+    return seen
+
+
+def _copy_distributions(names: set[str], dest: Path) -> None:
+    """Copies each distribution's files (those under its site-packages) into ``dest``."""
+    for name in names:
+        dist = md.distribution(name)
+        root = Path(str(dist.locate_file(""))).resolve()
+        for rel in dist.files or []:
+            src = Path(str(dist.locate_file(rel))).resolve()
+            if not src.is_file() or not src.is_relative_to(root) or "__pycache__" in src.parts:
+                continue  # console scripts in bin/, byte code
+            target = dest / src.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
 
 
 @dataclass
@@ -148,7 +193,9 @@ def image() -> Iterator[Image]:
             ).stdout.strip()
         )
         # Dependencies only (see the module docstring); "zz" sorts after anything the wheel adds.
-        (site / "zz-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        deps = base / "deps"
+        _copy_distributions(_dependency_closure(wheel) | {"packaging"}, deps)
+        (site / "zz-dependencies.pth").write_text(f"{deps}\n")
         for path in [base, *base.rglob("*")]:
             mode = path.stat().st_mode
             path.chmod(
