@@ -23,12 +23,28 @@ spelled out, with their thresholds, in ``docs/method.md``. In short, in order:
    under 1.5 cores busy (one saturated Python thread: overhead) → ``latency-bound``;
    CPU-throttled → ``compute-bound`` with lever ``raise-cpu-limit``.
 
+Two rules come first, for jobs the rules above do not describe:
+
+0. **Memory capacity** (Algorithm, boundary Machine): the container was OOM-killed (the
+   caller's ``oom_killed``), the cgroup counted OOM kills in the window, or the fullest GPU's
+   memory is above ``gpu_memory_full``; the container near its memory limit counts only when
+   the processes' resident memory corroborates it (page cache fills a limit harmlessly).
+   It takes precedence over everything: a job that is being killed is not input-bound.
+1b. **Communication-bound** (Machine, boundary Algorithm): the *skew-corrected* exposed
+   communication — the least-waiting rank's — above ``communication_suspect`` of the step.
+   When the job is also input-bound, the larger share of the step wins.
+
+With per-rank observations (``diagnose(..., ranks=...)``) the verdict also names a straggler
+(``bottleneck.straggler``) and lists the worst few ranks (``metrics.ranks``); see
+``diagnosis.ranks``.
+
 Every absent corroborating signal lowers the confidence and is named in ``missing``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dam_operator.diagnosis import levers
@@ -39,19 +55,30 @@ from dam_operator.diagnosis.model import (
     Hardware,
     IronLaw,
     Observation,
+    RankId,
     Regime,
+    Straggler,
     Thresholds,
     Verdict,
     WindowMetrics,
 )
+from dam_operator.diagnosis.ranks import find_straggler, rank_figures
 
 _AXES: dict[Regime, tuple[Axis, Axis | None]] = {
     Regime.INPUT_BOUND: (Axis.DATA, None),
     Regime.MEMORY_BOUND: (Axis.DATA, Axis.MACHINE),
     Regime.COMPUTE_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
     Regime.LATENCY_BOUND: (Axis.ALGORITHM, Axis.MACHINE),
+    Regime.COMMUNICATION_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
+    Regime.MEMORY_CAPACITY: (Axis.ALGORITHM, Axis.MACHINE),
     Regime.UNKNOWN: (Axis.UNKNOWN, None),
 }
+
+RSS_CORROBORATES = 0.80
+"""Resident memory at this share of the container limit makes a full container a real shortage."""
+OVERLAP_HIDDEN_WELL = 0.5
+"""Collective time more than this share hidden behind the backward pass: overlap already works."""
+GIB = float(1 << 30)
 
 CPU_MULTI_THREAD_CORES = 1.5
 NODE_CPU_BUSY = 0.90
@@ -221,6 +248,38 @@ class _Rules:
         limit = _thr(self.t.cpu_throttled_suspect)
         return f"container CPU-throttled {_pct(x)} of the window (suspect > {limit})"
 
+    def exposed_sentence(self) -> str:
+        x = self.obs.exposed_communication_ratio
+        assert x is not None
+        who = "least-waiting rank" if (self.obs.ranks or 0) > 1 else "not hidden by the backward pass"
+        return (
+            f"exposed communication {_pct(x)} of the step time ({who}; "
+            f"screen > {_thr(self.t.communication_suspect)})"
+        )
+
+    def container_memory_sentence(self) -> str:
+        o = self.obs
+        assert o.container_memory_ratio is not None
+        limit = (
+            f" of its {o.container_memory_limit_bytes / GIB:.1f} GiB limit"
+            if o.container_memory_limit_bytes
+            else " of its limit"
+        )
+        return (
+            f"container memory at {_pct(o.container_memory_ratio)}{limit} "
+            f"(full ≥ {_thr(self.t.container_memory_full)}; page cache included)"
+        )
+
+    def rss_sentence(self) -> str | None:
+        o = self.obs
+        parts = []
+        if o.worker_rss_bytes is not None:
+            workers = f"{o.worker_count} loader workers" if o.worker_count else "loader workers"
+            parts.append(f"{workers} {o.worker_rss_bytes / GIB:.2f} GiB")
+        if o.main_rss_bytes is not None:
+            parts.append(f"main process {o.main_rss_bytes / GIB:.2f} GiB")
+        return ("resident memory: " + ", ".join(parts)) if parts else None
+
     # --- predicates -------------------------------------------------------------
     def throttled(self) -> bool:
         x = self.obs.cpu_throttled_ratio
@@ -264,6 +323,175 @@ class _Rules:
                 missing=["dataWaitRatio (instrument the training loop)", "gpuUtilization", "mainCpuCores"],
             )
         return None
+
+    def container_full(self) -> bool:
+        x = self.obs.container_memory_ratio
+        return x is not None and x >= self.t.container_memory_full
+
+    def rss_corroborates(self) -> bool:
+        o = self.obs
+        if not o.container_memory_limit_bytes or (o.main_rss_bytes is None and o.worker_rss_bytes is None):
+            return False
+        rss = (o.main_rss_bytes or 0.0) + (o.worker_rss_bytes or 0.0)
+        return rss >= RSS_CORROBORATES * o.container_memory_limit_bytes
+
+    def memory_capacity(self) -> _Finding | None:
+        o, t, d = self.obs, self.t, self.d
+        killed = o.oom_killed is True
+        kills = o.oom_kills is not None and o.oom_kills > 0
+        gpu_full = o.gpu_memory_used_ratio is not None and o.gpu_memory_used_ratio > t.gpu_memory_full
+        host_full = self.container_full() and self.rss_corroborates()
+        if not (killed or kills or gpu_full or host_full):
+            return None
+        ev: list[str] = []
+        missing: list[str] = []
+        if killed:
+            ev.append("the training container was OOM-killed (reason OOMKilled): host memory ran out")
+        if kills:
+            ev.append(
+                f"{o.oom_kills:.0f} OOM kill{'s' if o.oom_kills != 1 else ''} in the container's cgroup "
+                "in the window"
+            )
+        if o.container_memory_ratio is not None:
+            ev.append(self.container_memory_sentence())
+        if gpu_full:
+            assert o.gpu_memory_used_ratio is not None
+            ev.append(
+                f"GPU memory {_pct(o.gpu_memory_used_ratio)} used on the fullest GPU "
+                f"(full > {_thr(t.gpu_memory_full)}; the caching allocator keeps freed blocks, "
+                "so the peak may be a little lower)"
+            )
+        rss = self.rss_sentence()
+        if rss:
+            ev.append(rss)
+
+        if killed or kills or host_full:
+            # Host (cgroup) memory: CUDA out-of-memory raises in Python, it is not a kill.
+            conf = 0.95 if killed and kills else (0.9 if killed or kills else 0.5)
+            workers = (o.worker_count or 0) > 0 or (o.worker_rss_bytes or 0.0) > 0
+            w_rss, m_rss = o.worker_rss_bytes, o.main_rss_bytes
+            if w_rss is not None and w_rss > 0 and (m_rss is None or w_rss >= m_rss):
+                ev.append(
+                    "the loader workers hold most of the resident memory (each worker copies what it touches)"
+                )
+                return _Finding(
+                    Regime.MEMORY_CAPACITY,
+                    "reduce-loader-memory",
+                    conf,
+                    evidence=ev,
+                    missing=missing,
+                    also=("raise-memory-limit", "smaller-micro-batch"),
+                )
+            if workers and not (m_rss is not None and w_rss is not None):
+                missing.append("workerRssBytes and mainRssBytes (which process holds the memory)")
+                ev.append(
+                    "DataLoader workers run in the container and host memory ran out: suspect the loader"
+                )
+                return _Finding(
+                    Regime.MEMORY_CAPACITY,
+                    "reduce-loader-memory",
+                    conf - 0.1,
+                    evidence=ev,
+                    missing=missing,
+                    also=("raise-memory-limit", "smaller-micro-batch"),
+                )
+            if o.main_rss_bytes is None and o.worker_rss_bytes is None:
+                missing.append("mainRssBytes and workerRssBytes (which process holds the memory)")
+                conf -= 0.1
+            if d.cpu_only:
+                ev.append("a CPU-only job: activations and optimizer state live in host memory")
+                return _Finding(
+                    Regime.MEMORY_CAPACITY,
+                    "smaller-micro-batch",
+                    conf,
+                    evidence=ev,
+                    missing=missing,
+                    also=("activation-checkpointing", "raise-memory-limit"),
+                )
+            ev.append("the main process holds the host memory")
+            return _Finding(
+                Regime.MEMORY_CAPACITY,
+                "raise-memory-limit",
+                conf,
+                evidence=ev,
+                missing=missing,
+                also=("smaller-micro-batch", "reduce-loader-memory"),
+            )
+
+        assert o.gpu_memory_used_ratio is not None
+        conf = 0.7 if o.gpu_memory_used_ratio >= 0.99 else 0.65
+        if (o.ranks or 0) > 1 or (o.gpu_count or 0) > 1:
+            ev.append(
+                "several data-parallel replicas each hold the full parameters, gradients and optimizer state"
+            )
+            return _Finding(
+                Regime.MEMORY_CAPACITY,
+                "shard-model-states",
+                conf,
+                evidence=ev,
+                missing=missing,
+                also=("activation-checkpointing", "smaller-micro-batch"),
+            )
+        return _Finding(
+            Regime.MEMORY_CAPACITY,
+            "activation-checkpointing",
+            conf,
+            evidence=ev,
+            missing=missing,
+            also=("smaller-micro-batch", "shard-model-states"),
+        )
+
+    def communication_bound(self) -> _Finding | None:
+        o, t = self.obs, self.t
+        x = o.exposed_communication_ratio
+        if x is None or x <= t.communication_suspect:
+            return None
+        conf = 0.85 if x >= 2 * t.communication_suspect else 0.7
+        ev = [self.exposed_sentence()]
+        missing: list[str] = []
+        if o.collective_skew is not None:
+            ev.append(
+                f"collective skew {_pct(o.collective_skew)} of the step: the ranks' waiting for a late peer "
+                "is not counted"
+            )
+        else:
+            conf -= 0.1
+            missing.append("collectiveSeconds from every rank (to correct for waiting on a late peer)")
+        lever = "overlap-gradient-communication"
+        c = o.collective_ratio
+        if c is not None and c > 0:
+            hidden = max(0.0, 1.0 - x / c)
+            ev.append(f"collectives take {_pct(c)} of the step time, {hidden:.0%} of it hidden by overlap")
+            if hidden >= OVERLAP_HIDDEN_WELL:
+                lever = "accumulate-gradients"
+                ev.append("overlap already hides most of it: synchronise less often")
+        if o.collectives is not None and o.steps:
+            text = f"{o.collectives / o.steps:.1f} collectives per step"
+            if o.collective_bytes is not None:
+                text += f", {o.collective_bytes / o.steps / 1e6:.1f} MB per step"
+            ev.append(text)
+        links = []
+        if o.nvlink_bytes_per_second is not None:
+            links.append(f"NVLink {o.nvlink_bytes_per_second / 1e9:.2f} GB/s")
+        if o.pcie_bytes_per_second is not None:
+            links.append(f"PCIe {o.pcie_bytes_per_second / 1e9:.2f} GB/s")
+        if links:
+            ev.append("interconnect traffic: " + ", ".join(links))
+            if not o.nvlink_bytes_per_second and (o.pcie_bytes_per_second or 0.0) > 0:
+                ev.append("no NVLink traffic: the ranks talk over PCIe or the network")
+        if (o.data_wait_ratio or 0.0) > t.data_wait_suspect:
+            ev.append(self.wait_sentence())
+        return _Finding(Regime.COMMUNICATION_BOUND, lever, conf, evidence=ev, missing=missing)
+
+    def data_or_communication(self) -> _Finding | None:
+        comm = self.communication_bound()
+        data = self.input_bound()
+        if comm is None or data is None:
+            return comm or data
+        # Both screens fire: the larger share of the step is the bottleneck.
+        x = self.obs.exposed_communication_ratio or 0.0
+        w = self.obs.data_wait_ratio or 0.0
+        return comm if x > w else data
 
     def input_bound(self) -> _Finding | None:
         o, t, d = self.obs, self.t, self.d
@@ -564,7 +792,18 @@ class _Rules:
         )
 
     def decide(self) -> _Finding:
-        for rule in (self.insufficient, self.input_bound, self.gpu_fed, self.gpu_starved):
+        memory = self.memory_capacity()
+        if memory is None:
+            return self.decide_rest()
+        rest = self.decide_rest()
+        if rest.regime is not Regime.UNKNOWN:
+            memory.evidence.append(
+                f"apart from memory the window reads as {rest.regime.value} (lever {rest.lever})"
+            )
+        return memory
+
+    def decide_rest(self) -> _Finding:
+        for rule in (self.insufficient, self.data_or_communication, self.gpu_fed, self.gpu_starved):
             found = rule()
             if found is not None:
                 return found
@@ -581,6 +820,12 @@ class _Rules:
             )
         if self.throttled() and not any("throttled" in e for e in f.evidence):
             f.evidence.append(self.throttle_sentence())
+        if o.exposed_communication_ratio is not None and not any(
+            e.startswith("exposed communication") for e in f.evidence
+        ):
+            f.evidence.append(self.exposed_sentence())
+        if self.container_full() and not any(e.startswith("container memory") for e in f.evidence):
+            f.evidence.append(self.container_memory_sentence() + ": an OOM kill may follow")
         if d.mfu is not None and not any(e.startswith("MFU") for e in f.evidence):
             label = (
                 "efficient"
@@ -617,13 +862,35 @@ def _metrics(obs: Observation, d: Derived) -> WindowMetrics:
         arithmetic_intensity=d.arithmetic_intensity,
         ridge_point=d.ridge_point,
         iron_law=d.iron_law,
+        collective_ratio=obs.collective_ratio,
+        exposed_communication_ratio=obs.exposed_communication_ratio,
+        collective_skew=obs.collective_skew,
+        nvlink_bytes_per_second=obs.nvlink_bytes_per_second,
+        pcie_bytes_per_second=obs.pcie_bytes_per_second,
+        gpu_memory_used_ratio=obs.gpu_memory_used_ratio,
+        container_memory_ratio=obs.container_memory_ratio,
+        oom_kills=obs.oom_kills,
     )
 
 
+def straggler_sentence(straggler: Straggler) -> str:
+    """One evidence line for the bottleneck: the straggler's cause and its first figure."""
+    first = straggler.evidence[0] if straggler.evidence else ""
+    return f"straggler ({straggler.cause.value}): {first}"
+
+
 def diagnose(
-    obs: Observation, thresholds: Thresholds | None = None, hardware: Hardware | None = None
+    obs: Observation,
+    thresholds: Thresholds | None = None,
+    hardware: Hardware | None = None,
+    *,
+    ranks: Mapping[RankId, Observation] | None = None,
 ) -> Verdict:
     """The verdict for one window.
+
+    ``ranks`` (per-rank observations of the same window, e.g. ``window.job_window(...).ranks``)
+    adds the straggler (``bottleneck.straggler``) and, for two ranks or more, the worst few
+    ranks' figures (``metrics.ranks``). ``obs`` is the job-level observation.
 
     ``hardware`` holds the user's overrides (spec ``hardware``, ``--gpu-model`` …), never a final
     answer: every entry point passes them here and this is the one place they are resolved, with
@@ -655,4 +922,16 @@ def diagnose(
         avoid=[x for x in levers.avoid(f.regime) if x != lever],
         missing=list(dict.fromkeys(f.missing)),
     )
-    return Verdict(bottleneck=bottleneck, metrics=_metrics(obs, d))
+    metrics = _metrics(obs, d)
+    if ranks:
+        straggler = find_straggler(ranks, t)
+        if straggler is not None:
+            bottleneck = bottleneck.model_copy(
+                update={
+                    "straggler": straggler,
+                    "evidence": [*bottleneck.evidence, straggler_sentence(straggler)],
+                }
+            )
+        if len(ranks) > 1:
+            metrics = metrics.model_copy(update={"rank_count": len(ranks), "ranks": rank_figures(ranks)})
+    return Verdict(bottleneck=bottleneck, metrics=metrics)

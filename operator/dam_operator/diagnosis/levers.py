@@ -72,6 +72,37 @@ LEVERS: Final = MappingProxyType(
         ),
         "async-orchestration": "Overlap host work with device work (asynchronous copies, CUDA streams).",
         "change-model-architecture": "Change the model architecture.",
+        # --- Machine/Algorithm: communication between ranks -------------------------
+        "overlap-gradient-communication": (
+            "Overlap gradient communication with the backward pass: tune DDP bucket_cap_mb, set "
+            "gradient_as_bucket_view=True, and skip the all-reduce on gradient-accumulation steps "
+            "(model.no_sync())."
+        ),
+        "accumulate-gradients": (
+            "Accumulate gradients over several micro-batches (no_sync() between them) so ranks "
+            "synchronise fewer times per sample."
+        ),
+        "faster-interconnect": (
+            "Give the ranks a faster interconnect (NVLink/NVSwitch, InfiniBand/RoCE) or a topology-aware "
+            "placement that keeps a job's ranks on one node or one switch."
+        ),
+        # --- Algorithm/Machine: memory capacity ---------------------------------------
+        "activation-checkpointing": (
+            "Recompute activations in the backward pass (torch.utils.checkpoint) instead of keeping them: "
+            "less peak memory for some extra compute."
+        ),
+        "shard-model-states": (
+            "Shard parameters, gradients and optimizer state across the ranks (FSDP, ZeRO) instead of "
+            "replicating them on every GPU."
+        ),
+        "smaller-micro-batch": (
+            "Use a smaller micro-batch and accumulate gradients to keep the effective batch size."
+        ),
+        "reduce-loader-memory": (
+            "Cut the DataLoader's host memory: fewer workers, a smaller prefetch_factor, "
+            "no per-worker copies of large Python objects (use numpy arrays or shared memory)."
+        ),
+        "raise-memory-limit": "Raise the container's memory limit (or request) to fit the job's peak.",
         # --- no verdict -------------------------------------------------------------
         "collect-more-evidence": "Collect more evidence before pulling any lever.",
     }
@@ -110,6 +141,18 @@ EFFECTIVE: Final = MappingProxyType(
             "remove-host-syncs",
             "async-orchestration",
         ),
+        Regime.COMMUNICATION_BOUND: (
+            "overlap-gradient-communication",
+            "accumulate-gradients",
+            "faster-interconnect",
+        ),
+        Regime.MEMORY_CAPACITY: (
+            "activation-checkpointing",
+            "shard-model-states",
+            "smaller-micro-batch",
+            "reduce-loader-memory",
+            "raise-memory-limit",
+        ),
         Regime.UNKNOWN: ("collect-more-evidence",),
     }
 )
@@ -120,6 +163,8 @@ AVOID: Final = MappingProxyType(
         Regime.MEMORY_BOUND: ("more-flops",),
         Regime.COMPUTE_BOUND: ("more-memory-bandwidth", "more-loader-workers"),
         Regime.LATENCY_BOUND: ("faster-accelerator", "more-memory-bandwidth"),
+        Regime.COMMUNICATION_BOUND: ("more-loader-workers", "faster-accelerator"),
+        Regime.MEMORY_CAPACITY: ("faster-accelerator", "more-loader-workers"),
         Regime.UNKNOWN: (),
     }
 )

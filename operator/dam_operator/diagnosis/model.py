@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -28,6 +28,8 @@ class Regime(StrEnum):
     MEMORY_BOUND = "memory-bound"
     COMPUTE_BOUND = "compute-bound"
     LATENCY_BOUND = "latency-bound"
+    COMMUNICATION_BOUND = "communication-bound"
+    MEMORY_CAPACITY = "memory-capacity"
     UNKNOWN = "unknown"
 
 
@@ -45,6 +47,27 @@ def _finite_or_none(v: float | None) -> float | None:
 
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNeg = Annotated[float, Field(ge=0.0), AfterValidator(_finite_or_none)]
+RankNumber = Annotated[int, Field(ge=0, le=10_000_000)]
+
+
+class RankId(NamedTuple):
+    """A stable key for one process of a job: its pod (``""`` in local mode) and its rank.
+
+    ``rank`` is None for a process without a distributed rank (a single-process job, or
+    an old probe that does not publish one).
+    """
+
+    pod: str
+    rank: int | None
+
+    def sort_key(self) -> tuple[str, int]:
+        return (self.pod, -1 if self.rank is None else self.rank)
+
+    def describe(self) -> str:
+        """``rank 3 (pod p-1)``, ``rank 3``, ``pod p-1``."""
+        if self.rank is None:
+            return f"pod {self.pod}" if self.pod else "the process"
+        return f"rank {self.rank}" + (f" (pod {self.pod})" if self.pod else "")
 
 
 class Observation(_Wire):
@@ -82,6 +105,47 @@ class Observation(_Wire):
     """Device-memory bytes moved by one counted step, when a profiler measured it."""
     gpu_model: Annotated[str, Field(max_length=64)] | None = None
 
+    # --- distributed jobs: collectives (probe, per rank; summed for a pod or a job) -------
+    ranks: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
+    """Distributed ranks in this observation (None: the processes publish no rank)."""
+    collective_seconds: NonNeg | None = None
+    """Time in collectives in the window, launch to completion, including waiting for peers."""
+    collective_exposed_seconds: NonNeg | None = None
+    """Communication the backward pass did not hide, in the window."""
+    collectives: NonNeg | None = None
+    """Collectives completed in the window."""
+    collective_bytes: NonNeg | None = None
+    """Bytes reduced or gathered in the window."""
+    collective_ratio: NonNeg | None = None
+    """Collective seconds / step seconds (summed over ranks; above 1 when buckets overlap)."""
+    exposed_communication_ratio: Ratio | None = None
+    """Exposed communication / step time. For several ranks: the least-waiting rank's figure
+    (skew-corrected: a rank that waits in a collective for a late peer is not communicating)."""
+    collective_skew: NonNeg | None = None
+    """(max − min collective seconds per step across ranks) / step time; None for one rank."""
+    nvlink_bytes_per_second: NonNeg | None = None
+    pcie_bytes_per_second: NonNeg | None = None
+
+    # --- memory capacity ---------------------------------------------------------------------
+    gpu_memory_used_ratio: Ratio | None = None
+    """Device memory used / total, the fullest of the job's GPUs."""
+    container_memory_ratio: Ratio | None = None
+    """The training container's cgroup memory usage / its limit (page cache included)."""
+    container_memory_limit_bytes: NonNeg | None = None
+    oom_kills: NonNeg | None = None
+    """OOM kills in the container's cgroup during the window."""
+    oom_killed: bool | None = None
+    """Supplied by the caller: the container was OOM-killed (Pod ``lastState.terminated.reason``
+    ``OOMKilled``, or ``dam run``'s child killed by the kernel's OOM killer)."""
+    main_rss_bytes: NonNeg | None = None
+    worker_rss_bytes: NonNeg | None = None
+    """Resident memory of the training process (main) and of its DataLoader workers."""
+
+    # --- GPU clocks (straggler causes) -----------------------------------------------------
+    sm_clock_hertz: NonNeg | None = None
+    gpu_slowdown_reasons: tuple[Annotated[str, Field(max_length=64)], ...] | None = None
+    """Active NVML clock slowdown reasons (thermal, power, hardware) on the job's GPUs."""
+
 
 class Hardware(_Wire):
     """Peak figures of one accelerator; from the GPU table or the spec's overrides."""
@@ -112,6 +176,14 @@ class Thresholds(_Wire):
     """Loader workers using this share of the container's CPU limit (or more) saturate it."""
     min_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 3
     """Fewer steps than this in a window is too little evidence for a verdict."""
+    communication_suspect: Ratio = 0.10
+    """Skew-corrected exposed communication above this share of the step → suspect communication."""
+    straggler_skew: Ratio = 0.10
+    """(max − min collective seconds per step) above this share of the step → a straggler."""
+    gpu_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = 0.95
+    """Device memory used above this share of total → memory capacity is the limit."""
+    container_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = 0.95
+    """Container memory at/above this share of its limit → a weaker memory-capacity screen."""
 
 
 class IronLaw(_Wire):
@@ -121,6 +193,17 @@ class IronLaw(_Wire):
     data_seconds: float | None = None
     compute_seconds: float | None = None
     latency_seconds: float | None = None
+
+
+class RankFigures(_Wire):
+    """One rank's figures in ``status.metrics.ranks`` (and ``dam run --json`` ``ranks``)."""
+
+    rank: int | None = None
+    pod: str | None = None
+    steps_per_second: float | None = None
+    data_wait_ratio: float | None = None
+    collective_ratio: float | None = None
+    exposed_ratio: float | None = None
 
 
 class WindowMetrics(_Wire):
@@ -141,6 +224,29 @@ class WindowMetrics(_Wire):
     arithmetic_intensity: float | None = None
     ridge_point: float | None = None
     iron_law: IronLaw | None = None
+    collective_ratio: float | None = None
+    exposed_communication_ratio: float | None = None
+    collective_skew: float | None = None
+    nvlink_bytes_per_second: float | None = None
+    pcie_bytes_per_second: float | None = None
+    gpu_memory_used_ratio: float | None = None
+    container_memory_ratio: float | None = None
+    oom_kills: float | None = None
+    rank_count: int | None = None
+    """Ranks in the window (``ranks`` lists at most the worst few)."""
+    ranks: list[RankFigures] | None = None
+    """The worst few ranks (latest at the collectives first); only for jobs with several ranks."""
+
+
+class Straggler(_Wire):
+    """``status.bottleneck.straggler``: the rank that holds a job back, and why."""
+
+    pod: str | None = None
+    """The pod in the cluster (None in local mode)."""
+    rank: int | None = None
+    """Its distributed rank (None for a pod without ranks: independent pods)."""
+    cause: Axis
+    evidence: list[str] = Field(default_factory=list)
 
 
 class Bottleneck(_Wire):
@@ -156,6 +262,7 @@ class Bottleneck(_Wire):
     avoid: list[str] = Field(default_factory=list)
     since: str | None = None
     missing: list[str] = Field(default_factory=list)
+    straggler: Straggler | None = None
 
 
 class Verdict(_Wire):

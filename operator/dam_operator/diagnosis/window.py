@@ -1,4 +1,4 @@
-"""From two metric snapshots to one ``Observation``; from many pods to one; and stragglers.
+"""From two metric snapshots to one ``Observation``; per rank; from many pods to one job.
 
 Counters (``*_total``) are differences between the two snapshots. A counter that went
 down was reset (a restarted process): like Prometheus, the AFTER value is taken as the
@@ -12,6 +12,14 @@ step-seconds counter's increase.
 
 Garbage (NaN, infinities, negative values, ratios well above 1) never raises: the
 signal is dropped and the engine sees it as missing.
+
+Ranks: the probe's series carry a ``rank`` label when the process has a distributed rank,
+and a pod may hold several ranks. ``rank_observations`` splits a pod's snapshots into one
+observation per rank (keyed by ``RankId(pod, rank)``): the rank's own probe series, plus the
+pod's shared series (container CPU and memory, and the GPUs — the rank's own GPU when the
+pod has one GPU per rank). ``observation_from_snapshots`` sums the ranks of a pod and adds
+the cross-rank figures (skew-corrected exposed communication, collective skew);
+``job_window`` does the same across the pods of a job.
 """
 
 from __future__ import annotations
@@ -19,13 +27,63 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from dam_operator.diagnosis.model import Observation
+from dam_operator.diagnosis import ranks as rank_rules
+from dam_operator.diagnosis.model import Observation, RankId
 from dam_sidecar import names
 from dam_sidecar.promtext import Labels, Sample, Snapshot
+
+
+def _name(attr: str, default: str) -> str:
+    value = getattr(names, attr, None)
+    return value if isinstance(value, str) else default
+
+
+# Series of DESIGN.md §4 for distributed jobs and memory. Taken from ``dam_sidecar.names``
+# when it defines them; the defaults are the contract's names.
+COLLECTIVE_SECONDS_TOTAL = _name("COLLECTIVE_SECONDS_TOTAL", "dam_collective_seconds_total")
+COLLECTIVE_EXPOSED_SECONDS_TOTAL = _name(
+    "COLLECTIVE_EXPOSED_SECONDS_TOTAL", "dam_collective_exposed_seconds_total"
+)
+COLLECTIVES_TOTAL = _name("COLLECTIVES_TOTAL", "dam_collectives_total")
+COLLECTIVE_BYTES_TOTAL = _name("COLLECTIVE_BYTES_TOTAL", "dam_collective_bytes_total")
+GPU_NVLINK_BYTES_TOTAL = _name("GPU_NVLINK_BYTES_TOTAL", "dam_gpu_nvlink_bytes_total")
+GPU_PCIE_BYTES_TOTAL = _name("GPU_PCIE_BYTES_TOTAL", "dam_gpu_pcie_bytes_total")
+CONTAINER_MEMORY_USAGE_BYTES = _name("CONTAINER_MEMORY_USAGE_BYTES", "dam_container_memory_usage_bytes")
+CONTAINER_MEMORY_LIMIT_BYTES = _name("CONTAINER_MEMORY_LIMIT_BYTES", "dam_container_memory_limit_bytes")
+CONTAINER_OOM_KILLS_TOTAL = _name("CONTAINER_OOM_KILLS_TOTAL", "dam_container_oom_kills_total")
+PROCESS_RESIDENT_MEMORY_BYTES = _name("PROCESS_RESIDENT_MEMORY_BYTES", "dam_process_resident_memory_bytes")
+
+RANK_LABEL = "rank"
+PROBE_SERIES: frozenset[str] = frozenset(
+    {
+        names.STEPS_TOTAL,
+        names.STEP_SECONDS_TOTAL,
+        names.DATALOADER_WAIT_SECONDS_TOTAL,
+        names.PROBE_UP,
+        names.BATCH_SIZE,
+        names.MODEL_FLOPS_PER_STEP,
+        COLLECTIVE_SECONDS_TOTAL,
+        COLLECTIVE_EXPOSED_SECONDS_TOTAL,
+        COLLECTIVES_TOTAL,
+        COLLECTIVE_BYTES_TOTAL,
+    }
+)
+"""Series the in-process probe writes: one per rank process (label ``rank``)."""
+POD_TOTALS: frozenset[str] = frozenset(
+    {names.PROCESS_CPU_SECONDS_TOTAL, names.PROCESSES, PROCESS_RESIDENT_MEMORY_BYTES}
+)
+"""Pod-wide sums over processes: not given to one rank of a pod that holds several."""
+BENIGN_CLOCK_REASONS: frozenset[str] = frozenset(
+    {"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"}
+)
+"""NVML clock reasons that do not slow a busy GPU."""
+UNLIMITED_MEMORY_BYTES = 2.0**60
+"""A cgroup memory limit at or above this is "max": no limit."""
 
 _RATIO_TOLERANCE = 1.05
 """Ratios up to this are clamped to 1 (sampling jitter); above it they are garbage."""
@@ -129,8 +187,54 @@ def observation_from_snapshots(
     batch_size: int | None = None,
     flops_per_step: float | None = None,
     gpu_model: str | None = None,
+    oom_killed: bool | None = None,
 ) -> Observation:
-    """The window between two scrapes of one pod (or one ``dam run``). Explicit arguments win."""
+    """The window between two scrapes of one pod (or one ``dam run``). Explicit arguments win.
+
+    ``oom_killed`` is the caller's knowledge that the container was OOM-killed (Pod status
+    ``lastState.terminated.reason == "OOMKilled"``; ``dam run``: the child killed by the OOM
+    killer). With several ranks in the snapshots, the exposed communication and the
+    collective skew are the cross-rank figures (see ``diagnosis.ranks``).
+    """
+    fields = _fields(
+        before,
+        after,
+        elapsed_seconds=elapsed_seconds,
+        gpu_uuids=gpu_uuids,
+        batch_size=batch_size,
+        flops_per_step=flops_per_step,
+        gpu_model=gpu_model,
+        oom_killed=oom_killed,
+    )
+    rank_numbers = _rank_numbers(after)
+    if rank_numbers:
+        fields["ranks"] = len(rank_numbers)
+    if len(rank_numbers) > 1:
+        per_rank = rank_observations(
+            before,
+            after,
+            elapsed_seconds=fields.get("window_seconds"),
+            gpu_uuids=gpu_uuids,
+            batch_size=batch_size,
+            flops_per_step=flops_per_step,
+            gpu_model=gpu_model,
+            oom_killed=oom_killed,
+        )
+        fields.update(_cross_rank_fields(per_rank))
+    return _build(fields)
+
+
+def _fields(
+    before: Snapshot,
+    after: Snapshot,
+    *,
+    elapsed_seconds: float | None,
+    gpu_uuids: set[str] | None,
+    batch_size: int | None,
+    flops_per_step: float | None,
+    gpu_model: str | None,
+    oom_killed: bool | None,
+) -> dict[str, Any]:
     step_s = counter_increase(before, after, names.STEP_SECONDS_TOTAL)
     wait_s = counter_increase(before, after, names.DATALOADER_WAIT_SECONDS_TOTAL)
     steps = counter_increase(before, after, names.STEPS_TOTAL)
@@ -222,7 +326,230 @@ def observation_from_snapshots(
                 gpu_model = model[:64]
                 break
     fields["gpu_model"] = gpu_model
-    return _build(fields)
+
+    # Collectives (probe).
+    collective_s = counter_increase(before, after, COLLECTIVE_SECONDS_TOTAL)
+    exposed_s = counter_increase(before, after, COLLECTIVE_EXPOSED_SECONDS_TOTAL)
+    fields["collective_seconds"] = collective_s
+    fields["collective_exposed_seconds"] = exposed_s
+    fields["collectives"] = counter_increase(before, after, COLLECTIVES_TOTAL)
+    fields["collective_bytes"] = counter_increase(before, after, COLLECTIVE_BYTES_TOTAL)
+    if collective_s is not None and step_s:
+        fields["collective_ratio"] = collective_s / step_s
+    if exposed_s is not None and step_s:
+        fields["exposed_communication_ratio"] = _ratio(exposed_s / step_s)
+
+    # Interconnect.
+    def attributed(labels: Labels) -> bool:
+        uuid = _label(labels, "uuid")
+        return gpu_uuids is None or not uuid or uuid in gpu_uuids
+
+    if elapsed:
+        nvlink = counter_increase(before, after, GPU_NVLINK_BYTES_TOTAL, attributed)
+        if nvlink is not None:
+            fields["nvlink_bytes_per_second"] = nvlink / elapsed
+        pcie = counter_increase(before, after, GPU_PCIE_BYTES_TOTAL, attributed)
+        if pcie is not None:
+            fields["pcie_bytes_per_second"] = pcie / elapsed
+    if "pcie_bytes_per_second" not in fields:
+        rates = [
+            v
+            for metric in (names.GPU_PCIE_TX_BYTES_PER_SECOND, names.GPU_PCIE_RX_BYTES_PER_SECOND)
+            for s in after.samples(metric)
+            if _attributed(s, gpu_uuids) and (v := _valid(s.value)) is not None
+        ]
+        if rates:
+            fields["pcie_bytes_per_second"] = _fsum(rates)
+
+    # Memory.
+    totals = {
+        _gpu_key(s): v
+        for s in after.samples(names.GPU_MEMORY_TOTAL_BYTES)
+        if _attributed(s, gpu_uuids) and (v := _valid(s.value))
+    }
+    used_ratios = [
+        r
+        for s in after.samples(names.GPU_MEMORY_USED_BYTES)
+        if _attributed(s, gpu_uuids)
+        and (v := _valid(s.value)) is not None
+        and (total := totals.get(_gpu_key(s)))
+        and (r := _ratio(v / total)) is not None
+    ]
+    if used_ratios:
+        fields["gpu_memory_used_ratio"] = max(used_ratios)
+    usage = _gauge(after, CONTAINER_MEMORY_USAGE_BYTES)
+    mem_limit = _gauge(after, CONTAINER_MEMORY_LIMIT_BYTES)
+    if mem_limit and mem_limit < UNLIMITED_MEMORY_BYTES:
+        fields["container_memory_limit_bytes"] = mem_limit
+        if usage is not None:
+            fields["container_memory_ratio"] = _ratio(usage / mem_limit)
+    fields["oom_kills"] = counter_increase(before, after, CONTAINER_OOM_KILLS_TOTAL)
+    fields["oom_killed"] = oom_killed
+    for field_name, role in (("main_rss_bytes", names.ROLE_MAIN), ("worker_rss_bytes", names.ROLE_WORKER)):
+        rss = [
+            v
+            for s in after.samples(PROCESS_RESIDENT_MEMORY_BYTES)
+            if s.label("role") == role and (v := _valid(s.value)) is not None
+        ]
+        if rss:
+            fields[field_name] = _fsum(rss)
+
+    # Clocks.
+    clocks = [
+        v
+        for s in after.samples(names.GPU_SM_CLOCK_HERTZ)
+        if _attributed(s, gpu_uuids) and (v := _valid(s.value)) is not None
+    ]
+    if clocks:
+        fields["sm_clock_hertz"] = statistics.fmean(clocks)
+    reasons = [s for s in after.samples(names.GPU_THROTTLE_REASON) if _attributed(s, gpu_uuids)]
+    if reasons:
+        fields["gpu_slowdown_reasons"] = tuple(
+            sorted(
+                {
+                    s.label("reason")[:64]
+                    for s in reasons
+                    if s.value == 1.0 and s.label("reason") and s.label("reason") not in BENIGN_CLOCK_REASONS
+                }
+            )
+        )
+    return fields
+
+
+# --- ranks ---------------------------------------------------------------------------
+
+
+def _rank_of(labels: Labels) -> int | None:
+    raw = _label(labels, RANK_LABEL)
+    if raw is None or not raw.isdigit() or len(raw) > 7:
+        return None
+    return int(raw)
+
+
+def _rank_numbers(snapshot: Snapshot) -> list[int]:
+    """The ranks whose probe series are in the snapshot, sorted."""
+    found: set[int] = set()
+    for metric in PROBE_SERIES:
+        for s in snapshot.samples(metric):
+            rank = _rank_of(s.labels)
+            if rank is not None:
+                found.add(rank)
+    return sorted(found)
+
+
+def _has_unranked_probe_series(snapshot: Snapshot) -> bool:
+    return any(
+        _label(s.labels, RANK_LABEL) is None for metric in PROBE_SERIES for s in snapshot.samples(metric)
+    )
+
+
+def _without_rank(sample: Sample) -> Sample:
+    return Sample(sample.name, tuple(kv for kv in sample.labels if kv[0] != RANK_LABEL), sample.value)
+
+
+def _gpu_sort_key(label: str) -> tuple[int, str]:
+    return (int(label), "") if label.isdigit() else (1 << 30, label)
+
+
+def _rank_gpus(after: Snapshot, rank_numbers: list[int], gpu_uuids: set[str] | None) -> dict[int, str]:
+    """Each rank's GPU (its ``gpu`` label) when the pod has exactly one attributed GPU per rank.
+
+    Ranks are matched to GPUs in order (local rank i drives the pod's i-th GPU, as torchrun
+    and the Kubeflow launchers set ``LOCAL_RANK``/``CUDA_VISIBLE_DEVICES``); otherwise every
+    rank sees the pod's GPU averages.
+    """
+    gpus: set[str] = set()
+    for metric in (*GPU_RATIO_GAUGES.values(), names.GPU_MEMORY_USED_BYTES, names.GPU_SM_CLOCK_HERTZ):
+        for s in after.samples(metric):
+            if _attributed(s, gpu_uuids) and s.label("gpu") and _label(s.labels, RANK_LABEL) is None:
+                gpus.add(s.label("gpu"))
+    if len(rank_numbers) < 2 or len(gpus) != len(rank_numbers):
+        return {}
+    return dict(zip(rank_numbers, sorted(gpus, key=_gpu_sort_key), strict=True))
+
+
+def _rank_view(snapshot: Snapshot, rank: int | None, *, several: bool, gpu: str | None) -> Snapshot:
+    """The samples one rank sees: its own probe series and the pod's shared series."""
+    kept: list[Sample] = []
+    for metric in snapshot.names():
+        probe = metric in PROBE_SERIES
+        for s in snapshot.samples(metric):
+            raw = _label(s.labels, RANK_LABEL)
+            if raw is not None:
+                if rank is not None and _rank_of(s.labels) == rank:
+                    kept.append(_without_rank(s))
+                continue
+            if probe:
+                if rank is None:
+                    kept.append(s)
+                continue
+            if several and metric in POD_TOTALS:
+                continue
+            if gpu is not None and s.label("gpu") and s.label("gpu") != gpu:
+                continue
+            kept.append(s)
+    return Snapshot(kept, snapshot.timestamp_seconds)
+
+
+def rank_observations(
+    before: Snapshot,
+    after: Snapshot,
+    *,
+    pod: str = "",
+    elapsed_seconds: float | None = None,
+    gpu_uuids: set[str] | None = None,
+    batch_size: int | None = None,
+    flops_per_step: float | None = None,
+    gpu_model: str | None = None,
+    oom_killed: bool | None = None,
+) -> dict[RankId, Observation]:
+    """One observation per rank process of a pod's (or ``dam run``'s) snapshots.
+
+    Keys are ``RankId(pod, rank)``; a snapshot whose probe series carry no ``rank`` gives one
+    entry with rank None (the whole pod). Each rank gets its own probe series and the pod's
+    shared ones: container CPU throttling and memory, node CPU, and the GPUs — its own GPU
+    when the pod has exactly one GPU per rank, else the pod's averages. Pod-wide process
+    totals (CPU seconds, RSS, worker count) are left out of a rank's view when the pod holds
+    several ranks.
+    """
+    numbers = _rank_numbers(after)
+    kwargs: dict[str, Any] = {
+        "elapsed_seconds": elapsed_seconds,
+        "gpu_uuids": gpu_uuids,
+        "batch_size": batch_size,
+        "flops_per_step": flops_per_step,
+        "gpu_model": gpu_model,
+        "oom_killed": oom_killed,
+    }
+    if not numbers:
+        return {RankId(pod, None): _build(_fields(before, after, **kwargs))}
+    several = len(numbers) > 1 or _has_unranked_probe_series(after)
+    gpus = _rank_gpus(after, numbers, gpu_uuids)
+    out: dict[RankId, Observation] = {}
+    for rank in numbers:
+        view_before = _rank_view(before, rank, several=several, gpu=gpus.get(rank))
+        view_after = _rank_view(after, rank, several=several, gpu=gpus.get(rank))
+        fields = _fields(view_before, view_after, **kwargs)
+        fields["ranks"] = 1
+        out[RankId(pod, rank)] = _build(fields)
+    if _has_unranked_probe_series(after):
+        fields = _fields(
+            _rank_view(before, None, several=True, gpu=None),
+            _rank_view(after, None, several=True, gpu=None),
+            **kwargs,
+        )
+        out[RankId(pod, None)] = _build(fields)
+    return out
+
+
+def _cross_rank_fields(per_rank: Mapping[RankId, Observation]) -> dict[str, Any]:
+    cr = rank_rules.cross_rank(per_rank)
+    out: dict[str, Any] = {}
+    if cr.exposed_ratio is not None:
+        out["exposed_communication_ratio"] = cr.exposed_ratio
+    if cr.skew is not None:
+        out["collective_skew"] = cr.skew
+    return out
 
 
 # --- many pods ----------------------------------------------------------------------
@@ -232,17 +559,27 @@ def _known(values: Iterable[float | int | None]) -> list[float]:
     return [float(v) for v in values if v is not None]
 
 
+def _fsum(values: Iterable[float]) -> float | None:
+    """``math.fsum``, None when the sum overflows (garbage in: the signal is dropped)."""
+    try:
+        total = math.fsum(values)
+    except OverflowError:
+        return None
+    return total if math.isfinite(total) else None
+
+
 def _sum(values: Iterable[float | int | None]) -> float | None:
     known = _known(values)
-    return math.fsum(known) if known else None
+    return _fsum(known) if known else None
 
 
 def _weighted(pairs: Iterable[tuple[float | None, float]]) -> float | None:
     known = [(v, w) for v, w in pairs if v is not None and w > 0]
-    total = math.fsum(w for _, w in known)
-    if not known or total <= 0:
+    total = _fsum(w for _, w in known)
+    if not known or total is None or total <= 0:
         return None
-    return math.fsum(v * w for v, w in known) / total
+    weighted = _fsum(v * w for v, w in known)
+    return None if weighted is None else weighted / total
 
 
 def _common(values: Iterable[Any]) -> Any:
@@ -250,19 +587,28 @@ def _common(values: Iterable[Any]) -> Any:
     return known.pop() if len(known) == 1 else None
 
 
-def aggregate(per_pod: Mapping[str, Observation]) -> Observation:
+def aggregate(
+    per_pod: Mapping[str, Observation], *, ranks: Mapping[RankId, Observation] | None = None
+) -> Observation:
     """One observation for a job from its pods' observations.
 
-    Counts and rates (steps, steps/s, CPU cores, CPU limits, GPUs) are summed; the data
-    wait ratio is weighted by each pod's step time; GPU ratios by its GPU count; the
-    throttled ratio and the window are the mean and the longest. Batch size and GPU model
-    are kept only when every pod agrees.
+    Counts and rates (steps, steps/s, CPU cores, CPU limits, GPUs, collective time and bytes,
+    interconnect bytes/s, OOM kills, RSS) are summed; the data wait and collective ratios are
+    weighted by each pod's step time; GPU ratios by its GPU count; the throttled ratio and
+    the window are the mean and the longest; memory ratios are the fullest pod's. Batch size
+    and GPU model are kept only when every pod agrees.
+
+    ``ranks`` (every rank of the job, e.g. from ``rank_observations``) gives the cross-rank
+    figures across pods: the least-waiting rank's exposed communication and the collective
+    skew. Without it they are the pods' own (the smallest exposed ratio, the largest skew).
     """
     pods = list(per_pod.values())
     if not pods:
         return Observation()
     if len(pods) == 1:
-        return pods[0]
+        if ranks is None:
+            return pods[0]
+        return _build({**pods[0].model_dump(), **_cross_rank_fields(ranks)})
 
     def step_weight(o: Observation) -> float:
         if o.steps is not None and o.mean_step_seconds is not None:
@@ -304,45 +650,114 @@ def aggregate(per_pod: Mapping[str, Observation]) -> Observation:
     for name in ("data_wait_ratio", "cpu_throttled_ratio", "node_cpu_utilization", *GPU_RATIO_GAUGES):
         if fields[name] is not None:
             fields[name] = min(1.0, max(0.0, fields[name]))
+
+    wait_pairs = list(zip(pods, wait_weights, strict=True))
+    for name in (
+        "collective_seconds",
+        "collective_exposed_seconds",
+        "collectives",
+        "collective_bytes",
+        "nvlink_bytes_per_second",
+        "pcie_bytes_per_second",
+        "oom_kills",
+        "main_rss_bytes",
+        "worker_rss_bytes",
+    ):
+        fields[name] = _sum(getattr(o, name) for o in pods)
+    fields["collective_ratio"] = _weighted((o.collective_ratio, w) for o, w in wait_pairs)
+    rank_counts = [o.ranks for o in pods]
+    if any(r is not None for r in rank_counts):
+        fields["ranks"] = sum(1 if r is None else r for r in rank_counts)
+    fields["exposed_communication_ratio"] = min(
+        _known(o.exposed_communication_ratio for o in pods), default=None
+    )
+    fields["collective_skew"] = max(_known(o.collective_skew for o in pods), default=None)
+    if ranks is not None:
+        fields.update(_cross_rank_fields(ranks))
+    fields["gpu_memory_used_ratio"] = max(_known(o.gpu_memory_used_ratio for o in pods), default=None)
+    fullest = max(
+        (o for o in pods if o.container_memory_ratio is not None),
+        key=lambda o: o.container_memory_ratio or 0.0,
+        default=None,
+    )
+    if fullest is not None:
+        fields["container_memory_ratio"] = fullest.container_memory_ratio
+        fields["container_memory_limit_bytes"] = fullest.container_memory_limit_bytes
+    killed = [o.oom_killed for o in pods if o.oom_killed is not None]
+    fields["oom_killed"] = any(killed) if killed else None
+    fields["sm_clock_hertz"] = _weighted(
+        (o.sm_clock_hertz, w) for o, w in zip(pods, gpu_weights, strict=True)
+    )
+    slow = [o.gpu_slowdown_reasons for o in pods if o.gpu_slowdown_reasons is not None]
+    fields["gpu_slowdown_reasons"] = tuple(sorted({r for rs in slow for r in rs})) if slow else None
     return _build(fields)
 
 
-STRAGGLER_RATE_RATIO = 0.75
-"""A pod slower than this fraction of the other pods' median step rate is a straggler."""
-STRAGGLER_WAIT_GAP = 0.10
-"""A pod waiting for data this much more (absolute) than the others, and twice as much, is a straggler."""
+# --- a job: many pods, many ranks -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodWindow:
+    """One pod's two scrapes and what the caller knows about it."""
+
+    before: Snapshot
+    after: Snapshot
+    elapsed_seconds: float | None = None
+    gpu_uuids: set[str] | None = None
+    oom_killed: bool | None = None
+    """The pod's training container was OOM-killed (Pod status ``lastState.terminated.reason``)."""
+
+
+@dataclass(frozen=True)
+class JobWindow:
+    """A job's window: the job-level observation, and the pods and ranks it was built from."""
+
+    job: Observation
+    pods: dict[str, Observation] = field(default_factory=dict)
+    ranks: dict[RankId, Observation] = field(default_factory=dict)
+
+
+def job_window(
+    pods: Mapping[str, PodWindow],
+    *,
+    batch_size: int | None = None,
+    flops_per_step: float | None = None,
+    gpu_model: str | None = None,
+) -> JobWindow:
+    """The window of a job whose pods (and their ranks) are given: per pod, per rank, and the job.
+
+    Pass ``result.job`` and ``result.ranks`` to ``diagnose(..., ranks=result.ranks)``.
+    """
+    per_pod: dict[str, Observation] = {}
+    per_rank: dict[RankId, Observation] = {}
+    for name in sorted(pods):
+        w = pods[name]
+        kwargs: dict[str, Any] = {
+            "elapsed_seconds": w.elapsed_seconds,
+            "gpu_uuids": w.gpu_uuids,
+            "batch_size": batch_size,
+            "flops_per_step": flops_per_step,
+            "gpu_model": gpu_model,
+            "oom_killed": w.oom_killed,
+        }
+        per_pod[name] = observation_from_snapshots(w.before, w.after, **kwargs)
+        per_rank.update(rank_observations(w.before, w.after, pod=name, **kwargs))
+    job = aggregate(per_pod, ranks=per_rank) if per_pod else Observation()
+    return JobWindow(job=job, pods=per_pod, ranks=per_rank)
+
+
+STRAGGLER_RATE_RATIO = rank_rules.STRAGGLER_RATE_RATIO
+STRAGGLER_WAIT_GAP = rank_rules.STRAGGLER_WAIT_GAP
 
 
 def find_straggler(per_pod: Mapping[str, Observation]) -> tuple[str, str] | None:
-    """The pod that holds the others back, with a sentence saying why; None when no pod stands out."""
-    if len(per_pod) < 2:
+    """The pod that holds the others back, with a sentence saying why; None when no pod stands out.
+
+    Kept for old callers: the step-rate and data-wait test over independent pods. New callers
+    use ``diagnose(..., ranks=...)`` (``bottleneck.straggler``) or ``ranks.find_straggler``,
+    which also find the straggler of a synchronous job.
+    """
+    found = rank_rules.find_straggler({RankId(pod, None): o for pod, o in per_pod.items()})
+    if found is None or found.pod is None:
         return None
-    worst: tuple[float, str, str] | None = None
-    for pod in sorted(per_pod):
-        obs = per_pod[pod]
-        others = [o for name, o in per_pod.items() if name != pod]
-        n = len(others)
-        plural = "pod" if n == 1 else f"{n} pods"
-        rates = _known(o.steps_per_second for o in others)
-        if obs.steps_per_second is not None and rates:
-            median = statistics.median(rates)
-            if median > 0 and obs.steps_per_second < STRAGGLER_RATE_RATIO * median:
-                score = 1.0 - obs.steps_per_second / median
-                text = (
-                    f"pod {pod} runs {obs.steps_per_second:.2f} steps/s vs a median of {median:.2f} steps/s "
-                    f"for the other {plural}"
-                )
-                if worst is None or score > worst[0]:
-                    worst = (score, pod, text)
-        waits = _known(o.data_wait_ratio for o in others)
-        if obs.data_wait_ratio is not None and waits:
-            median_wait = statistics.median(waits)
-            gap = obs.data_wait_ratio - median_wait
-            if gap >= STRAGGLER_WAIT_GAP and obs.data_wait_ratio >= 2 * median_wait:
-                text = (
-                    f"pod {pod} waits for data {obs.data_wait_ratio:.1%} of its step time vs a median of "
-                    f"{median_wait:.1%} for the other {plural}"
-                )
-                if worst is None or gap > worst[0]:
-                    worst = (gap, pod, text)
-    return (worst[1], worst[2]) if worst else None
+    return found.pod, found.evidence[0]
