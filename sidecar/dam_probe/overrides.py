@@ -236,6 +236,8 @@ def plan_loader(
         user_pf = None if args.get("prefetch_factor") is None else _as_int(args.get("prefetch_factor"))
     except TypeError:
         return Plan(refused="num_workers or prefetch_factor is not an integer")
+    if user_w < 0 or (user_pf is not None and user_pf < 0):
+        return Plan(refused="the loader's own num_workers or prefetch_factor is negative")
     o = overrides
 
     # num_workers: raised (capped at the CPUs), kept, or lowered only with allow_lower.
@@ -534,30 +536,34 @@ def _overriding_init(orig: Callable[..., None], module: ModuleType, overrides: L
         iterable_cls = None
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 (it becomes DataLoader.__init__)
-        updates: dict[str, object] = {}
-        site = "<unknown>"
         try:
             full = sig.bind(self, *args, **kwargs)
-            full.apply_defaults()
-            env = worker_environment(need_accelerator=bool(overrides.pin_memory))
-            plan = plan_loader(full.arguments, overrides, env, iterable_cls=iterable_cls)
-            site = _call_site(self, skip_dirs)
-            _say(f"DataLoader at {site}: {plan.message()}")
-            updates = plan.updates()
         except TypeError:
-            pass  # arguments that do not fit the signature: torch raises the user's error itself
-        except Exception as exc:
-            _say(f"DataLoader overrides not applied: {type(exc).__name__}: {exc}")
-        if updates:
-            bound = sig.bind(self, *args, **kwargs)
-            bound.arguments.update(updates)
+            full = None  # arguments that do not fit: torch raises the user's own error below
+        if full is not None:
             try:
-                orig(*bound.args, **bound.kwargs)
-                return
+                full.apply_defaults()
+                env = worker_environment(need_accelerator=bool(overrides.pin_memory))
+                plan = plan_loader(full.arguments, overrides, env, iterable_cls=iterable_cls)
+                site = _call_site(self, skip_dirs)
             except Exception as exc:
-                # Never break a loader that works without the overrides: build it as the user wrote it.
-                why = f"{type(exc).__name__}: {exc}"
-                _say(f"DataLoader at {site}: overrides not applied: torch refused them: {why}")
+                _say(f"DataLoader overrides not applied: {type(exc).__name__}: {exc}")
+                plan, site = Plan(), ""
+            updates = plan.updates()
+            if updates:
+                bound = sig.bind(self, *args, **kwargs)
+                bound.arguments.update(updates)
+                try:
+                    orig(*bound.args, **bound.kwargs)
+                except Exception as exc:
+                    # Never break a loader that works without the overrides: build it as written.
+                    why = f"{type(exc).__name__}: {exc}"
+                    _say(f"DataLoader at {site}: overrides not applied: torch refused them: {why}")
+                else:
+                    _say(f"DataLoader at {site}: {plan.message()}")
+                    return
+            elif site:
+                _say(f"DataLoader at {site}: {plan.message()}")
         orig(self, *args, **kwargs)
 
     __init__.__name__ = getattr(orig, "__name__", "__init__")
