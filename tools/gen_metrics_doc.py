@@ -56,27 +56,52 @@ def operator_section() -> list[str]:
     """The operator's metrics, read from the collectors ``OperatorMetrics`` registers."""
     sys.path.insert(0, str(ROOT / "operator"))
     from prometheus_client import CollectorRegistry
-    from prometheus_client.metrics import MetricWrapperBase
 
     from dam_operator.cluster.opmetrics import OperatorMetrics
+    from dam_operator.diagnosis.model import Axis, Bottleneck, IronLaw, Regime, Verdict, WindowMetrics
 
-    metrics = OperatorMetrics(CollectorRegistry())
-    collectors = [v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)]
+    registry = CollectorRegistry()
+    metrics = OperatorMetrics(registry)
+    # One profile with every figure known, so that each per-profile family has a sample to show
+    # its labels (they are built at scrape time from the operator's state).
+    metrics.set_pods("ns", "p", 1, 1, 1)
+    metrics.observe_verdict(
+        "ns",
+        "p",
+        Verdict(
+            bottleneck=Bottleneck(
+                axis=Axis.DATA, regime=Regime.INPUT_BOUND, lever="x", lever_detail="x", confidence=0.5
+            ),
+            metrics=WindowMetrics(
+                data_wait_ratio=0.5,
+                steps_per_second=1.0,
+                mfu=0.1,
+                iron_law=IronLaw(
+                    step_seconds=1.0, data_seconds=0.5, compute_seconds=0.3, latency_seconds=0.2
+                ),
+            ),
+        ),
+        0.0,
+    )
     lines = [
         "# Metrics exported by `dam operator`",
         "",
         "Served on the operator's metrics port (`DAM_METRICS_PORT`, default 8081) with `/healthz`.",
         "Per-profile series are removed when the profile is deleted; `axis`, `regime`, `lever`,",
-        "`term`, `state`, `reason` and `result` take values from fixed sets.",
+        "`term`, `state`, `reason` and `result` take values from fixed sets, and every `reason`",
+        "and `result` is exported at 0 from the start.",
         "",
         "| name | type | labels | meaning |",
         "|---|---|---|---|",
     ]
-    for c in sorted(collectors, key=lambda c: c._name):
-        kind = c._type
-        name = f"{c._name}_total" if kind == "counter" else c._name
-        labels = ", ".join(f"`{label}`" for label in c._labelnames) or "-"
-        lines.append(f"| `{name}` | {kind} | {labels} | {c._documentation.replace('|', '/')} |")
+    for family in sorted(registry.collect(), key=lambda f: f.name):
+        kind = family.type
+        name = f"{family.name}_total" if kind == "counter" else family.name
+        label_names: dict[str, None] = {}
+        for sample in family.samples:
+            label_names.update(dict.fromkeys(k for k in sample.labels if k != "le"))
+        labels = ", ".join(f"`{label}`" for label in label_names) or "-"
+        lines.append(f"| `{name}` | {kind} | {labels} | {family.documentation.replace('|', '/')} |")
     lines.append("")
     return lines
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,6 +24,7 @@ from prometheus_client.registry import CollectorRegistry
 from pydantic import ValidationError
 
 from dam_sidecar.collector import SidecarCollector, build_collector
+from dam_sidecar.envcheck import known_variables, unknown_variables
 from dam_sidecar.settings import SidecarSettings
 
 __all__ = ["build_collector", "build_parser", "main", "make_server", "settings_from_args"]
@@ -130,6 +132,8 @@ def main(argv: list[str]) -> int:
         )
         sys.stderr.write(f"dam sidecar: invalid settings (DAM_* variables or flags): {problems}\n")
         return 2
+    for warning in unknown_variables(os.environ, known_variables(SidecarSettings)):
+        log.warning("%s", warning)
     collector = build_collector(settings)
     try:
         server = make_server(settings.host, settings.port, collector)

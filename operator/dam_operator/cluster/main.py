@@ -47,6 +47,8 @@ from dam_operator.cluster.webhook import (
     webhook_configuration,
     webhook_configuration_for_url,
 )
+from dam_sidecar.envcheck import known_variables, unknown_variables
+from dam_sidecar.settings import SidecarSettings
 
 log = logging.getLogger("dam_operator")
 
@@ -129,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if settings.verbose else logging.WARNING if settings.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for warning in unknown_variables(os.environ, known_variables(OperatorSettings, SidecarSettings)):
+        log.warning("%s", warning)
     if not settings.verbose:
         # kopf logs every handler call at INFO: one line per pod event is noise at scale.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)

@@ -101,7 +101,7 @@ class OperatorSettings(BaseSettings):
     webhook_manage_configuration: bool = Field(
         default=True,
         description="Create/update the MutatingWebhookConfiguration "
-        "(off: Helm owns it; only its caBundle is patched).",
+        "(off: Helm owns it; only its caBundle is patched; the chart sets false).",
     )
     webhook_timeout_seconds: int = Field(default=5, ge=1, le=5, description="timeoutSeconds of the webhook.")
     cert_mode: CertMode = Field(

@@ -62,11 +62,29 @@ def test_main_reports_a_bad_setting_without_a_traceback(
     assert "Traceback" not in err
 
 
-def test_kopf_is_configured_for_a_single_status_writer() -> None:
-    s = OperatorSettings(standalone=True)
-    k = kopf_settings(s)
+def test_kopf_and_injection_settings_follow_the_operator_settings() -> None:
+    k = kopf_settings(OperatorSettings(standalone=True, api_timeout_seconds=10))
     assert k.peering.standalone is True
-    assert k.posting.level == logging.WARNING
+    assert k.posting.level == logging.WARNING  # no "handler succeeded" Event per profile
+    assert k.networking.request_timeout == 30.0
+    k = kopf_settings(OperatorSettings(standalone=False, api_timeout_seconds=100))
+    assert k.peering.standalone is False
+    assert k.networking.request_timeout == 100.0
     inj = injection_settings(OperatorSettings(default_sidecar_image="r/dam:1", operator_namespace="ops"))
     assert inj.image == "r/dam:1"
     assert "ops" in inj.never_inject_namespaces()
+
+
+def test_settings_tables_in_the_docs_are_generated_from_the_settings_classes() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    check = subprocess.run(
+        [sys.executable, str(root / "tools" / "gen_settings_doc.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
