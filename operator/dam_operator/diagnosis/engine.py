@@ -57,12 +57,11 @@ from dam_operator.diagnosis.model import (
     Observation,
     RankId,
     Regime,
-    Straggler,
     Thresholds,
     Verdict,
     WindowMetrics,
 )
-from dam_operator.diagnosis.ranks import find_straggler, rank_figures
+from dam_operator.diagnosis.ranks import find_straggler, rank_figures, straggler_sentence
 
 _AXES: dict[Regime, tuple[Axis, Axis | None]] = {
     Regime.INPUT_BOUND: (Axis.DATA, None),
@@ -871,12 +870,6 @@ def _metrics(obs: Observation, d: Derived) -> WindowMetrics:
         container_memory_ratio=obs.container_memory_ratio,
         oom_kills=obs.oom_kills,
     )
-
-
-def straggler_sentence(straggler: Straggler) -> str:
-    """One evidence line for the bottleneck: the straggler's cause and its first figure."""
-    first = straggler.evidence[0] if straggler.evidence else ""
-    return f"straggler ({straggler.cause.value}): {first}"
 
 
 def diagnose(

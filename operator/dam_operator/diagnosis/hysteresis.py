@@ -16,6 +16,10 @@ and the evaluation time; it returns the verdict to publish. The rule:
   by the margin.
 * While a challenger is pending, the published bottleneck is held, with one evidence
   line saying what is pending, and the metrics are the current window's.
+* The straggler (``bottleneck.straggler``) has its own hysteresis, keyed by its pod and
+  rank: the first window's is published as it is; the same rank refreshes it (cause,
+  evidence); a different rank, or none, replaces it after ``confirm_windows`` consecutive
+  windows. Until then the published straggler is kept, with an evidence line saying so.
 
 Pure apart from its own state: the clock is passed in.
 """
@@ -24,7 +28,24 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dam_operator.diagnosis.model import Bottleneck, Regime, Verdict
+from dam_operator.diagnosis.model import Bottleneck, Regime, Straggler, Verdict
+from dam_operator.diagnosis.ranks import STRAGGLER_PREFIX, straggler_sentence
+
+_StragglerKey = tuple[str | None, int | None] | None
+
+
+def _key(straggler: Straggler | None) -> _StragglerKey:
+    return None if straggler is None else (straggler.pod, straggler.rank)
+
+
+def _describe(key: _StragglerKey) -> str:
+    if key is None:
+        return "none"
+    pod, rank = key
+    who = f"rank {rank}" if rank is not None else ""
+    if pod:
+        who = f"{who} (pod {pod})" if who else f"pod {pod}"
+    return who or "a process"
 
 
 def rfc3339(now: datetime) -> str:
@@ -48,6 +69,9 @@ class Stabilizer:
         self._current: Bottleneck | None = None
         self._pending: Regime | None = None
         self._pending_count = 0
+        self._straggler: Straggler | None = None
+        self._straggler_pending: _StragglerKey = None
+        self._straggler_pending_count = 0
 
     @property
     def current(self) -> Bottleneck | None:
@@ -63,9 +87,47 @@ class Stabilizer:
         """Resume from a published bottleneck (e.g. the resource status after an operator restart)."""
         self._current = bottleneck
         self._pending, self._pending_count = None, 0
+        self._straggler = bottleneck.straggler
+        self._straggler_pending, self._straggler_pending_count = None, 0
+
+    @property
+    def straggler(self) -> Straggler | None:
+        """The published straggler (None when there is none)."""
+        return self._straggler
+
+    def _stabilize_straggler(self, cand: Straggler | None, first: bool) -> str | None:
+        """Updates the published straggler; returns a note while a change is pending."""
+        published = _key(self._straggler)
+        if first or _key(cand) == published:
+            self._straggler = cand
+            self._straggler_pending, self._straggler_pending_count = None, 0
+            return None
+        if self._straggler_pending_count and self._straggler_pending == _key(cand):
+            self._straggler_pending_count += 1
+        else:
+            self._straggler_pending, self._straggler_pending_count = _key(cand), 1
+        if self._straggler_pending_count >= self.confirm_windows:
+            self._straggler = cand
+            self._straggler_pending, self._straggler_pending_count = None, 0
+            return None
+        return (
+            f"holding straggler {_describe(published)}: {_describe(_key(cand))} seen in "
+            f"{self._straggler_pending_count} of the {self.confirm_windows} consecutive windows "
+            "needed to switch"
+        )
+
+    def _with_straggler(self, bottleneck: Bottleneck, note: str | None) -> Bottleneck:
+        evidence = [e for e in bottleneck.evidence if not e.startswith(STRAGGLER_PREFIX)]
+        if self._straggler is not None:
+            evidence.append(straggler_sentence(self._straggler))
+        if note:
+            evidence.append(note)
+        return bottleneck.model_copy(update={"straggler": self._straggler, "evidence": evidence})
 
     def update(self, verdict: Verdict, now: datetime) -> Verdict:
-        cand = verdict.bottleneck
+        note = self._stabilize_straggler(verdict.bottleneck.straggler, first=self._current is None)
+        cand = self._with_straggler(verdict.bottleneck, note)
+        verdict = Verdict(bottleneck=cand, metrics=verdict.metrics)
         current = self._current
         if current is None or cand.regime == current.regime:
             since = current.since if current is not None and current.since else rfc3339(now)
@@ -87,7 +149,20 @@ class Stabilizer:
             f"holding {current.regime.value}: {cand.regime.value} seen in {self._pending_count} "
             f"of the {needed} consecutive windows needed to switch"
         )
-        held = current.model_copy(update={"evidence": [*current.evidence, note]})
+        held = current.model_copy(
+            update={
+                "evidence": [
+                    *(e for e in cand.evidence if e.startswith(("holding straggler", STRAGGLER_PREFIX))),
+                    *(
+                        e
+                        for e in current.evidence
+                        if not e.startswith(("holding straggler", STRAGGLER_PREFIX))
+                    ),
+                    note,
+                ],
+                "straggler": self._straggler,
+            }
+        )
         return Verdict(bottleneck=held, metrics=verdict.metrics)
 
     def _publish(self, verdict: Verdict, since: str) -> Verdict:

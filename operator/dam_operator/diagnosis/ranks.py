@@ -326,6 +326,15 @@ def _independent_straggler(ranks: Mapping[RankId, Observation], t: Thresholds) -
     return Straggler(pod=key.pod or None, rank=key.rank, cause=cause, evidence=[text, *cause_ev])
 
 
+STRAGGLER_PREFIX = "straggler ("
+
+
+def straggler_sentence(straggler: Straggler) -> str:
+    """The bottleneck's evidence line for a straggler: its cause and its first figure."""
+    first = straggler.evidence[0] if straggler.evidence else ""
+    return f"{STRAGGLER_PREFIX}{straggler.cause.value}): {first}"
+
+
 def find_straggler(
     ranks: Mapping[RankId, Observation], thresholds: Thresholds | None = None
 ) -> Straggler | None:

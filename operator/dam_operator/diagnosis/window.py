@@ -58,7 +58,8 @@ CONTAINER_MEMORY_LIMIT_BYTES = _name("CONTAINER_MEMORY_LIMIT_BYTES", "dam_contai
 CONTAINER_OOM_KILLS_TOTAL = _name("CONTAINER_OOM_KILLS_TOTAL", "dam_container_oom_kills_total")
 PROCESS_RESIDENT_MEMORY_BYTES = _name("PROCESS_RESIDENT_MEMORY_BYTES", "dam_process_resident_memory_bytes")
 
-RANK_LABEL = "rank"
+PROCESS_RANK_INFO = _name("PROCESS_RANK_INFO", "dam_process_rank_info")
+RANK_LABEL = _name("RANK_LABEL", "rank")
 PROBE_SERIES: frozenset[str] = frozenset(
     {
         names.STEPS_TOTAL,
@@ -451,21 +452,39 @@ def _gpu_sort_key(label: str) -> tuple[int, str]:
     return (int(label), "") if label.isdigit() else (1 << 30, label)
 
 
-def _rank_gpus(after: Snapshot, rank_numbers: list[int], gpu_uuids: set[str] | None) -> dict[int, str]:
-    """Each rank's GPU (its ``gpu`` label) when the pod has exactly one attributed GPU per rank.
+def _local_ranks(after: Snapshot) -> dict[int, int]:
+    """``rank → local_rank`` from ``dam_process_rank_info`` (where the probe knows it)."""
+    out: dict[int, int] = {}
+    for s in after.samples(PROCESS_RANK_INFO):
+        rank, local = _rank_of(s.labels), s.label("local_rank")
+        if rank is not None and local.isdigit() and len(local) <= 7:
+            out[rank] = int(local)
+    return out
 
-    Ranks are matched to GPUs in order (local rank i drives the pod's i-th GPU, as torchrun
-    and the Kubeflow launchers set ``LOCAL_RANK``/``CUDA_VISIBLE_DEVICES``); otherwise every
-    rank sees the pod's GPU averages.
+
+def _rank_gpus(after: Snapshot, rank_numbers: list[int], gpu_uuids: set[str] | None) -> dict[int, str]:
+    """Each rank's GPU (its ``gpu`` label), when the pod's ranks can be matched to its GPUs.
+
+    Local rank i drives the pod's i-th attributed GPU (torchrun and the Kubeflow launchers set
+    ``LOCAL_RANK`` so); without local ranks, ranks are matched to GPUs in order when the pod has
+    exactly one GPU per rank. Otherwise every rank sees the pod's GPU averages.
     """
-    gpus: set[str] = set()
+    found: set[str] = set()
     for metric in (*GPU_RATIO_GAUGES.values(), names.GPU_MEMORY_USED_BYTES, names.GPU_SM_CLOCK_HERTZ):
         for s in after.samples(metric):
             if _attributed(s, gpu_uuids) and s.label("gpu") and _label(s.labels, RANK_LABEL) is None:
-                gpus.add(s.label("gpu"))
-    if len(rank_numbers) < 2 or len(gpus) != len(rank_numbers):
+                found.add(s.label("gpu"))
+    gpus = sorted(found, key=_gpu_sort_key)
+    if len(rank_numbers) < 2 or len(gpus) < 2:
         return {}
-    return dict(zip(rank_numbers, sorted(gpus, key=_gpu_sort_key), strict=True))
+    local = _local_ranks(after)
+    if all(r in local and local[r] < len(gpus) for r in rank_numbers):
+        picked = [local[r] for r in rank_numbers]
+        if len(set(picked)) == len(picked):
+            return {r: gpus[local[r]] for r in rank_numbers}
+    if len(gpus) != len(rank_numbers):
+        return {}
+    return dict(zip(rank_numbers, gpus, strict=True))
 
 
 def _rank_view(snapshot: Snapshot, rank: int | None, *, several: bool, gpu: str | None) -> Snapshot:
