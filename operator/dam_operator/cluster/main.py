@@ -11,16 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import kopf
@@ -28,25 +24,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from dam_operator.cluster import certs
 from dam_operator.cluster.handlers import build_registry
 from dam_operator.cluster.injection import InjectionSettings
-from dam_operator.cluster.kube import ApiError, KubeClient, WebhookCertStore, default_login
+from dam_operator.cluster.kube import ApiError, KubeClient, default_login
 from dam_operator.cluster.opmetrics import OperatorMetrics, make_metrics_app
 from dam_operator.cluster.registry import Registry
 from dam_operator.cluster.scheduler import Evaluator, Scheduler
 from dam_operator.cluster.settings import OperatorSettings
-from dam_operator.cluster.sources import MetricSource, PrometheusSource, ScrapeSource
-from dam_operator.cluster.spec import DAMProfileSpec
-from dam_operator.cluster.webhook import (
-    MUTATE_PATH,
-    ProfileRef,
-    WebhookServer,
-    make_webhook_app,
-    serve_webhook,
-    webhook_configuration,
-    webhook_configuration_for_url,
-)
+from dam_operator.cluster.sources import SourceFactory
+from dam_operator.cluster.webhook_lifecycle import WebhookLifecycle
 from dam_sidecar.envcheck import known_variables, unknown_variables
 from dam_sidecar.settings import SidecarSettings
 
@@ -182,36 +168,6 @@ def injection_settings(settings: OperatorSettings) -> InjectionSettings:
     )
 
 
-class Sources:
-    """The metric source for a profile's spec: the shared direct scrape, or one
-    Prometheus source per (url, timeout)."""
-
-    def __init__(self, session: aiohttp.ClientSession, settings: OperatorSettings) -> None:
-        self._session = session
-        self._settings = settings
-        self._scrape = ScrapeSource(
-            session, timeout_seconds=settings.scrape_timeout_seconds, max_bytes=settings.scrape_max_bytes
-        )
-        self._prometheus: dict[tuple[str, float], PrometheusSource] = {}
-
-    def __call__(self, spec: DAMProfileSpec) -> MetricSource:
-        prom = spec.source.prometheus if spec.source is not None else None
-        if prom is None:
-            return self._scrape
-        key = (prom.url, prom.timeout_seconds)
-        source = self._prometheus.get(key)
-        if source is None:
-            source = PrometheusSource(
-                self._session,
-                prom.url,
-                timeout_seconds=prom.timeout_seconds,
-                namespace_label=self._settings.prometheus_namespace_label,
-                pod_label=self._settings.prometheus_pod_label,
-            )
-            self._prometheus[key] = source
-        return source
-
-
 @dataclass
 class Running:
     """What ``start_components`` started; ``stop()`` undoes it in reverse."""
@@ -222,18 +178,15 @@ class Running:
     kube: KubeClient
     session: aiohttp.ClientSession
     scheduler_task: asyncio.Task[None]
-    webhook: WebhookServer | None = None
+    webhook: WebhookLifecycle | None = None
     metrics_runner: web.AppRunner | None = None
-    background: list[asyncio.Task[None]] = field(default_factory=list)
-    cert_dir: str | None = None
 
     def healthy(self) -> bool:
         return not self.scheduler_task.done()
 
     async def stop(self) -> None:
-        for task in [*self.background, self.scheduler_task]:
-            task.cancel()
-        await asyncio.gather(*self.background, self.scheduler_task, return_exceptions=True)
+        self.scheduler_task.cancel()
+        await asyncio.gather(self.scheduler_task, return_exceptions=True)
         if self.webhook is not None:
             await self.webhook.close()
         if self.metrics_runner is not None:
@@ -257,7 +210,7 @@ async def start_components(
     evaluator = Evaluator(
         registry,
         kube,
-        Sources(session, settings),
+        SourceFactory(session, settings),
         metrics,
         scrape_concurrency=settings.scrape_concurrency,
         max_baseline_windows=settings.max_baseline_windows,
@@ -280,159 +233,15 @@ async def start_components(
             await runner.setup()
             await web.TCPSite(runner, settings.metrics_host, settings.metrics_port).start()
             running.metrics_runner = runner
-        if settings.webhook_enabled and not await _try_start_webhook(settings, running):
-            running.background.append(
-                asyncio.create_task(_retry_webhook(settings, running), name="dam-webhook-retry")
+        if settings.webhook_enabled:
+            running.webhook = WebhookLifecycle(
+                settings, injection_settings(settings), registry, kube, metrics.webhook_request
             )
+            await running.webhook.start()
     except BaseException:
         await running.stop()
         raise
     return running
-
-
-def _url_host(url: str | None) -> tuple[list[str], list[str]]:
-    """(extra DNS names, IP addresses) for the serving certificate of a URL-registered webhook."""
-    if not url:
-        return [], []
-    host = urlsplit(url).hostname or ""
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return ([host] if host else []), []
-    return [], [host]
-
-
-def _configuration_builder(settings: OperatorSettings) -> Callable[[bytes | None], dict[str, Any]]:
-    def build(ca: bytes | None) -> dict[str, Any]:
-        excluded = [settings.operator_namespace, *settings.excluded_namespaces]
-        if settings.webhook_url:
-            return webhook_configuration_for_url(
-                settings.webhook_configuration_name,
-                settings.webhook_url,
-                ca_bundle=ca,
-                timeout_seconds=settings.webhook_timeout_seconds,
-                exclude_namespaces=excluded,
-            )
-        return webhook_configuration(
-            settings.webhook_configuration_name,
-            settings.webhook_service_name,
-            settings.operator_namespace,
-            path=MUTATE_PATH,
-            ca_bundle=ca,
-            timeout_seconds=settings.webhook_timeout_seconds,
-            exclude_namespaces=excluded,
-            port=settings.webhook_service_port,
-        )
-
-    return build
-
-
-async def _try_start_webhook(settings: OperatorSettings, running: Running) -> bool:
-    """Start the webhook; on failure log why and go on: the webhook never blocks the operator.
-
-    Without the webhook, new pods start uninstrumented and the profiles' ``Instrumented``
-    condition says so; diagnosis of instrumented pods goes on.
-    """
-    try:
-        await _start_webhook(settings, running)
-        return True
-    except Exception as exc:
-        log.error(
-            "pod webhook not started: %s; the operator runs on, pods created meanwhile are reported "
-            "as not instrumented; retrying",
-            exc,
-        )
-        if running.webhook is not None:
-            await running.webhook.close()
-            running.webhook = None
-        return False
-
-
-async def _retry_webhook(settings: OperatorSettings, running: Running) -> None:
-    delay = WEBHOOK_RETRY_FIRST_SECONDS
-    while True:
-        await asyncio.sleep(delay)
-        if await _try_start_webhook(settings, running):
-            log.info("pod webhook started")
-            return
-        delay = min(delay * 2, WEBHOOK_RETRY_MAX_SECONDS)
-
-
-async def _start_webhook(settings: OperatorSettings, running: Running) -> None:
-    registry, metrics, kube = running.registry, running.metrics, running.kube
-
-    def profiles_for(namespace: str) -> list[ProfileRef]:
-        return [ProfileRef(e.namespace, e.name, e.spec) for e in registry.profiles_in(namespace) if e.spec]
-
-    app = make_webhook_app(profiles_for, injection_settings(settings), metrics.webhook_request)
-    build = _configuration_builder(settings)
-    if settings.cert_mode == "files":
-        folder = Path(settings.cert_dir)
-        certfile, keyfile = folder / certs.TLS_CRT, folder / certs.TLS_KEY
-        running.webhook = await serve_webhook(
-            app, settings.webhook_host, settings.webhook_port, str(certfile), str(keyfile)
-        )
-        if settings.webhook_manage_configuration:
-            ca_path = folder / certs.CA_CRT
-            await kube.apply_webhook_configuration(build(ca_path.read_bytes() if ca_path.exists() else None))
-        running.background.append(
-            asyncio.create_task(_watch_cert_files(running.webhook), name="dam-cert-files")
-        )
-        return
-
-    store = WebhookCertStore(
-        kube, build if settings.webhook_manage_configuration else None, certs.ca_bundle_patch
-    )
-    dns, ips = _url_host(settings.webhook_url)
-    manager = certs.CertManager(
-        store,
-        namespace=settings.operator_namespace,
-        secret_name=settings.cert_secret_name,
-        service_name=settings.webhook_service_name,
-        webhook_configuration_name=settings.webhook_configuration_name,
-        extra_dns_names=dns,
-        ip_addresses=ips,
-    )
-    bundle, _ = await manager.ensure()
-    running.cert_dir = tempfile.mkdtemp(prefix="dam-webhook-")
-    certfile_p, keyfile_p = certs.write_pem_files(bundle, running.cert_dir)
-    running.webhook = await serve_webhook(
-        app, settings.webhook_host, settings.webhook_port, str(certfile_p), str(keyfile_p)
-    )
-    await store.release()  # register the caBundle only once the server answers
-    running.background.append(
-        asyncio.create_task(_renew_certs(manager, running.webhook, running.cert_dir), name="dam-cert-renewal")
-    )
-
-
-async def _renew_certs(manager: certs.CertManager, server: WebhookServer, folder: str) -> None:
-    while True:
-        await asyncio.sleep(CERT_RENEW_CHECK_SECONDS)
-        try:
-            bundle, issued = await manager.ensure()
-            if issued:
-                certs.write_pem_files(bundle, folder)
-                server.reload_certificate()
-                log.info("renewed the webhook's serving certificate")
-        except Exception:
-            log.exception("webhook certificate renewal failed; retrying later")
-
-
-async def _watch_cert_files(server: WebhookServer) -> None:
-    def stamp() -> tuple[float, float]:
-        return (os.stat(server.certfile).st_mtime, os.stat(server.keyfile).st_mtime)
-
-    last = stamp()
-    while True:
-        await asyncio.sleep(CERT_FILES_CHECK_SECONDS)
-        try:
-            now = stamp()
-            if now != last:
-                server.reload_certificate()
-                last = now
-                log.info("reloaded the webhook's certificate files")
-        except (OSError, ValueError) as exc:
-            log.warning("cannot reload the webhook certificate files: %s", exc)
 
 
 async def run_operator(

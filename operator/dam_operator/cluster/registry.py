@@ -172,14 +172,6 @@ class Registry:
             key=lambda e: e.name,
         )
 
-    def profiles_for(self, namespace: str, labels: Mapping[str, str] | None) -> list[ProfileEntry]:
-        """Valid profiles in ``namespace`` whose selector matches ``labels`` (for the webhook)."""
-        out = []
-        for entry in self._profiles_by_ns.get(namespace, {}).values():
-            if entry.spec is not None and selector_matches(entry.spec.selector, labels):
-                out.append(entry)
-        return sorted(out, key=lambda e: e.name)
-
     # ------------------------------------------------------------ pods
 
     def upsert_pod(self, pod: PodInfo) -> None:

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import aiohttp
 
 from dam_operator.cluster.metric_names import SCRAPE_ERROR_REASONS
+from dam_operator.cluster.settings import OperatorSettings
+from dam_operator.cluster.spec import DAMProfileSpec
 from dam_sidecar import names
 from dam_sidecar.promtext import PromParseError, Sample, Snapshot, labels_of, parse_snapshot
 
@@ -244,3 +246,33 @@ async def fetch_all(
 
     results = await asyncio.gather(*(one(p) for p in pods))
     return {p.name: r for p, r in zip(pods, results, strict=True)}
+
+
+class SourceFactory:
+    """The metric source for a profile's spec: the shared direct scrape, or one
+    Prometheus source per (url, timeout)."""
+
+    def __init__(self, session: aiohttp.ClientSession, settings: OperatorSettings) -> None:
+        self._session = session
+        self._settings = settings
+        self._scrape = ScrapeSource(
+            session, timeout_seconds=settings.scrape_timeout_seconds, max_bytes=settings.scrape_max_bytes
+        )
+        self._prometheus: dict[tuple[str, float], PrometheusSource] = {}
+
+    def __call__(self, spec: DAMProfileSpec) -> MetricSource:
+        prom = spec.source.prometheus if spec.source is not None else None
+        if prom is None:
+            return self._scrape
+        key = (prom.url, prom.timeout_seconds)
+        source = self._prometheus.get(key)
+        if source is None:
+            source = PrometheusSource(
+                self._session,
+                prom.url,
+                timeout_seconds=prom.timeout_seconds,
+                namespace_label=self._settings.prometheus_namespace_label,
+                pod_label=self._settings.prometheus_pod_label,
+            )
+            self._prometheus[key] = source
+        return source

@@ -97,5 +97,4 @@ def test_webhook_view_lists_only_valid_profiles_of_the_namespace() -> None:
     reg.upsert_profile("ns", "bad", uid="2", generation=1, spec=None, error="broken")
     reg.upsert_profile("other", "x", uid="3", generation=1, spec=_spec({"app": "t"}))
     assert [e.name for e in reg.profiles_in("ns")] == ["good"]
-    assert [e.name for e in reg.profiles_for("ns", {"app": "t"})] == ["good"]
-    assert reg.profiles_for("ns", {"app": "nope"}) == []
+    assert [e.name for e in reg.profiles_in("other")] == ["x"]
