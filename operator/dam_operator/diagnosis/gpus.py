@@ -3,7 +3,7 @@
 ``peak_flops`` is the *dense* (no structured sparsity) tensor-core figure for
 bf16, or fp16 on parts without bf16 (V100, T4). ``memory_bandwidth`` is the
 device-memory (HBM/GDDR) bandwidth of the datasheet. The ridge point of
-DESIGN.md §1 is ``peak_flops / memory_bandwidth`` FLOP per byte.
+docs/method.md is ``peak_flops / memory_bandwidth`` FLOP per byte.
 
 The spec's ``hardware`` overrides always win (``resolve_hardware``): the table is
 a default, not a truth — clocks, power caps and MIG slices change the figures.

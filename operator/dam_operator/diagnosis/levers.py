@@ -1,4 +1,4 @@
-"""The lever catalogue of DESIGN.md §2: kebab-case identifiers with a human sentence,
+"""The lever catalogue of docs/architecture.md (regimes, axes, levers): kebab-case identifiers with a human sentence,
 and for each regime the levers that work and the ones that would be wasted.
 """
 
