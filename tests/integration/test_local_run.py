@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -139,28 +142,124 @@ def test_existing_pythonpath_is_kept_for_the_command(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_live_verdict_lines_are_printed_while_the_command_runs() -> None:
-    proc = dam_run(
-        "--live",
-        "always",
-        "--interval",
-        "0.2",
-        "--window",
-        "0.4",
-        "--",
-        sys.executable,
-        "-c",
-        "import time; time.sleep(2.5)",
-    )
+# A starved loop without torch (fast to start): the explicit probe API around a slow generator,
+# printing a line of its own now and then, like a training script's log.
+CHATTY_STARVED = textwrap.dedent(
+    """
+    import time, dam_probe
+
+    def batches():
+        while True:
+            time.sleep(0.02)
+            yield 1
+
+    deadline = time.monotonic() + 4
+    for i, _ in enumerate(dam_probe.instrument(batches())):
+        time.sleep(0.002)
+        if i % 30 == 0:
+            print(f"step {i} loss 0.5", flush=True)
+        if time.monotonic() > deadline:
+            break
+    """
+)
+
+
+def render_terminal(raw: str) -> list[str]:
+    """What a terminal shows for ``raw``: carriage return, newline and erase-to-end-of-line."""
+    lines, col, i = [""], 0, 0
+    while i < len(raw):
+        if raw.startswith("\x1b[K", i):
+            lines[-1] = lines[-1][:col]
+            i += 3
+            continue
+        c = raw[i]
+        if c == "\r":
+            col = 0
+        elif c == "\n":
+            lines.append("")
+            col = 0
+        else:
+            line = lines[-1].ljust(col)
+            lines[-1] = line[:col] + c + line[col + 1 :]
+            col += 1
+        i += 1
+    return lines
+
+
+def dam_run_on_a_terminal(*args: str, timeout: float = 60) -> tuple[int, str]:
+    """Runs ``dam run`` with stdout and stderr on a pseudo-terminal; returns its exit code and output."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*DAM, "run", *args], stdout=slave, stderr=slave, cwd=REPO)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other end is closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    code = proc.wait(timeout=10)
+    return code, b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_on_a_terminal_one_status_line_is_redrawn_in_place_above_which_the_commands_lines_stay_whole(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY_STARVED)
+    code, raw = dam_run_on_a_terminal("--interval", "0.2", "--window", "1", "--", sys.executable, str(script))
+    assert code == 0, raw
+    # Every status draw starts with carriage return + erase, and never ends a line (no scrolling).
+    draws = raw.split("\r\x1b[K")
+    status = [d for d in draws if d.startswith("dam: ")]
+    assert any("warming up:" in d and "steps so far" in d for d in status), raw
+    assert any("input-bound" in d for d in status), raw
+    assert not re.search(r"\x1b\[Kdam: [^\r\x1b]*\n", raw), "a status line ended with a newline: it scrolled"
+    screen = render_terminal(raw)
+    logged = [line for line in screen if "step " in line and "loss" in line]
+    assert len(logged) >= 5, screen
+    assert all(re.fullmatch(r"step \d+ loss 0\.5", line) for line in logged), logged
+    assert not any(line.startswith("dam: ") for line in screen), "the status line is removed at the end"
+    assert any(line.startswith("regime:     input-bound") for line in screen), screen
+
+
+def test_off_a_terminal_a_line_is_printed_only_when_the_verdict_changes(tmp_path: Path) -> None:
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY_STARVED)
+    proc = dam_run("--interval", "0.2", "--window", "1", "--", sys.executable, str(script))
     assert proc.returncode == 0, proc.stderr
+    assert "\x1b[K" not in proc.stderr and "\r" not in proc.stderr
     live = [line for line in proc.stderr.splitlines() if line.startswith("dam: ")]
-    assert len(live) >= 2, proc.stderr
-    assert all("unknown" in line.lower() for line in live), "no training loop: the live verdict is unknown"
+    assert live, proc.stderr
+    assert "input-bound" in live[0]
+    assert not any("warming up" in line or "waiting for" in line for line in live)
+    regimes = [re.search(r"·\s*([a-z-]+-bound|unknown)\s*·", line) for line in live]
+    keys = [m.group(1) if m else line for m, line in zip(regimes, live, strict=True)]
+    assert all(a != b for a, b in itertools.pairwise(keys)), live
+    assert len(live) <= 2, "a steady job prints its verdict once"
+
+
+def test_live_output_can_be_turned_off(tmp_path: Path) -> None:
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY_STARVED)
+    proc = dam_run("--live", "never", "--interval", "0.2", "--window", "1", "--", sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("dam: ")]
 
 
 def test_ctrl_c_is_forwarded_to_the_command_and_the_verdict_still_printed() -> None:
     import signal
-    import time
 
     proc = subprocess.Popen(
         [

@@ -4,9 +4,10 @@ Runs CMD with the probe's automatic instrumentation on its ``PYTHONPATH``,
 samples the probe file, the process's CPU (main process and DataLoader
 workers), cgroup throttling and NVML (when a GPU exists) in this process —
 the same samplers as the sidecar, without HTTP — and diagnoses each window
-with the same engine and hysteresis as the operator. A live one-line verdict
-goes to stderr while CMD runs (on a terminal); the final verdict is printed
-at the end. Exits with CMD's exit code.
+with the same engine and hysteresis as the operator. While CMD runs, the live
+verdict goes to stderr (``dam_operator.local.live``: one status line redrawn in
+place on a terminal, one line per verdict change elsewhere); the final verdict
+is printed at the end. Exits with CMD's exit code.
 
 With ``--json`` the final verdict is the only thing on stdout (the field names
 of the resource status: ``bottleneck``, ``metrics``); CMD's own stdout is sent
@@ -22,133 +23,34 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
-import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from types import FrameType
-from typing import Protocol, TextIO
+from typing import IO, Any, TextIO
 
-from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.hysteresis import Stabilizer, rfc3339
-from dam_operator.diagnosis.model import Hardware, Thresholds, Verdict
-from dam_operator.diagnosis.render import render_line, render_text
-from dam_operator.diagnosis.window import observation_from_snapshots
-from dam_probe.bootstrap import install_into
-from dam_sidecar import names
+from dam_operator.diagnosis.hysteresis import rfc3339
+from dam_operator.diagnosis.model import Hardware
+from dam_operator.diagnosis.render import render_text
+from dam_operator.local.child import (
+    SourceFactory,
+    child_environment,
+    default_source,
+    probe_workspace,
+    sample_while_running,
+    shell_exit_status,
+)
+from dam_operator.local.live import (
+    LIVE_MODES,
+    ChangeFilter,
+    OutputRelay,
+    StatusLine,
+    live_mode,
+    progress_text,
+    terminal_columns,
+    verdict_text,
+)
+from dam_operator.local.session import LocalSession
 from dam_sidecar.promtext import Snapshot
-
-
-class SnapshotSource(Protocol):
-    """Takes one fresh sample of every counter and returns it as a snapshot."""
-
-    def snapshot(self) -> Snapshot: ...
-
-    def close(self) -> None: ...
-
-
-MAX_ANCHORS = 256
-"""Snapshots kept since the first batch for the final verdict (thinned by half when full)."""
-
-WARMUP_FRACTION = 0.2
-"""The final verdict skips this share of the run (at most one window): worker start-up, autotuning."""
-
-
-@dataclass
-class LocalSession:
-    """Keeps the snapshots of one run and turns them into verdicts (pure apart from its state).
-
-    Memory is bounded for a month-long run: the rolling window holds the snapshots of one
-    window, and at most ``MAX_ANCHORS`` thinned snapshots since the first batch are kept for
-    the final verdict.
-    """
-
-    window_seconds: float
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    hardware: Hardware | None = None
-    now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    history: deque[tuple[float, Snapshot]] = field(default_factory=deque)
-    anchors: list[tuple[float, Snapshot]] = field(default_factory=list)
-    first: tuple[float, Snapshot] | None = None
-    baseline: tuple[float, Snapshot] | None = None
-    stabilizer: Stabilizer = field(default_factory=Stabilizer)
-
-    def add(self, t: float, snap: Snapshot) -> None:
-        if self.first is None:
-            self.first = (t, snap)
-        self.history.append((t, snap))
-        # The final verdict starts at the first batch: interpreter start-up and imports are
-        # not part of the training loop. The last snapshot before it is kept as a baseline.
-        trained = self.anchors or _steps(snap) > 0
-        if not trained:
-            self.baseline = (t, snap)
-        else:
-            self.anchors.append((t, snap))
-            if len(self.anchors) > MAX_ANCHORS:
-                self.anchors = self.anchors[::2]
-        # Keep one snapshot older than the window so that a full window is always available.
-        while len(self.history) > 2 and self.history[1][0] <= t - self.window_seconds:
-            self.history.popleft()
-
-    def _verdict(self, before: tuple[float, Snapshot], after: tuple[float, Snapshot]) -> Verdict:
-        elapsed = max(after[0] - before[0], 0.0)
-        obs = observation_from_snapshots(before[1], after[1], elapsed_seconds=elapsed or None)
-        return diagnose(obs, self.thresholds, self.hardware)
-
-    def window_verdict(self) -> Verdict | None:
-        """The stabilised verdict of the latest window (None until two snapshots exist)."""
-        if len(self.history) < 2:
-            return None
-        raw = self._verdict(self.history[0], self.history[-1])
-        return self.stabilizer.update(raw, self.now())
-
-    def final_verdict(self) -> Verdict:
-        """The verdict over the run from the first batch to the last snapshot, warm-up skipped.
-
-        The warm-up is ``WARMUP_FRACTION`` of the run since the first batch, at most one
-        window: DataLoader workers starting, cudnn autotuning and compilation belong to no
-        steady state.
-        """
-        if not self.history or self.first is None:
-            return self._verdict_from_nothing()
-        last = self.history[-1]
-        start = self.first
-        if self.anchors:
-            first_t = self.anchors[0][0]
-            warmup = min(self.window_seconds, WARMUP_FRACTION * (last[0] - first_t))
-            start = next((a for a in self.anchors if a[0] >= first_t + warmup), self.anchors[0])
-            if start[0] >= last[0]:
-                start = self.anchors[0]
-        if start[0] >= last[0] or _steps(start[1]) >= _steps(last[1]):
-            # A run that trained within about one sampling interval: every batch happened
-            # before the first snapshot that shows one. The probe's counters start at zero
-            # with the process, so the last snapshot before any batch is an exact baseline.
-            start = self.baseline or self.first
-        if start[0] >= last[0]:
-            return self._verdict_from_nothing()
-        return self._verdict(start, last)
-
-    def _verdict_from_nothing(self) -> Verdict:
-        empty = Snapshot([])
-        return diagnose(
-            observation_from_snapshots(empty, empty, elapsed_seconds=None), self.thresholds, self.hardware
-        )
-
-
-def _steps(snap: Snapshot) -> float:
-    return sum(s.value for s in snap.samples(names.STEPS_TOTAL))
-
-
-def child_environment(base: Mapping[str, str], inject_dir: str, probe_dir: str) -> dict[str, str]:
-    """The CMD's environment: the probe first on ``PYTHONPATH``, an existing value kept."""
-    env = dict(base)
-    existing = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = inject_dir + (os.pathsep + existing if existing else "")
-    env["DAM_PROBE_DIR"] = probe_dir
-    env.pop("DAM_PROBE_DISABLE", None)
-    return env
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -173,7 +75,11 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--verbose", action="store_true", help="log the samplers' messages (absent NVML and the like)"
     )
     parser.add_argument(
-        "--live", choices=["auto", "always", "never"], default="auto", help="live verdict line"
+        "--live",
+        choices=LIVE_MODES,
+        default="auto",
+        help="live verdict on stderr: auto (default) = one status line redrawn in place on a terminal, "
+        "a line per verdict change elsewhere; line, changes or never force one",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     args = parser.parse_args(list(argv))
@@ -195,28 +101,6 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-class _CollectorSource:
-    """The sidecar's samplers, sampled on demand in this process (no HTTP, no thread)."""
-
-    def __init__(self, probe_dir: str, interval_seconds: float) -> None:
-        from dam_sidecar.collector import build_collector
-        from dam_sidecar.settings import SidecarSettings
-
-        settings = SidecarSettings(probe_dir=probe_dir, interval_seconds=interval_seconds, port=0)
-        self._collector = build_collector(settings)
-
-    def snapshot(self) -> Snapshot:
-        self._collector.sample_now()
-        return self._collector.snapshot()
-
-    def close(self) -> None:
-        self._collector.close()
-
-
-def _default_source(probe_dir: str, interval_seconds: float) -> SnapshotSource:
-    return _CollectorSource(probe_dir, interval_seconds)
-
-
 def _hardware(args: argparse.Namespace) -> Hardware | None:
     if args.gpu_model is None and args.peak_flops is None and args.memory_bandwidth is None:
         return None
@@ -235,25 +119,45 @@ def _writer(stream: TextIO) -> Callable[[str], None]:
     return write
 
 
+def _fd(stream: IO[Any]) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (a test's capture)
+        return None
+
+
 def run(
     args: argparse.Namespace,
-    make_source: Callable[[str, float], SnapshotSource] = _default_source,
+    make_source: SourceFactory = default_source,
     out: Callable[[str], None] | None = None,
     err: Callable[[str], None] | None = None,
 ) -> int:
     out = out or _writer(sys.stdout)
     err = err or _writer(sys.stderr)
-    live = args.live == "always" or (args.live == "auto" and sys.stderr.isatty() and not args.json)
-    with tempfile.TemporaryDirectory(prefix="dam-run-") as tmp:
-        inject_dir = install_into(os.path.join(tmp, "inject"))
-        probe_dir = os.path.join(tmp, "probe")
-        os.makedirs(probe_dir, exist_ok=True)
-        env = child_environment(os.environ, inject_dir, probe_dir)
+    err_fd = _fd(sys.stderr)
+    mode = live_mode(args.live, stderr_is_terminal=err_fd is not None and os.isatty(err_fd))
+    command_out: Any = sys.stderr if args.json else None  # --json: stdout carries only the verdict
+    command_err: Any = None
+    status: StatusLine | None = None
+    relay: OutputRelay | None = None
+    if mode == "line":
+        status = StatusLine(err, lambda: terminal_columns(2 if err_fd is None else err_fd))
+        out_fd = _fd(sys.stderr if args.json else sys.stdout)
+        if err_fd is not None and out_fd is not None:
+            sys.stdout.flush()
+            relay = OutputRelay({1: out_fd, 2: err_fd}, status)
+            command_out, command_err = relay.child_fds[1], relay.child_fds[2]
+    with probe_workspace() as workspace:
+        env = child_environment(os.environ, workspace.inject_dir, workspace.probe_dir)
         try:
-            child = subprocess.Popen(args.command, env=env, stdout=sys.stderr if args.json else None)
+            child = subprocess.Popen(args.command, env=env, stdout=command_out, stderr=command_err)
         except OSError as exc:
+            if relay is not None:
+                relay.close()
             err(f"dam run: cannot start {args.command[0]!r}: {exc.strerror or exc}\n")
             return 127
+        if relay is not None:
+            relay.started()
         forwarded: list[int] = []
 
         def forward(signum: int, _frame: FrameType | None) -> None:
@@ -263,32 +167,44 @@ def run(
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         session = LocalSession(window_seconds=args.window, hardware=_hardware(args))
-        source = make_source(probe_dir, args.interval)
+        changes = ChangeFilter()
+        eval_period = min(args.window, max(args.interval, 1.0))
+        last_eval = [float("-inf")]
+
+        def on_sample(t: float, snap: Snapshot) -> bool:
+            session.add(t, snap)
+            if mode == "never":
+                return False
+            if session.warming_up():
+                if status is not None:
+                    status.show(progress_text(t, session.steps, args.window))
+                return False
+            if t - last_eval[0] < eval_period:
+                return False
+            last_eval[0] = t
+            verdict = session.window_verdict()
+            if verdict is None:
+                return False
+            if status is not None:
+                status.show(verdict_text(t, verdict))
+            elif changes.changed(verdict):
+                err(verdict_text(t, verdict) + "\n")
+            return False
+
+        source = make_source(workspace.probe_dir, args.interval)
         try:
-            start = time.monotonic()
-            last_eval = start
-            session.add(0.0, source.snapshot())
-            while True:
-                try:
-                    child.wait(timeout=args.interval)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                now = time.monotonic()
-                session.add(now - start, source.snapshot())
-                if now - last_eval >= min(args.window, max(args.interval, 1.0)):
-                    last_eval = now
-                    verdict = session.window_verdict()
-                    if live and verdict is not None:
-                        err(f"dam: {now - start:5.0f}s  {render_line(verdict)}\n")
-            session.add(time.monotonic() - start, source.snapshot())
+            sample_while_running(
+                child, source, args.interval, on_sample, pump=None if relay is None else relay.pump
+            )
         finally:
             source.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        code = child.wait()
-        if code < 0:  # killed by a signal: report it the way a shell does (128 + signal number)
-            code = 128 - code
+            code = shell_exit_status(child.wait())
+            if relay is not None:
+                relay.drain()
+            if status is not None:
+                status.close()
         final = session.final_verdict()
     if args.json:
         doc = final.to_status()

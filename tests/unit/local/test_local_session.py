@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dam_operator.diagnosis.model import Regime
-from dam_operator.local.run import MAX_ANCHORS, LocalSession, child_environment
+from dam_operator.local.child import child_environment
+from dam_operator.local.session import MAX_ANCHORS, LocalSession
 from dam_sidecar import names
 from dam_sidecar.promtext import Sample, Snapshot
 
