@@ -1,6 +1,6 @@
 """The D·A·M decision rules: one window of observations in, one verdict out.
 
-Pure and deterministic: no clock, no I/O. The rules follow DESIGN.md §1–2 and are
+Pure and deterministic: no clock, no I/O. The rules follow docs/method.md and docs/architecture.md and are
 spelled out, with their thresholds, in ``docs/method.md``. In short, in order:
 
 1. **Enough evidence?** Fewer than ``min_steps`` steps, or neither a data-wait ratio
@@ -61,7 +61,7 @@ from dam_operator.diagnosis.model import (
     Verdict,
     WindowMetrics,
 )
-from dam_operator.diagnosis.ranks import find_straggler, rank_figures, straggler_sentence
+from dam_operator.diagnosis.ranks import find_straggler, is_synchronous, rank_figures, straggler_sentence
 
 _AXES: dict[Regime, tuple[Axis, Axis | None]] = {
     Regime.INPUT_BOUND: (Axis.DATA, None),
@@ -450,8 +450,8 @@ class _Rules:
         missing: list[str] = []
         if o.collective_skew is not None:
             ev.append(
-                f"collective skew {_pct(o.collective_skew)} of the step: the ranks' waiting for a late peer "
-                "is not counted"
+                f"collective skew {_pct(o.collective_skew)} of the step: waiting for a late peer is not "
+                "counted as communication"
             )
         else:
             conf -= 0.1
@@ -890,10 +890,28 @@ def diagnose(
     the GPU table's entry for the model (the override's, else ``obs.gpu_model``) as the base.
     """
     t = thresholds or Thresholds()
+    straggler = find_straggler(ranks, t) if ranks else None
+    held_by = None
+    if ranks and straggler is not None and straggler.cause is Axis.DATA and is_synchronous(ranks):
+        # A synchronous job steps at its straggler's pace: the late rank's data wait is in every
+        # rank's step (its peers spend it waiting in the collectives), not the ranks' mean.
+        late = ranks.get(RankId(straggler.pod or "", straggler.rank))
+        w = late.data_wait_ratio if late is not None else None
+        if w is not None and (obs.data_wait_ratio is None or w > obs.data_wait_ratio):
+            held_by = (straggler, obs.data_wait_ratio)
+            obs = obs.model_copy(update={"data_wait_ratio": w})
     hw = resolve_hardware(obs.gpu_model, hardware)
     d = derive(obs, hw)
     rules = _Rules(obs, t, hw, d)
     f = rules.decide()
+    if held_by is not None:
+        late_straggler, mean = held_by
+        who = RankId(late_straggler.pod or "", late_straggler.rank).describe()
+        mean_text = "" if mean is None else f" (mean over the ranks {_pct(mean)})"
+        f.evidence.append(
+            f"the data wait is that of {who}, the straggler: every rank of the synchronous job waits for it"
+            + mean_text
+        )
     rules.context(f)
     axis, boundary = _AXES[f.regime]
     if f.boundary_set:
@@ -917,7 +935,6 @@ def diagnose(
     )
     metrics = _metrics(obs, d)
     if ranks:
-        straggler = find_straggler(ranks, t)
         if straggler is not None:
             bottleneck = bottleneck.model_copy(
                 update={

@@ -1,5 +1,5 @@
-"""The lever catalogue of docs/architecture.md (regimes, axes, levers): kebab-case identifiers with a human sentence,
-and for each regime the levers that work and the ones that would be wasted.
+"""The lever catalogue of docs/architecture.md (regimes, axes, levers): kebab-case identifiers
+with a human sentence, and for each regime the levers that work and the ones that would be wasted.
 """
 
 from __future__ import annotations

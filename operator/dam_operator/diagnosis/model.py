@@ -3,7 +3,7 @@ thresholds, hardware) and what comes out (a verdict).
 
 Field names on the wire (JSON, the resource status) are camelCase aliases of the
 snake_case Python names; ``model_dump(by_alias=True)`` gives the status shape of
-DESIGN.md §3. Pure data: no I/O, no Kubernetes, no NVML.
+docs/architecture.md (the DAMProfile resource). Pure data: no I/O, no Kubernetes, no NVML.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class Hardware(_Wire):
 
 
 class Thresholds(_Wire):
-    """Screening thresholds of DESIGN.md §1. Every one is overridable in the spec."""
+    """Screening thresholds of docs/method.md. Every one is overridable in the spec."""
 
     data_wait_suspect: Ratio = 0.10
     data_wait_fine: Ratio = 0.01

@@ -43,8 +43,8 @@ def _name(attr: str, default: str) -> str:
     return value if isinstance(value, str) else default
 
 
-# Series of docs/architecture.md (metric names) for distributed jobs and memory. Taken from ``dam_sidecar.names``
-# when it defines them; the defaults are the contract's names.
+# Series of docs/architecture.md (metric names) for distributed jobs and memory. Taken from
+# ``dam_sidecar.names`` when it defines them; the defaults are the contract's names.
 COLLECTIVE_SECONDS_TOTAL = _name("COLLECTIVE_SECONDS_TOTAL", "dam_collective_seconds_total")
 COLLECTIVE_EXPOSED_SECONDS_TOTAL = _name(
     "COLLECTIVE_EXPOSED_SECONDS_TOTAL", "dam_collective_exposed_seconds_total"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dam_operator.diagnosis import window as w
 from dam_sidecar import names
 
 Sample = tuple[str, Mapping[str, str], float]
@@ -20,7 +21,21 @@ _TYPES = {
     names.DATALOADER_WAIT_SECONDS_TOTAL: "counter",
     names.PROCESS_CPU_SECONDS_TOTAL: "counter",
     names.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL: "counter",
+    w.COLLECTIVE_SECONDS_TOTAL: "counter",
+    w.COLLECTIVE_EXPOSED_SECONDS_TOTAL: "counter",
+    w.COLLECTIVES_TOTAL: "counter",
+    w.COLLECTIVE_BYTES_TOTAL: "counter",
+    w.GPU_NVLINK_BYTES_TOTAL: "counter",
+    w.GPU_PCIE_BYTES_TOTAL: "counter",
+    w.CONTAINER_OOM_KILLS_TOTAL: "counter",
 }
+
+GPU_GAUGES = {
+    "mem_used": names.GPU_MEMORY_USED_BYTES,
+    "mem_total": names.GPU_MEMORY_TOTAL_BYTES,
+    "clock": names.GPU_SM_CLOCK_HERTZ,
+}
+"""Per-GPU gauges in their own units (not ratios)."""
 
 GAUGE_OF = {
     "util": names.GPU_UTILIZATION_RATIO,
@@ -51,6 +66,22 @@ def exposition(samples: Sequence[Sample]) -> str:
 
 
 @dataclass
+class Rank:
+    """One rank process of the job: its probe series carry ``rank``. Ratios are of the window."""
+
+    rank: int
+    steps: float | None = None
+    """Steps in the window (None: the job's ``steps``)."""
+    wait_ratio: float = 0.0
+    collective_ratio: float | None = None
+    """Collective seconds (waiting for peers included) / step seconds."""
+    exposed_ratio: float | None = None
+    collectives_per_step: float | None = None
+    bytes_per_collective: float | None = None
+    local_rank: int | None = None
+
+
+@dataclass
 class Job:
     """What happened in the window; None leaves a metric out of the snapshots."""
 
@@ -74,16 +105,53 @@ class Job:
     timestamps: bool = True
     start: float = 1000.0
     """Counter values in BEFORE (the job had run before the window)."""
+    ranks: list[Rank] = field(default_factory=list)
+    """Rank processes; when given, the probe series are per rank (label ``rank``)."""
+    container_memory_bytes: float | None = None
+    container_memory_limit_bytes: float | None = None
+    oom_kills: float | None = None
+    """OOM kills in the window."""
+    main_rss_bytes: float | None = None
+    worker_rss_bytes: float | None = None
+    nvlink_bytes_per_second: float | None = None
+    """Per GPU, tx + rx."""
+
+
+def _rank_counters(job: Job, r: Rank, k: float) -> list[Sample]:
+    base = job.start
+    steps = job.steps if r.steps is None else r.steps
+    labels = {"rank": str(r.rank)}
+    out: list[Sample] = [
+        (names.STEPS_TOTAL, labels, base * 2 + k * steps),
+        (names.STEP_SECONDS_TOTAL, labels, base + k * job.seconds),
+        (names.DATALOADER_WAIT_SECONDS_TOTAL, labels, base * 0.1 + k * job.seconds * r.wait_ratio),
+    ]
+    if r.collective_ratio is not None:
+        out.append((w.COLLECTIVE_SECONDS_TOTAL, labels, base * 0.2 + k * job.seconds * r.collective_ratio))
+    if r.exposed_ratio is not None:
+        out.append(
+            (w.COLLECTIVE_EXPOSED_SECONDS_TOTAL, labels, base * 0.1 + k * job.seconds * r.exposed_ratio)
+        )
+    if r.collectives_per_step is not None:
+        n = steps * r.collectives_per_step
+        out.append((w.COLLECTIVES_TOTAL, labels, base * 10 + k * n))
+        if r.bytes_per_collective is not None:
+            out.append((w.COLLECTIVE_BYTES_TOTAL, labels, base * 1e6 + k * n * r.bytes_per_collective))
+    return out
 
 
 def _counters(job: Job, at_end: bool) -> list[Sample]:
     k = 1.0 if at_end else 0.0
     base = job.start
     out: list[Sample] = []
-    if job.wait_ratio is not None:
+    if job.ranks:
+        for r in job.ranks:
+            out.extend(_rank_counters(job, r, k))
+    elif job.wait_ratio is not None:
         out.append((names.DATALOADER_WAIT_SECONDS_TOTAL, {}, base * 0.1 + k * job.seconds * job.wait_ratio))
         out.append((names.STEP_SECONDS_TOTAL, {}, base + k * job.seconds))
-    out.append((names.STEPS_TOTAL, {}, base * 2 + k * job.steps))
+    if not job.ranks:
+        out.append((names.STEPS_TOTAL, {}, base * 2 + k * job.steps))
     if job.main_cpu_cores is not None:
         out.append(
             (
@@ -108,6 +176,19 @@ def _counters(job: Job, at_end: bool) -> list[Sample]:
                 base / 10 + k * job.throttled_ratio * job.seconds,
             )
         )
+    if job.oom_kills is not None:
+        out.append((w.CONTAINER_OOM_KILLS_TOTAL, {}, 2.0 + k * job.oom_kills))
+    if job.nvlink_bytes_per_second is not None:
+        for i in range(len(job.gpus)):
+            for direction in ("tx", "rx"):
+                labels = {"gpu": str(i), "direction": direction}
+                out.append(
+                    (
+                        w.GPU_NVLINK_BYTES_TOTAL,
+                        labels,
+                        1e12 + k * job.nvlink_bytes_per_second / 2 * job.seconds,
+                    )
+                )
     return out
 
 
@@ -128,6 +209,26 @@ def _gauges(job: Job, at_end: bool) -> list[Sample]:
                     labels["uuid"] = job.gpu_uuids[i]
                 # BEFORE holds different gauge values: only AFTER must count.
                 out.append((metric, labels, gpu[key] if at_end else 1.0 - gpu[key]))
+    for key, metric in GPU_GAUGES.items():
+        for i, gpu in enumerate(job.gpus):
+            if key in gpu:
+                out.append((metric, {"gpu": str(i)}, gpu[key] if at_end else gpu[key] / 2))
+    for i, gpu in enumerate(job.gpus):
+        if "slowdown" in gpu:  # 1.0: hw_thermal_slowdown active
+            for reason in ("gpu_idle", "hw_thermal_slowdown"):
+                value = gpu["slowdown"] if reason == "hw_thermal_slowdown" else 0.0
+                out.append((names.GPU_THROTTLE_REASON, {"gpu": str(i), "reason": reason}, value))
+    for r in job.ranks:
+        if r.local_rank is not None:
+            labels = {"rank": str(r.rank), "local_rank": str(r.local_rank), "world_size": str(len(job.ranks))}
+            out.append((w.PROCESS_RANK_INFO, labels, 1.0))
+    if job.container_memory_bytes is not None:
+        out.append((w.CONTAINER_MEMORY_USAGE_BYTES, {}, job.container_memory_bytes))
+    if job.container_memory_limit_bytes is not None:
+        out.append((w.CONTAINER_MEMORY_LIMIT_BYTES, {}, job.container_memory_limit_bytes))
+    for role, rss in ((names.ROLE_MAIN, job.main_rss_bytes), (names.ROLE_WORKER, job.worker_rss_bytes)):
+        if rss is not None:
+            out.append((w.PROCESS_RESIDENT_MEMORY_BYTES, {"role": role}, rss))
     if job.gpu_model is not None:
         for i in range(max(1, len(job.gpus))):
             labels = {"gpu": str(i), job.gpu_info_label: job.gpu_model}

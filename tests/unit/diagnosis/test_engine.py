@@ -1,4 +1,4 @@
-"""The decision rules of DESIGN.md §1–2, one table row per case."""
+"""The decision rules of docs/method.md and docs/architecture.md, one table row per case."""
 
 from __future__ import annotations
 
