@@ -185,6 +185,28 @@ def start_method(context: object, default: str) -> str:
     return "unknown"
 
 
+def _seeded_or_sequential(sampler: object) -> bool:
+    """A sampler whose order does not draw from torch's RNG (by its shape: no torch import)."""
+    name = type(sampler).__name__
+    if name == "SequentialSampler":
+        return True
+    if name == "BatchSampler" or (hasattr(sampler, "batch_size") and hasattr(sampler, "sampler")):
+        return _seeded_or_sequential(getattr(sampler, "sampler", None))
+    # DistributedSampler: seeded from its own seed + epoch, not from the global RNG.
+    return isinstance(getattr(sampler, "seed", None), int) and callable(getattr(sampler, "set_epoch", None))
+
+
+def order_uses_rng(args: Mapping[str, object]) -> bool:
+    """True when the loader's order may draw from torch's RNG: ``shuffle`` or an unknown sampler."""
+    if args.get("shuffle"):
+        return True
+    for name in ("batch_sampler", "sampler"):
+        sampler = args.get(name)
+        if sampler is not None and not _seeded_or_sequential(sampler):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the overrides do to one loader: argument changes, notes, or a refusal."""
@@ -315,24 +337,28 @@ def plan_loader(
                 "could exhaust it (mount a larger one, e.g. an emptyDir with medium: Memory)"
             )
 
-    # persistent_workers: keep the workers across epochs; only valid with workers.
+    # persistent_workers: keep the workers across epochs; only valid with workers. torch draws
+    # the workers' base seed from the RNG once per iterator, so with persistent workers the RNG
+    # gives one number fewer per epoch: a shuffle that draws from it changes from epoch 2 on.
     user_pw = bool(args.get("persistent_workers", False))
     pw = user_pw
     if o.persistent_workers is not None and o.persistent_workers != user_pw and "persistent_workers" in args:
-        if o.persistent_workers:
-            if w == 0:
-                notes.append("persistent_workers not applied: needs num_workers > 0")
-            elif callable(getattr(dataset, "set_epoch", None)):
-                notes.append(
-                    "persistent_workers not applied: the dataset has set_epoch(), "
-                    "which persistent workers would not see"
-                )
-            else:
-                pw = True
-        elif o.allow_lower:
-            pw = False
-        else:
+        if o.persistent_workers and w == 0:
+            notes.append("persistent_workers not applied: needs num_workers > 0")
+        elif not o.persistent_workers and not o.allow_lower:
             notes.append("persistent_workers stays true (allow_lower not set)")
+        elif order_uses_rng(args):
+            notes.append(
+                "persistent_workers not applied: the loader shuffles, and persistent workers "
+                "would change the order of later epochs (torch draws one seed fewer per epoch)"
+            )
+        elif o.persistent_workers and callable(getattr(dataset, "set_epoch", None)):
+            notes.append(
+                "persistent_workers not applied: the dataset has set_epoch(), "
+                "which persistent workers would not see"
+            )
+        else:
+            pw = o.persistent_workers
     if w == 0:
         pw = False
     if pw != user_pw:

@@ -324,6 +324,46 @@ def test_persistent_workers_are_not_given_to_a_dataset_that_changes_per_epoch() 
     assert plan_loader(loader_args(), ovr, ROOMY).updates() == {"num_workers": 2, "persistent_workers": True}
 
 
+class SequentialSampler:  # named as torch's: iterates in order
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(8))
+
+
+class SeededSampler:  # shaped like DistributedSampler: seed + epoch, not the global RNG
+    seed = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class BatchSampler:
+    def __init__(self, sampler: object) -> None:
+        self.sampler = sampler
+        self.batch_size = 2
+
+
+@pytest.mark.parametrize(
+    ("given", "applied"),
+    [
+        ({}, True),
+        ({"shuffle": True}, False),
+        ({"sampler": SequentialSampler()}, True),
+        ({"sampler": SeededSampler()}, True),
+        ({"sampler": [3, 1, 2]}, False),
+        ({"batch_sampler": BatchSampler(SeededSampler())}, True),
+        ({"batch_sampler": BatchSampler(object())}, False),
+    ],
+)
+def test_persistent_workers_are_not_given_to_a_loader_whose_order_draws_from_the_rng(
+    given: dict[str, object], applied: bool
+) -> None:
+    # torch draws the workers' base seed once per iterator: persistent workers leave one draw
+    # out per epoch, so a shuffle from the global RNG would change from the second epoch on.
+    plan = plan_loader(loader_args(num_workers=2, **given), LoaderOverrides(persistent_workers=True), ROOMY)
+    assert ("persistent_workers" in plan.updates()) is applied
+    assert ("would change the order of later epochs" in plan.message()) is not applied
+
+
 def test_pin_memory_needs_an_accelerator() -> None:
     ovr = LoaderOverrides(pin_memory=True)
     assert plan_loader(loader_args(), ovr, ROOMY).message() == (
