@@ -41,7 +41,7 @@ from dam_operator.cluster import status as st
 from dam_operator.cluster.kube import ApiError, NotFoundError
 from dam_operator.cluster.opmetrics import OperatorMetrics
 from dam_operator.cluster.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
-from dam_operator.cluster.sources import MetricSource, PodTarget, SourceError, fetch_all
+from dam_operator.cluster.sources import MetricSource, PodTarget, SourceError
 from dam_operator.cluster.spec import DAMProfileSpec
 from dam_operator.cluster.window import StepResult, initial_step, invalid_step, window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
@@ -216,7 +216,7 @@ class Evaluator:
         if not targets:
             return {}
         source = self._source_for(spec)
-        return await fetch_all(source, targets, self._scrape_limit, self._metrics.scrape_duration)
+        return await source.fetch_all(targets, self._scrape_limit, self._metrics.scrape_duration)
 
     async def _post(self, entry: ProfileEntry, event: st.EventSpec, now: str) -> None:
         body = st.event_manifest(

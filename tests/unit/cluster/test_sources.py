@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from dam_operator.cluster import sources as src
-from dam_operator.cluster.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, fetch_all
+from dam_operator.cluster.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, fetch_each
 from dam_sidecar import names
 from tests.support.fake_sidecar import FakeJob
 from tests.support.procs import free_port
@@ -32,6 +32,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def serve(handler: Handler, path: str = "/metrics") -> AsyncIterator[int]:
     app = web.Application()
     app.router.add_get(path, handler)
+    app.router.add_post(path, handler)  # Prometheus' query API takes both
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -119,7 +120,7 @@ def test_scrape_of_a_closed_port_is_unreachable() -> None:
     assert err.reason == src.REASON_UNREACHABLE
 
 
-def test_fetch_all_turns_failures_into_values_and_bounds_concurrency() -> None:
+def test_fetch_each_turns_failures_into_values_and_bounds_concurrency() -> None:
     in_flight = {"now": 0, "max": 0}
 
     async def metrics(request: web.Request) -> web.Response:
@@ -136,7 +137,7 @@ def test_fetch_all_turns_failures_into_values_and_bounds_concurrency() -> None:
         async with serve(metrics) as port, aiohttp.ClientSession() as session:
             source = ScrapeSource(session)
             pods = [PodTarget("ns", f"p{i}", "127.0.0.1", port) for i in range(8)]
-            got = await fetch_all(source, pods, asyncio.Semaphore(3), durations.append)
+            got = await fetch_each(source, pods, asyncio.Semaphore(3), durations.append)
             return got, durations
 
     got, durations = run(scenario())
@@ -163,7 +164,8 @@ def test_prometheus_source_queries_the_pod_and_strips_target_labels() -> None:
     seen: list[str] = []
 
     async def api(request: web.Request) -> web.Response:
-        seen.append(request.query["query"])
+        assert request.method == "POST"  # a profile's pod list can be long: a form, not a URL
+        seen.append(str((await request.post())["query"]))
         target = {"namespace": "ns", "pod": "pod-a", "instance": "10.0.0.1:9450", "job": "dam"}
         return web.json_response(
             _vector(
@@ -215,6 +217,31 @@ def test_prometheus_failures_become_source_errors(status: int, body: Any, reason
         raise AssertionError("expected a SourceError")
 
     assert run(scenario()).reason == reason
+
+
+def test_prometheus_source_reads_all_of_a_profiles_pods_with_one_query() -> None:
+    seen: list[str] = []
+
+    async def api(request: web.Request) -> web.Response:
+        seen.append(str((await request.post())["query"]))
+        series = [
+            ({"__name__": names.STEPS_TOTAL, "namespace": "ns", "pod": pod, "rank": rank}, 1000.0, steps)
+            for pod, rank, steps in (("job-0", "0", 10.0), ("job-1", "1", 11.0), ("other", "0", 9.0))
+        ]
+        return web.json_response(_vector(*series))
+
+    async def scenario() -> Any:
+        async with serve(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+            source = PrometheusSource(session, f"http://127.0.0.1:{port}")
+            pods = [PodTarget("ns", name, "", 0) for name in ("job-0", "job-1", "job-2")]
+            return await source.fetch_all(pods, asyncio.Semaphore(1))
+
+    got = run(scenario())
+    assert seen == ['{__name__=~"dam_.+",namespace="ns",pod=~"job\\\\-0|job\\\\-1|job\\\\-2"}']
+    assert got["job-0"].samples(names.STEPS_TOTAL)[0].labels == (("rank", "0"),)
+    assert got["job-1"].samples(names.STEPS_TOTAL)[0].value == 11.0
+    assert isinstance(got["job-2"], SourceError) and got["job-2"].reason == src.REASON_NO_DATA
+    assert set(got) == {"job-0", "job-1", "job-2"}  # a pod the query did not ask for is ignored
 
 
 def test_prometheus_query_escapes_label_values() -> None:
