@@ -260,6 +260,21 @@ def plan_loader(
         return Plan(refused="num_workers or prefetch_factor is not an integer")
     if user_w < 0 or (user_pf is not None and user_pf < 0):
         return Plan(refused="the loader's own num_workers or prefetch_factor is negative")
+    needs_workers = [
+        name
+        for name, unset in (
+            ("prefetch_factor", None),
+            ("persistent_workers", False),
+            ("multiprocessing_context", None),
+            ("timeout", 0),
+        )
+        if args.get(name, unset) != unset
+    ]
+    if user_w == 0 and needs_workers:
+        # torch raises for these without workers: adding workers would hide the code's own error.
+        return Plan(
+            refused=f"the loader sets {', '.join(needs_workers)} with num_workers=0, which torch rejects"
+        )
     o = overrides
 
     # num_workers: raised (capped at the CPUs), kept, or lowered only with allow_lower.
@@ -313,7 +328,7 @@ def plan_loader(
     if w == 0:
         if o.prefetch_factor is not None:
             notes.append("prefetch_factor not applied: needs num_workers > 0")
-        pf = None
+        pf = None  # a rollback to 0 workers: torch accepts no prefetch_factor then
     elif o.prefetch_factor is not None and "prefetch_factor" in args:
         effective = TORCH_PREFETCH_DEFAULT if user_pf is None else user_pf
         if o.prefetch_factor > effective or (o.allow_lower and o.prefetch_factor != effective):

@@ -381,6 +381,25 @@ def test_settings_missing_from_an_older_torch_are_not_applied() -> None:
     assert "num_workers not applied: not an argument of this DataLoader" in plan.message()
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"prefetch_factor": 4},
+        {"persistent_workers": True},
+        {"multiprocessing_context": "spawn"},
+        {"timeout": 5.0},
+        {"num_workers": -1},
+    ],
+)
+def test_the_codes_own_errors_are_not_hidden_by_adding_workers(given: dict[str, object]) -> None:
+    # torch rejects each of these without workers; the override must not make a broken loader work.
+    plan = plan_loader(
+        loader_args(**given), LoaderOverrides(num_workers=2), ROOMY, spawn_check=no_spawn_check
+    )
+    assert plan.refused is not None
+    assert plan.updates() == {}
+
+
 def test_a_non_integer_worker_count_is_left_alone() -> None:
     plan = plan_loader(loader_args(num_workers="2"), LoaderOverrides(num_workers=4), ROOMY)
     assert plan.refused == "num_workers or prefetch_factor is not an integer"
