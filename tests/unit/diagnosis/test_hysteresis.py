@@ -9,7 +9,7 @@ import pytest
 
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer, rfc3339
-from dam_operator.diagnosis.model import Observation, Regime, Verdict
+from dam_operator.diagnosis.model import Observation, RankId, Regime, Verdict
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -99,3 +99,81 @@ def test_rfc3339_converts_to_utc_and_treats_naive_as_utc() -> None:
 def test_invalid_settings_are_rejected() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Stabilizer(confirm_windows=0)
+
+
+# --- the straggler ------------------------------------------------------------------------
+
+
+def ranked(late: int | None, **fields: Any) -> Verdict:
+    """A synchronous 3-rank job whose rank ``late`` arrives last (None: balanced), waiting for data."""
+    ranks = {}
+    for r in range(3):
+        is_late = r == late
+        ranks[RankId("p", r)] = Observation(
+            steps=100.0,
+            window_seconds=50.0,
+            mean_step_seconds=0.5,
+            data_wait_ratio=0.4 if is_late else 0.01,
+            collective_seconds=2.5 if is_late else 22.5,
+            collective_exposed_seconds=1.0,
+            exposed_communication_ratio=0.02,
+            gpu_count=0,
+        )
+    obs = Observation(steps=300.0, window_seconds=50.0, gpu_count=0, data_wait_ratio=0.14, **fields)
+    return diagnose(obs, ranks=ranks)
+
+
+def stragglers(out: list[Verdict]) -> list[int | None]:
+    return [v.bottleneck.straggler.rank if v.bottleneck.straggler else None for v in out]
+
+
+def test_raw_verdicts_name_the_late_rank() -> None:
+    assert ranked(2).bottleneck.straggler is not None
+    assert ranked(None).bottleneck.straggler is None
+
+
+def test_a_straggler_that_comes_and_goes_does_not_flap() -> None:
+    stab = Stabilizer()
+    out = [stab.update(v, T0 + timedelta(minutes=i)) for i, v in enumerate([ranked(2), ranked(None)] * 3)]
+    assert stragglers(out) == [2] * 6
+    assert any(
+        e.startswith("holding straggler rank 2 (pod p): none seen in 1") for e in out[1].bottleneck.evidence
+    )
+
+
+def test_a_new_straggler_replaces_the_old_after_two_windows() -> None:
+    stab = Stabilizer()
+    out = [stab.update(v, T0 + timedelta(minutes=i)) for i, v in enumerate([ranked(2), ranked(0), ranked(0)])]
+    assert stragglers(out) == [2, 2, 0]
+    assert stab.straggler is not None and stab.straggler.rank == 0
+    # One evidence line for the published straggler, never the raw window's.
+    lines = [e for e in out[1].bottleneck.evidence if e.startswith("straggler (")]
+    assert len(lines) == 1 and "rank 2" in lines[0]
+
+
+def test_a_straggler_goes_away_after_two_quiet_windows() -> None:
+    stab = Stabilizer()
+    out = [
+        stab.update(v, T0 + timedelta(minutes=i))
+        for i, v in enumerate([ranked(1), ranked(None), ranked(None)])
+    ]
+    assert stragglers(out) == [1, 1, None]
+    assert not any(e.startswith("straggler (") for e in out[2].bottleneck.evidence)
+
+
+def test_the_straggler_is_kept_while_the_regime_is_held() -> None:
+    stab = Stabilizer()
+    first = stab.update(ranked(2), T0)
+    assert first.bottleneck.regime is Regime.INPUT_BOUND
+    held = stab.update(verdict(**COMPUTE), T0 + timedelta(minutes=1))
+    assert held.bottleneck.regime is Regime.INPUT_BOUND
+    assert held.bottleneck.straggler is not None and held.bottleneck.straggler.rank == 2
+    assert any(e.startswith("holding input-bound") for e in held.bottleneck.evidence)
+
+
+def test_restore_resumes_the_published_straggler() -> None:
+    published = Stabilizer().update(ranked(2), T0).bottleneck
+    resumed = Stabilizer()
+    resumed.restore(published)
+    out = resumed.update(ranked(None), T0 + timedelta(minutes=1))
+    assert stragglers([out]) == [2]
