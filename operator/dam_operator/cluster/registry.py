@@ -19,6 +19,27 @@ ProfileKey = tuple[str, str]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
+def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
+    """The latest ``finishedAt`` of an ``OOMKilled`` termination in the pod's container statuses.
+
+    The kubelet records it in ``state.terminated`` while the container is down and in
+    ``lastState.terminated`` once it restarted (init containers included: a native sidecar or
+    a loader in an init container can be killed too). RFC 3339 strings in UTC compare in time order.
+    """
+    latest: str | None = None
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for cs in pod_status.get(key) or ():
+            if not isinstance(cs, Mapping):
+                continue
+            for state_key in ("state", "lastState"):
+                terminated = (cs.get(state_key) or {}).get("terminated") or {}
+                if isinstance(terminated, Mapping) and terminated.get("reason") == "OOMKilled":
+                    when = str(terminated.get("finishedAt") or "")
+                    if when and (latest is None or when > latest):
+                        latest = when
+    return latest
+
+
 @dataclass(frozen=True)
 class PodInfo:
     """What the operator needs of a pod; built from the pod body by the handler."""
@@ -31,6 +52,9 @@ class PodInfo:
     phase: str | None = None
     instrumented: bool = False
     deleting: bool = False
+    last_oom_kill: str | None = None
+    """When a container of the pod was last OOM-killed (RFC 3339 ``finishedAt`` of a terminated
+    state with reason ``OOMKilled``, current or last); None when never seen."""
 
     @property
     def key(self) -> ProfileKey:
@@ -61,6 +85,7 @@ class PodInfo:
             phase=status.get("phase") or None,
             instrumented=instrumented,
             deleting=bool(meta.get("deletionTimestamp")),
+            last_oom_kill=last_oom_kill(status),
         )
 
 

@@ -149,8 +149,8 @@ class Evaluator:
             self._state.pop(entry.key, None)
             result = invalid_step(entry.status, entry.error or "invalid", entry.generation, now)
             await self._write(entry, result.patch)
-            if result.event is not None:
-                await self._post(entry, result.event, now)
+            for event in result.events:
+                await self._post(entry, event, now)
             return False
         spec = entry.spec
         state = self._state_for(entry, spec)
@@ -197,8 +197,8 @@ class Evaluator:
         if result.verdict is not None:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
         self._metrics.evaluation(ok=True)
-        if result.event is not None:
-            await self._post(entry, result.event, st.format_time(when))
+        for event in result.events:
+            await self._post(entry, event, st.format_time(when))
 
     def _record(self, entry: ProfileEntry, result: StepResult) -> None:
         for reason in result.error_reasons:

@@ -188,6 +188,10 @@ class ThresholdsSpec(_Spec):
     tensor_active_low: Ratio | None = None
     worker_cpu_saturated: Ratio | None = None
     min_steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    communication_suspect: Ratio | None = None
+    straggler_skew: Ratio | None = None
+    gpu_memory_full: Annotated[float, Field(gt=0.5, le=1.0), AfterValidator(_finite)] | None = None
+    container_memory_full: Annotated[float, Field(gt=0.5, le=1.0), AfterValidator(_finite)] | None = None
 
     def merged(self) -> Thresholds:
         return Thresholds(**self.model_dump(exclude_none=True))

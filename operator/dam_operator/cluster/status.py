@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dam_operator.diagnosis.hysteresis import rfc3339
-from dam_operator.diagnosis.model import Bottleneck
+from dam_operator.diagnosis.model import Bottleneck, Straggler
 
 GROUP = "dam.mlsys.dev"
 VERSION = "v1alpha1"
@@ -43,6 +43,7 @@ REASON_NOT_INSTRUMENTED = "PodsNotInstrumented"
 REASON_ALL_REPORTING = "AllPodsReporting"
 REASON_NOT_REPORTING = "SidecarsNotReporting"
 REASON_BOTTLENECK_CHANGED = "BottleneckChanged"
+REASON_STRAGGLER = "StragglerDetected"
 
 MAX_NOT_INSTRUMENTED_LISTED = 50
 MAX_MESSAGE = 1024
@@ -247,16 +248,18 @@ def pods_status(
     instrumented: int,
     reporting: int,
     not_instrumented: Sequence[str] = (),
-    straggler: str | None = None,
 ) -> dict[str, Any]:
-    """``status.pods``; ``notInstrumented`` and ``straggler`` are None (removed) when empty."""
+    """``status.pods``; ``notInstrumented`` is None (removed) when empty.
+
+    ``straggler`` is always null: the straggler lives in ``bottleneck.straggler`` now, and the
+    null removes the pod name that operators before 0.2 wrote here."""
     listed = sorted(not_instrumented)[:MAX_NOT_INSTRUMENTED_LISTED]
     return {
         "matched": matched,
         "instrumented": instrumented,
         "reporting": reporting,
         "notInstrumented": listed or None,
-        "straggler": straggler,
+        "straggler": None,
     }
 
 
@@ -358,6 +361,22 @@ def bottleneck_changed_event(previous: Mapping[str, Any] | None, new: Bottleneck
         f"pull lever {new.lever} — {detail}{was}"
     )
     return EventSpec(reason=REASON_BOTTLENECK_CHANGED, message=_clip(message))
+
+
+def straggler_event(previous: Mapping[str, Any] | None, new: Straggler | None) -> EventSpec | None:
+    """``StragglerDetected`` when the straggler (pod, rank or cause) changed to a new one; None
+    when it is the same or there is none now (its disappearance shows in the status)."""
+    if new is None:
+        return None
+    old = (previous.get("pod"), previous.get("rank"), previous.get("cause")) if previous else None
+    if old == (new.pod, new.rank, new.cause.value):
+        return None
+    who = f"pod {new.pod}" if new.pod else "a pod"
+    if new.rank is not None:
+        who += f" (rank {new.rank})"
+    because = f": {new.evidence[0]}" if new.evidence else ""
+    message = f"Straggler: {who} holds the job back, cause {new.cause.value}{because}"
+    return EventSpec(reason=REASON_STRAGGLER, message=_clip(message), type="Warning")
 
 
 def invalid_spec_event(error: str) -> EventSpec:

@@ -24,8 +24,8 @@ from dam_operator.cluster.sources import SourceError
 from dam_operator.cluster.spec import DAMProfileSpec
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_operator.diagnosis.model import Observation, Verdict
-from dam_operator.diagnosis.window import aggregate, find_straggler, observation_from_snapshots
+from dam_operator.diagnosis.model import Verdict
+from dam_operator.diagnosis.window import PodWindow, job_window
 from dam_sidecar.promtext import Snapshot
 
 Results = Mapping[str, "Snapshot | SourceError"]
@@ -56,13 +56,35 @@ class StepResult:
     patch: dict[str, Any]
     """The one status merge patch to write."""
     counts: PodCounts | None = None
-    event: st.EventSpec | None = None
+    events: list[st.EventSpec] = field(default_factory=list)
     verdict: Verdict | None = None
     baselines: dict[str, Snapshot] = field(default_factory=dict)
     """Each pod's snapshot to difference the next window against."""
     published: tuple[str, str] | None = None
     """(axis, regime) now in the status."""
     error_reasons: list[str] = field(default_factory=list)
+
+
+OOM_SLACK_SECONDS = 5.0
+"""An OOM kill this much before the window's start still counts (clock skew between nodes)."""
+
+
+def oom_killed_within(last_oom_kill: str | None, when: dt.datetime, window_seconds: float) -> bool | None:
+    """True when the pod's last OOM kill (RFC 3339) fell in the window ending at ``when``.
+
+    ``lastState`` keeps a termination until the next one, so an old kill must not hold the
+    verdict at memory-capacity forever: only a kill inside this window counts. None (unknown)
+    when the pod never reported one.
+    """
+    if not last_oom_kill:
+        return None
+    try:
+        at = dt.datetime.fromisoformat(last_oom_kill)
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.UTC)
+    return at >= when - dt.timedelta(seconds=window_seconds + OOM_SLACK_SECONDS)
 
 
 def _not_running(pods: Sequence[PodInfo]) -> list[str]:
@@ -130,7 +152,7 @@ def invalid_step(status: Mapping[str, Any], error: str, generation: int | None, 
     )
     return StepResult(
         patch=st.invalid_patch(status, error, generation, now),
-        event=None if already else st.invalid_spec_event(error),
+        events=[] if already else [st.invalid_spec_event(error)],
     )
 
 
@@ -159,17 +181,10 @@ def initial_step(
         diagnosed = {k: v for k, v in old_diag.items() if k != "lastTransitionTime"}
     else:
         diagnosed = st.pending_condition(generation, spec.evaluation.window_seconds)
-    old_pods = status.get("pods") if isinstance(status.get("pods"), Mapping) else {}
     patch = st.evaluation_patch(
         status,
         verdict_status=None,
-        pods=st.pods_status(
-            counts.matched,
-            counts.instrumented,
-            counts.reporting,
-            counts.uninstrumented,
-            straggler=(old_pods or {}).get("straggler"),
-        ),
+        pods=st.pods_status(counts.matched, counts.instrumented, counts.reporting, counts.uninstrumented),
         conditions=[*_common_conditions(counts, scrape, generation, webhook_enabled), diagnosed],
         generation=generation,
         now=now,
@@ -201,7 +216,8 @@ def window_step(
     scrape = classify(pods, results)
     counts = count_pods(pods, scrape)
     new_baselines = {k: v for k, v in baselines.items() if k in {p.name for p in pods}}
-    per_pod: dict[str, Observation] = {}
+    by_name = {p.name: p for p in pods}
+    windows: dict[str, PodWindow] = {}
     for name, result in scrape.answered.items():
         before = baselines.get(name)
         if before is None or result.timestamp_seconds is None or before.timestamp_seconds is None:
@@ -213,24 +229,20 @@ def window_step(
         new_baselines[name] = result
         if elapsed > max_baseline_seconds:
             continue  # too old to difference against; this scrape is the new baseline
-        per_pod[name] = observation_from_snapshots(
+        windows[name] = PodWindow(
             before,
             result,
             elapsed_seconds=elapsed,
-            batch_size=spec.model.batch_size if spec.model else None,
-            flops_per_step=spec.model.flops_per_step if spec.model else None,
-            gpu_model=spec.hardware.gpu_model if spec.hardware else None,
+            oom_killed=oom_killed_within(by_name[name].last_oom_kill, when, elapsed),
         )
 
-    observation = aggregate(per_pod) if per_pod else Observation()
-    raw = diagnose(observation, spec.thresholds_model(), spec.hardware_model())
-    straggler = find_straggler(per_pod)
-    if straggler is not None:
-        b = raw.bottleneck
-        raw = Verdict(
-            bottleneck=b.model_copy(update={"evidence": [*b.evidence, f"straggler: {straggler[1]}"]}),
-            metrics=raw.metrics,
-        )
+    job = job_window(
+        windows,
+        batch_size=spec.model.batch_size if spec.model else None,
+        flops_per_step=spec.model.flops_per_step if spec.model else None,
+        gpu_model=spec.hardware.gpu_model if spec.hardware else None,
+    )
+    raw = diagnose(job.job, spec.thresholds_model(), spec.hardware_model(), ranks=job.ranks)
     # No data this window gives an unknown verdict, which the stabilizer holds off
     # for a few windows: a missed scrape does not erase a diagnosis.
     verdict = stabilizer.update(raw, when)
@@ -240,29 +252,31 @@ def window_step(
             bottleneck=verdict.bottleneck,
             matched=counts.matched,
             instrumented=counts.instrumented,
-            reporting=len(per_pod),
+            reporting=len(job.pods),
             generation=generation,
         ),
     ]
     patch = st.evaluation_patch(
         status,
         verdict_status=verdict.to_status(),
-        pods=st.pods_status(
-            counts.matched,
-            counts.instrumented,
-            counts.reporting,
-            counts.uninstrumented,
-            straggler=straggler[0] if straggler else None,
-        ),
+        pods=st.pods_status(counts.matched, counts.instrumented, counts.reporting, counts.uninstrumented),
         conditions=conditions,
         generation=generation,
         now=st.format_time(when),
     )
     previous = None if published is None else {"axis": published[0], "regime": published[1]}
+    old_bottleneck = status.get("bottleneck")
+    events = [
+        st.bottleneck_changed_event(previous, verdict.bottleneck),
+        st.straggler_event(
+            old_bottleneck.get("straggler") if isinstance(old_bottleneck, Mapping) else None,
+            verdict.bottleneck.straggler,
+        ),
+    ]
     return StepResult(
         patch=patch,
         counts=counts,
-        event=st.bottleneck_changed_event(previous, verdict.bottleneck),
+        events=[e for e in events if e is not None],
         verdict=verdict,
         baselines=new_baselines,
         published=st.verdict_key(verdict.bottleneck),

@@ -13,7 +13,7 @@ from dam_operator.cluster.spec import parse_spec
 from dam_operator.cluster.window import initial_step, invalid_step, window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_sidecar.promtext import Snapshot, parse_snapshot
-from tests.unit.diagnosis.snapshots import Job, snapshot_pair
+from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
 WHEN = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 SELECTOR = {"matchLabels": {"app": "t"}}
@@ -121,10 +121,100 @@ def test_spec_naming_only_a_gpu_model_gets_mfu_and_ridge_point_from_the_table() 
 
 def test_invalid_spec_event_once_per_generation() -> None:
     first = invalid_step({}, "spec.x: bad", generation=3, now="t")
-    assert first.event is not None and first.event.reason == st.REASON_INVALID
+    assert [e.reason for e in first.events] == [st.REASON_INVALID]
     written = first.patch["status"]
     again = invalid_step(written, "spec.x: bad", generation=3, now="t2")  # restart, resume, metadata edit
-    assert again.event is None
+    assert again.events == []
     assert again.patch["status"]["conditions"][0]["status"] == "False"
     newer = invalid_step(written, "spec.y: bad", generation=4, now="t3")
-    assert newer.event is not None
+    assert [e.reason for e in newer.events] == [st.REASON_INVALID]
+
+
+def _rank_pod_pair(rank: int, wait: float, collective: float) -> tuple[Snapshot, Snapshot]:
+    job = Job(
+        seconds=30.0,
+        steps=60.0,
+        main_cpu_cores=1.0,
+        ranks=[Rank(rank, wait_ratio=wait, collective_ratio=collective, exposed_ratio=collective * 0.9)],
+    )
+    return _pair(job)
+
+
+def test_a_job_of_three_pods_names_its_straggler_pod_and_posts_one_event() -> None:
+    pods = [_pod(f"trainer-{i}", True) for i in range(3)]
+    figures = {"trainer-0": (0, 0.01, 0.40), "trainer-1": (1, 0.40, 0.04), "trainer-2": (2, 0.01, 0.40)}
+    pairs = {name: _rank_pod_pair(*f) for name, f in figures.items()}
+    spec = {"selector": SELECTOR}
+    first = _window(spec, pods, {n: p[0] for n, p in pairs.items()}, {n: p[1] for n, p in pairs.items()})
+    straggler = first.patch["status"]["bottleneck"]["straggler"]
+    assert (straggler["pod"], straggler["rank"], straggler["cause"]) == ("trainer-1", 1, "Data")
+    assert first.patch["status"]["metrics"]["rankCount"] == 3
+    assert [e.reason for e in first.events if e.reason == st.REASON_STRAGGLER] == [st.REASON_STRAGGLER]
+    assert "trainer-1" in next(e.message for e in first.events if e.reason == st.REASON_STRAGGLER)
+    # The same straggler in the next window: no second Event.
+    again = window_step(
+        spec=parse_spec(spec),
+        status=first.patch["status"],
+        generation=1,
+        pods=pods,
+        results={n: p[1] for n, p in pairs.items()},
+        baselines={n: p[0] for n, p in pairs.items()},
+        stabilizer=Stabilizer(confirm_windows=1),
+        published=first.published,
+        when=WHEN,
+        webhook_enabled=True,
+        max_baseline_seconds=600.0,
+    )
+    assert [e for e in again.events if e.reason == st.REASON_STRAGGLER] == []
+
+
+def test_an_oom_kill_in_the_pod_status_during_the_window_is_memory_capacity() -> None:
+    before, after = _pair(Job(seconds=30.0, steps=60.0, wait_ratio=0.02, main_cpu_cores=1.0))
+    spec = {"selector": SELECTOR}
+    killed = PodInfo(
+        "ns",
+        "a",
+        {"app": "t"},
+        pod_ip="10.0.0.1",
+        phase="Running",
+        instrumented=True,
+        last_oom_kill="2026-11-30T11:59:50Z",
+    )
+    step = _window(spec, [killed], {"a": before}, {"a": after})
+    assert step.patch["status"]["bottleneck"]["regime"] == "memory-capacity"
+    # A kill an hour ago (still in lastState) does not hold the verdict.
+    old = PodInfo(
+        "ns",
+        "a",
+        {"app": "t"},
+        pod_ip="10.0.0.1",
+        phase="Running",
+        instrumented=True,
+        last_oom_kill="2026-11-30T11:00:00Z",
+    )
+    assert _window(spec, [old], {"a": before}, {"a": after}).patch["status"]["bottleneck"]["regime"] != (
+        "memory-capacity"
+    )
+
+
+def test_last_oom_kill_is_read_from_current_and_last_container_states() -> None:
+    from dam_operator.cluster.registry import last_oom_kill
+
+    status = {
+        "containerStatuses": [
+            {
+                "name": "a",
+                "lastState": {"terminated": {"reason": "OOMKilled", "finishedAt": "2026-11-30T10:00:00Z"}},
+            },
+            {
+                "name": "b",
+                "state": {"terminated": {"reason": "OOMKilled", "finishedAt": "2026-11-30T11:00:00Z"}},
+            },
+            {
+                "name": "c",
+                "lastState": {"terminated": {"reason": "Error", "finishedAt": "2026-11-30T12:00:00Z"}},
+            },
+        ]
+    }
+    assert last_oom_kill(status) == "2026-11-30T11:00:00Z"
+    assert last_oom_kill({"containerStatuses": [{"name": "a", "state": {"running": {}}}]}) is None
