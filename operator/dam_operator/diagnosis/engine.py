@@ -1,38 +1,35 @@
 """The D·A·M decision rules: one window of observations in, one verdict out.
 
-Pure and deterministic: no clock, no I/O. The rules follow docs/method.md and docs/architecture.md and are
-spelled out, with their thresholds, in ``docs/method.md``. In short, in order:
+Pure and deterministic: no clock, no I/O. The rules are spelled out, with their
+thresholds, in ``docs/method.md``. In short, in order:
 
-1. **Enough evidence?** Fewer than ``min_steps`` steps, or neither a data-wait ratio
+1. **Memory capacity** (Algorithm, boundary Machine): the container was OOM-killed (the
+   caller's ``oom_killed``), the cgroup counted OOM kills in the window, or the fullest
+   GPU's memory is above ``gpu_memory_full``; the container near its memory limit counts
+   only when the processes' resident memory corroborates it (page cache fills a limit
+   harmlessly). It takes precedence over everything: a job being killed is not input-bound.
+2. **Enough evidence?** Fewer than ``min_steps`` steps, or neither a data-wait ratio
    nor a GPU signal nor the main process's CPU → ``unknown`` (``collect-more-evidence``,
    ``missing`` names what is absent).
-2. **Input-bound** (Data): data wait above the screen *and* the accelerator idle
+3. **Communication-bound** (Machine, boundary Algorithm): the *skew-corrected* exposed
+   communication — the least-waiting rank's — above ``communication_suspect`` of the step.
+   When the job is also input-bound, the larger share of the step wins.
+4. **Input-bound** (Data): data wait above the screen *and* the accelerator idle
    (utilization below the starved line). With no GPU counters at all (a CPU-only job,
    or NVML unavailable) the data wait alone decides, at lower confidence. Loader wait
    while the GPU stays busy is hidden by the asynchronous queue and does not count.
    Boundary Machine, lever ``raise-cpu-limit``, when the container is CPU-throttled or
    the training process saturates its CPU limit.
-3. **GPU fed** (utilization at or above the starved line):
+5. **GPU fed** (utilization at or above the starved line):
    DRAM bandwidth saturated (or arithmetic intensity below the ridge point when DRAM is
    not measured) → ``memory-bound``; kernels resident but SMs mostly idle →
    ``latency-bound`` (kernels too small to fill the GPU); otherwise → ``compute-bound``.
-4. **GPU starved without data wait** → ``latency-bound`` (launch / Python / host-sync
+6. **GPU starved without data wait** → ``latency-bound`` (launch / Python / host-sync
    overhead), stronger when the main process saturates a core or the batch is 1.
-5. **CPU-only, no data wait** and the main process saturating a core → ``compute-bound``
+7. **CPU-only, no data wait** and the main process saturating a core → ``compute-bound``
    on the CPU (Machine, lever ``move-to-accelerator``), except at batch size 1 with
    under 1.5 cores busy (one saturated Python thread: overhead) → ``latency-bound``;
    CPU-throttled → ``compute-bound`` with lever ``raise-cpu-limit``.
-
-Two rules come first, for jobs the rules above do not describe:
-
-0. **Memory capacity** (Algorithm, boundary Machine): the container was OOM-killed (the
-   caller's ``oom_killed``), the cgroup counted OOM kills in the window, or the fullest GPU's
-   memory is above ``gpu_memory_full``; the container near its memory limit counts only when
-   the processes' resident memory corroborates it (page cache fills a limit harmlessly).
-   It takes precedence over everything: a job that is being killed is not input-bound.
-1b. **Communication-bound** (Machine, boundary Algorithm): the *skew-corrected* exposed
-   communication — the least-waiting rank's — above ``communication_suspect`` of the step.
-   When the job is also input-bound, the larger share of the step wins.
 
 With per-rank observations (``diagnose(..., ranks=...)``) the verdict also names a straggler
 (``bottleneck.straggler``) and lists the worst few ranks (``metrics.ranks``); see
