@@ -21,6 +21,7 @@ SECTIONS = {
     "nvml": "Accelerator (NVML)",
     "gpm": "Accelerator, GPM (Hopper and newer; absent on older GPUs)",
     "cpu": "Host CPU (/proc, cgroup)",
+    "memory": "Host memory (/proc, cgroup)",
     "sidecar": "The sidecar itself",
 }
 

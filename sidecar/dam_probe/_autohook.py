@@ -1,15 +1,20 @@
-"""Automatic DataLoader instrumentation, installed without importing torch.
+"""Automatic instrumentation of torch, installed without importing torch.
 
 ``install()`` puts a ``sys.meta_path`` finder in front of the import system.
-It answers only for ``torch.utils.data.dataloader``: it lets the regular
-finders locate the module, and wraps the loader so that right after the
-module body has run, ``_BaseDataLoaderIter.__next__`` is replaced by a timed
-version. Then the finder removes itself (the import system is past
-``sys.meta_path`` by then). If torch's DataLoader module is
-already imported, it is patched at once.
+It answers only for the modules of ``PATCHES`` (a table of module name → patch
+function): it lets the regular finders locate the module, and wraps the loader
+so that right after the module body has run, the patch function runs on the
+module. Once every module of the table has been patched, the finder removes
+itself (the import system is past ``sys.meta_path`` by then). A module of the
+table that is already imported is patched at once.
 
-Every ``DataLoader`` iterator (single- and multi-process) inherits that
-``__next__``, so any training loop is measured without code changes.
+- ``torch.utils.data.dataloader``: ``_BaseDataLoaderIter.__next__`` is
+  replaced by a timed version. Every ``DataLoader`` iterator (single- and
+  multi-process) inherits it, so any training loop is measured without code
+  changes. A failure disables the probe.
+- ``torch.distributed.distributed_c10d`` and ``torch.nn.parallel.distributed``:
+  collectives and DDP gradient buckets are timed (``dam_probe._comm``). A
+  failure leaves torch untouched and prints one line; the probe stays on.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from time import perf_counter_ns
 from types import ModuleType
 from typing import Any, Final, cast
 
+from dam_probe import _comm
 from dam_probe._core import PROBE, Probe
 
 TARGET: Final = "torch.utils.data.dataloader"
@@ -85,11 +91,36 @@ def _guarded_patch(module: ModuleType) -> None:
         PROBE.disable(f"cannot instrument DataLoader: {exc}")
 
 
+def _guarded_comm(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType], None]:
+    def guarded(module: ModuleType) -> None:
+        try:
+            patch(module)
+        except Exception as exc:
+            _comm.report(f"cannot instrument {module.__name__}: {exc}")
+
+    return guarded
+
+
+# Module name -> what runs on it right after its body (each guarded: it never raises).
+PATCHES: Final[dict[str, Callable[[ModuleType], None]]] = {
+    TARGET: _guarded_patch,
+    _comm.C10D: _guarded_comm(_comm.patch_c10d),
+    _comm.DDP: _guarded_comm(_comm.patch_ddp),
+}
+_done: set[str] = set()  # the modules of PATCHES patched in this process
+
+
+def _run_patch(name: str, module: ModuleType) -> None:
+    _done.add(name)
+    PATCHES[name](module)
+
+
 class _PatchingLoader:
     """Runs the real loader, then patches the module and restores the real loader on it."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, name: str = TARGET) -> None:
         self._inner = inner
+        self._name = name
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         create = getattr(self._inner, "create_module", None)
@@ -103,22 +134,23 @@ class _PatchingLoader:
         if spec is not None:
             spec.loader = inner
         inner.exec_module(module)
-        _guarded_patch(module)
-        uninstall()  # not while the import system walks sys.meta_path: only after the module ran
+        _run_patch(self._name, module)
+        if _done >= set(PATCHES):
+            uninstall()  # not while the import system walks sys.meta_path: only after the module ran
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
 class DataLoaderHook:
-    """The ``sys.meta_path`` finder; answers for torch's DataLoader module only."""
+    """The ``sys.meta_path`` finder; answers for the modules of ``PATCHES`` only."""
 
     dam_probe_hook: Final = True
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != TARGET:
+        if fullname not in PATCHES or fullname in _done:
             return None
         try:
             spec = None
@@ -133,10 +165,13 @@ class DataLoaderHook:
                     break
             if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
                 return spec
-            spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]
+            spec.loader = _PatchingLoader(spec.loader, fullname)  # type: ignore[assignment]
             return spec
         except Exception as exc:
-            PROBE.disable(f"cannot instrument DataLoader: {exc}")
+            if fullname == TARGET:
+                PROBE.disable(f"cannot instrument DataLoader: {exc}")
+            else:
+                _comm.report(f"cannot instrument {fullname}: {exc}")
             return None
 
 
@@ -145,15 +180,19 @@ def installed() -> bool:
 
 
 def install() -> None:
-    """Arranges for torch's DataLoader to be instrumented; idempotent, never imports torch."""
-    module = sys.modules.get(TARGET)
-    if module is not None:
-        _guarded_patch(module)
-        return
-    if not installed():
+    """Arranges for torch's DataLoader, collectives and DDP to be instrumented.
+
+    Idempotent; never imports torch: the modules already imported are patched
+    at once, the finder waits for the others.
+    """
+    for name in PATCHES:
+        module = sys.modules.get(name)
+        if module is not None and name not in _done:
+            _run_patch(name, module)
+    if not _done >= set(PATCHES) and not installed():
         sys.meta_path.insert(0, DataLoaderHook())
 
 
 def uninstall() -> None:
-    """Removes the finder (the DataLoader module, once patched, stays patched)."""
+    """Removes the finder (the modules already patched stay patched)."""
     sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "dam_probe_hook", False)]

@@ -3,9 +3,15 @@
 Hot path (once per batch): two clock reads, three counter updates and one
 integer compare against the next publish deadline (the step time is derived
 from the first and latest delivery of each uninterrupted run of batches). Everything else (opening
-the file, the CUDA device query, the batch size, the cgroup read (at most once
-a second, ``dam_probe.cgroup``), the mmap write) happens at publish time, at
-most every ``interval_ns``.
+the file, the CUDA device query, the batch size, the cgroup reads (at most once
+a second, ``dam_probe.cgroup``), the rank identity, the mmap write) happens at
+publish time, at most every ``interval_ns``.
+
+Collectives (``dam_probe._comm``) add to the ``coll_*`` counters under
+``comm_lock`` (their completions arrive on the communication threads) and
+publish on their own deadline, ``comm_next_ns``, from the thread that launched
+them. Publishing itself is serialised by a lock, so a batch and a collective
+never write the file at the same time.
 
 The probe never raises into the training loop: an exception at publish time
 disables it for the rest of the process and prints one line on stderr.
@@ -18,11 +24,12 @@ import contextlib
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from dam_probe.cgroup import CgroupReader
+from dam_probe.cgroup import CgroupReader, MemoryReader
 from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
 
 ENV_DIR: Final = "DAM_PROBE_DIR"
@@ -102,6 +109,40 @@ def cuda_device_uuids() -> tuple[str, ...] | None:
         return None
 
 
+RankIdentity = tuple[int | None, int | None, int | None]  # (rank, local rank, world size)
+_I32_MAX: Final = 2**31 - 1
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw.isdigit() or not raw.isascii():
+        return None
+    value = int(raw)
+    return value if value <= _I32_MAX else None
+
+
+def rank_identity(environ: Mapping[str, str] | None = None) -> RankIdentity:
+    """``(rank, local rank, world size)`` of this process; None for what is unknown.
+
+    ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` (torchrun, PyTorchJob and most
+    launchers set them); once a default process group exists,
+    ``torch.distributed``'s rank and world size win. Never imports torch (it
+    looks at ``sys.modules``); never raises.
+    """
+    env = os.environ if environ is None else environ
+    rank, local_rank, world = _env_int(env, "RANK"), _env_int(env, "LOCAL_RANK"), _env_int(env, "WORLD_SIZE")
+    dist: Any = sys.modules.get("torch.distributed")
+    if dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                got_rank, got_world = int(dist.get_rank()), int(dist.get_world_size())
+                if 0 <= got_rank <= _I32_MAX and 0 < got_world <= _I32_MAX:
+                    rank, world = got_rank, got_world
+        except Exception:
+            pass
+    return rank, local_rank, world
+
+
 class Probe:
     """Counters of one process and the writer that publishes them.
 
@@ -117,6 +158,15 @@ class Probe:
         "batch_size",
         "cgroup",
         "closed_step_ns",
+        "coll_busy_since",
+        "coll_bytes",
+        "coll_count",
+        "coll_exposed_ns",
+        "coll_inflight",
+        "coll_ns",
+        "comm_lock",
+        "comm_next_ns",
+        "comm_on",
         "device_uuids",
         "directory",
         "disabled",
@@ -124,8 +174,10 @@ class Probe:
         "in_stream",
         "interval_ns",
         "last_ns",
+        "memory",
         "next_publish_ns",
         "path",
+        "publish_lock",
         "reported",
         "steps",
         "stream_start_ns",
@@ -149,6 +201,18 @@ class Probe:
         self.device_uuids: tuple[str, ...] = ()
         self._next_devices_ns = 0
         self.cgroup = CgroupReader()  # this process's own cgroup: CPU throttling and limit
+        self.memory = MemoryReader()  # ... and its memory usage, limit and OOM kills
+        # Collectives (dam_probe._comm): cumulative, updated under comm_lock.
+        self.comm_on = False  # the collective instrumentation is installed (flag bit 3 of the file)
+        self.coll_count = 0
+        self.coll_ns = 0
+        self.coll_exposed_ns = 0
+        self.coll_bytes = 0
+        self.coll_inflight = 0  # collectives in flight now; coll_ns grows by the busy periods
+        self.coll_busy_since = 0
+        self.comm_next_ns = 0  # publish deadline of the collective path (perf_counter_ns)
+        self.comm_lock = threading.Lock()
+        self.publish_lock = threading.Lock()
         self.directory = ""
         self.path = ""
         self.writer: ProbeWriter | None = None
@@ -236,11 +300,25 @@ class Probe:
         if self.disabled:
             self.next_publish_ns = NEVER
             return
+        if self._write(now_ns, batch, closed):
+            self.next_publish_ns = now_ns + self.interval_ns
+            self.comm_next_ns = now_ns + self.interval_ns
+
+    def publish_comm(self, now_ns: int) -> None:
+        """Publishes from the collective path (its own deadline; the batch path's is left alone)."""
+        self.comm_next_ns = now_ns + self.interval_ns
+        if not self.disabled:
+            self._write(now_ns, None, False)
+
+    def _write(self, now_ns: int, batch: object, closed: bool) -> bool:
+        """One publish under ``publish_lock``; False when skipped (another thread is publishing)."""
+        if not self.publish_lock.acquire(blocking=closed):
+            return False
         try:
             writer = self.writer
             if writer is None:
                 if closed:
-                    return
+                    return False
                 writer = self._open()
             if batch is not None:
                 size = batch_size_of(batch)
@@ -254,6 +332,13 @@ class Probe:
             # Never raises; a process without a readable cgroup publishes the fields as invalid.
             cgroup = self.cgroup.read(now_ns)
             throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
+            rank, local_rank, world_size = rank_identity()
+            with self.comm_lock:
+                collectives = (
+                    (self.coll_count, self.coll_ns, self.coll_exposed_ns, self.coll_bytes)
+                    if self.comm_on
+                    else None
+                )
             writer.publish(
                 self.steps,
                 self.wait_ns,
@@ -265,10 +350,18 @@ class Probe:
                 cgroup_throttled_ns=throttled_ns,
                 cgroup_limit_millicores=limit_millicores,
                 cgroup_id=cgroup_id,
+                rank=rank,
+                local_rank=local_rank,
+                world_size=world_size,
+                collectives=collectives,
+                memory=self.memory.read(now_ns),
             )
-            self.next_publish_ns = now_ns + self.interval_ns
+            return True
         except Exception as exc:
             self.disable(f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc))
+            return False
+        finally:
+            self.publish_lock.release()
 
     def close(self) -> None:
         """Final publish with the closed flag (registered with ``atexit``)."""
@@ -297,6 +390,17 @@ class Probe:
         self.device_uuids = ()
         self._next_devices_ns = 0
         self.cgroup.reset()
+        self.memory.reset()
+        # Locks held by another thread at fork time would stay held in the child forever.
+        self.comm_lock = threading.Lock()
+        self.publish_lock = threading.Lock()
+        self.coll_count = 0
+        self.coll_ns = 0
+        self.coll_exposed_ns = 0
+        self.coll_bytes = 0
+        self.coll_inflight = 0
+        self.coll_busy_since = 0
+        self.comm_next_ns = 0
         self.path = ""
         self.reported = False
         self.next_publish_ns = NEVER if self.disabled else 0

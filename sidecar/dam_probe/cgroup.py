@@ -1,4 +1,4 @@
-"""CPU throttling and limit of the training process's own cgroup, read from inside the process.
+"""CPU and memory figures of the training process's own cgroup, read from inside the process.
 
 The sidecar usually cannot see the training container's cgroup (each container
 has its own cgroup namespace), but the training process sees its own at
@@ -10,6 +10,16 @@ file (``dam_probe.layout``, flag bit 1).
   and ``cpu.max`` (``"quota period"`` or ``"max period"``).
 - cgroup v1: the ``cpu,cpuacct`` (or ``cpu``) hierarchy: ``cpu.stat``
   ``throttled_time`` (ns) and ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``.
+
+Memory (``MemoryReader``, same rules): cgroup v2 ``memory.current``,
+``memory.max`` (``max`` = no limit) and the ``oom_kill`` line of
+``memory.events``; cgroup v1 (the ``memory`` hierarchy) ``memory.usage_in_bytes``,
+``memory.limit_in_bytes`` (a value of 2^60 or more = no limit) and the
+``oom_kill`` line of ``memory.oom_control`` (kernels before 4.13 lack it: 0).
+
+The parsers below are shared with the sidecar's samplers
+(``dam_sidecar.samplers.cpu`` and ``dam_sidecar.samplers.memory``): one set of
+cgroup parsers in the code base.
 
 The directory is the process's cgroup from ``/proc/self/cgroup`` when that path
 exists below the root (a host, or a container that shares the host's cgroup
@@ -34,9 +44,12 @@ RETRY_NS: Final = 60_000_000_000  # after a failure ("no cgroup here"), try agai
 _U64_MAX: Final = 2**64 - 1
 
 CgroupCpu = tuple[int, int, int]  # (throttled ns, limit millicores (0 = none), cgroup id)
+CgroupMemory = tuple[int, int, int, int]  # (usage bytes, limit bytes (0 = none), OOM kills, cgroup id)
 
 
 V1_CPU_HIERARCHIES: Final = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
+V1_MEMORY_HIERARCHY: Final = "memory"
+V1_UNLIMITED_BYTES: Final = 2**60  # v1 reports "no limit" as a huge page-rounded number
 
 
 def _read_text(path: str) -> str:
@@ -61,22 +74,68 @@ def v1_cpu_root(root: str) -> str | None:
     return None
 
 
-def cgroup_directory(proc_cgroup_text: str, base: str, v2: bool) -> str | None:
+def v1_memory_root(root: str) -> str | None:
+    """The cgroup v1 ``memory`` hierarchy under ``root``, or None."""
+    path = os.path.join(root, V1_MEMORY_HIERARCHY)
+    return path if os.path.isdir(path) else None
+
+
+def cgroup_directory(
+    proc_cgroup_text: str, base: str, v2: bool, controller: str = "cpu", marker: str = "cpu.stat"
+) -> str | None:
     """The process's cgroup directory under ``base``, from its ``/proc/<pid>/cgroup`` text.
 
-    ``base`` is the v2 root or the v1 ``cpu`` hierarchy. None when the path lies outside
-    ``base`` (another container's cgroup namespace: ``0::/../…``) or has no ``cpu.stat``.
+    ``base`` is the v2 root or the v1 hierarchy of ``controller`` (``cpu`` or
+    ``memory``). None when the path lies outside ``base`` (another container's
+    cgroup namespace: ``0::/../…``) or has no ``marker`` file (``cpu.stat``,
+    ``memory.current``, ``memory.usage_in_bytes``).
     """
     for line in proc_cgroup_text.splitlines():
         hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if (v2 and hid == "0" and controllers == "") or (not v2 and "cpu" in controllers.split(",")):
+        if (v2 and hid == "0" and controllers == "") or (not v2 and controller in controllers.split(",")):
             candidate = os.path.normpath(os.path.join(base, path.lstrip("/")))
             inside = candidate == base or candidate.startswith(base.rstrip("/") + "/")
-            if inside and os.path.exists(os.path.join(candidate, "cpu.stat")):
+            if inside and os.path.exists(os.path.join(candidate, marker)):
                 return candidate
             return None
     return None
+
+
+def memory_files(v2: bool) -> tuple[str, str, str]:
+    """The (usage, limit, events) file names of a memory cgroup."""
+    if v2:
+        return "memory.current", "memory.max", "memory.events"
+    return "memory.usage_in_bytes", "memory.limit_in_bytes", "memory.oom_control"
+
+
+def memory_bytes(text: str) -> int:
+    """``memory.current`` / ``memory.usage_in_bytes``: one integer; raises ValueError."""
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError(f"negative memory figure {value}")
+    return value
+
+
+def memory_limit_bytes(text: str) -> int | None:
+    """``memory.max`` (``max``) or ``memory.limit_in_bytes`` (≥ 2^60): None when unlimited."""
+    raw = text.strip()
+    if raw == "max":
+        return None
+    value = memory_bytes(raw)
+    return None if value >= V1_UNLIMITED_BYTES else value
+
+
+def oom_kills(events_text: str) -> int:
+    """The ``oom_kill`` count of ``memory.events`` (v2) or ``memory.oom_control`` (v1); 0 when absent.
+
+    Kernels before 4.13 have no ``oom_kill`` line in v1's ``memory.oom_control``.
+    """
+    for line in events_text.splitlines():
+        name, _, value = line.strip().partition(" ")
+        if name == "oom_kill":
+            return int(value)
+    return 0
 
 
 def throttled_ns(cpu_stat_text: str, v2: bool) -> int:
@@ -173,3 +232,69 @@ class CgroupReader:
         if not (0 <= throttled <= _U64_MAX and 0 <= limit <= _U64_MAX and 0 <= cgroup_id <= _U64_MAX):
             raise ValueError("cgroup value out of range")
         return throttled, limit, cgroup_id
+
+
+class MemoryReader:
+    """Reads the memory fields of this process's cgroup; ``read(now_ns)`` caches between refreshes.
+
+    Same rules as ``CgroupReader``: at most one read per ``REFRESH_NS``, a failure
+    is retried after ``RETRY_NS``, nothing raises.
+    """
+
+    __slots__ = ("_directory", "_next_ns", "_v2", "_value", "proc_self_cgroup", "root")
+
+    def __init__(self, root: str | None = None, proc_self_cgroup: str = PROC_SELF_CGROUP) -> None:
+        self.root = root
+        self.proc_self_cgroup = proc_self_cgroup
+        self._directory: str | None = None
+        self._v2 = False
+        self._next_ns = 0
+        self._value: CgroupMemory | None = None
+
+    def reset(self) -> None:
+        self._directory = None
+        self._next_ns = 0
+        self._value = None
+
+    def read(self, now_ns: int) -> CgroupMemory | None:
+        """The latest ``(usage, limit (0 = none), oom_kills, cgroup_id)``, or None; never raises."""
+        if now_ns < self._next_ns:
+            return self._value
+        try:
+            self._value = self._read_now()
+            self._next_ns = now_ns + REFRESH_NS
+        except Exception:
+            self._value = None
+            self._directory = None
+            self._next_ns = now_ns + RETRY_NS
+        return self._value
+
+    def _resolve(self) -> str:
+        root = self.root
+        if root is None:
+            root = os.environ.get(ENV_ROOT, "").strip() or DEFAULT_ROOT
+        root = os.path.normpath(root)
+        self._v2 = is_v2(root)
+        base = root if self._v2 else v1_memory_root(root)
+        if base is None:
+            raise FileNotFoundError(f"no cgroup v2 root and no v1 memory hierarchy under {root}")
+        try:
+            text = _read_text(self.proc_self_cgroup)
+        except OSError:
+            text = ""
+        usage_file = memory_files(self._v2)[0]
+        return cgroup_directory(text, base, self._v2, "memory", usage_file) or base
+
+    def _read_now(self) -> CgroupMemory:
+        directory = self._directory
+        if directory is None:
+            directory = self._directory = self._resolve()
+        usage_file, limit_file, events_file = memory_files(self._v2)
+        usage = memory_bytes(_read_text(os.path.join(directory, usage_file)))
+        limit = memory_limit_bytes(_read_text(os.path.join(directory, limit_file)))
+        kills = oom_kills(_read_text(os.path.join(directory, events_file)))
+        cgroup_id = os.stat(directory).st_ino
+        values = (usage, limit or 0, kills, cgroup_id)
+        if not all(0 <= v <= _U64_MAX for v in values):
+            raise ValueError("cgroup value out of range")
+        return values

@@ -1,14 +1,16 @@
 """The probe file: a versioned, fixed-size binary record guarded by a sequence lock.
 
-One file per instrumented process, ``$DAM_PROBE_DIR/probe-<pid>.bin``, exactly
-``FILE_SIZE`` bytes, little-endian:
+One file per instrumented process, ``$DAM_PROBE_DIR/probe-<pid>.bin``,
+little-endian. Layout version 2 (written now) is ``FILE_SIZE`` = 1024 bytes;
+its first 512 bytes are laid out exactly as version 1 (512 bytes), which
+readers still accept:
 
 ====== ====== ======= ==========================================================
 offset size   type    field
 ====== ====== ======= ==========================================================
 0      8      8s      magic ``b"DAMPROBE"``
-8      4      u32     layout version (``VERSION``)
-12     4      u32     file size in bytes (``FILE_SIZE``)
+8      4      u32     layout version (``VERSION`` = 2; 1 for older writers)
+12     4      u32     file size in bytes (1024 for version 2, 512 for version 1)
 16     8      u64     sequence: odd while the writer is mid-update
 24     8      u64     pid of the training process
 32     8      u64     start time, Unix ns
@@ -20,13 +22,29 @@ offset size   type    field
 80     8      f64     model FLOPs per step declared by the user (0 = unknown)
 88     4      u32     number of device UUIDs that follow (0..``MAX_DEVICES``)
 92     4      u32     flags (bit 0: the writer closed the file cleanly;
-                      bit 1: the three cgroup fields below are valid)
+                      bit 1: the three cgroup CPU fields at 96..120 are valid;
+                      bit 2: the memory fields at 560..592 are valid (v2);
+                      bit 3: the collective counters at 528..560 are valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
 104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
 112    8      u64     id of that cgroup: inode of its directory (0 = unknown)
 120    8      -       reserved, zero
 128    8 x 48 8 x 48s device UUIDs, NUL-padded ASCII (``GPU-…``)
+------ ------ ------- ---------------------------- version 2 only, from here ----
+512    4      i32     distributed rank (-1 = unknown)
+516    4      i32     local rank on the node (-1 = unknown)
+520    4      i32     world size (-1 = unknown)
+524    4      -       reserved, zero
+528    8      u64     collectives completed, cumulative (flag bit 3)
+536    8      u64     time in collectives, launch to completion, ns, cumulative
+544    8      u64     exposed communication (the training thread waited), ns, cumulative
+552    8      u64     bytes contributed to collectives, cumulative
+560    8      u64     memory charged to the process's own cgroup, bytes (flag bit 2)
+568    8      u64     memory limit of that cgroup, bytes (0 = no limit)
+576    8      u64     OOM kills in that cgroup, cumulative as the kernel reports it
+584    8      u64     id of that memory cgroup: inode of its directory (0 = unknown)
+592    432    -       reserved, zero
 ====== ====== ======= ==========================================================
 
 Seqlock protocol: the writer increments ``sequence`` to an odd value, writes
@@ -35,9 +53,11 @@ sequence, the payload, and the sequence again; the read is valid only if both
 sequences are equal and even. Readers retry a few times and otherwise report
 the file as busy. Counters are cumulative, so a missed sample never loses time.
 
-The cgroup fields (offsets 96..120) were reserved zero bytes before they were
-defined; a file written without them has flag bit 1 clear and reads as
-"unknown" (``None`` in ``ProbeRecord``), so the layout version stays 1.
+Unknown is never zero: a version-1 file, or a field whose flag bit is clear,
+reads as ``None`` in ``ProbeRecord`` (rank, local rank, world size, the
+collective counters, the memory fields), whatever the bytes hold. The cgroup
+CPU fields (offsets 96..120) were reserved zero bytes before they were
+defined and carry their own flag bit, so version-1 files may have them too.
 
 Standard library only: this module is imported inside training processes.
 """
@@ -54,21 +74,29 @@ from dataclasses import dataclass, field
 from typing import Final
 
 MAGIC: Final = b"DAMPROBE"
-VERSION: Final = 1
-FILE_SIZE: Final = 512
+VERSION: Final = 2
+FILE_SIZE: Final = 1024  # of the version written (2)
+V1_FILE_SIZE: Final = 512
+SIZES: Final = {1: V1_FILE_SIZE, 2: FILE_SIZE}  # every layout version this reader knows
 MAX_DEVICES: Final = 8
 UUID_BYTES: Final = 48
 FLAG_CLOSED: Final = 1
-FLAG_CGROUP: Final = 2  # the cgroup fields are valid
+FLAG_CGROUP: Final = 2  # the cgroup CPU fields are valid
+FLAG_MEMORY: Final = 4  # the cgroup memory fields are valid (version 2)
+FLAG_COLLECTIVES: Final = 8  # the collective counters are valid (version 2)
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
+UNKNOWN_RANK: Final = -1
 
 _HEADER = struct.Struct("<8sII")  # magic, version, size
 _SEQ = struct.Struct("<Q")
 _PAYLOAD = struct.Struct("<QQQQQQQdIIQQQ")  # pid .. cgroup id (offset 24..120)
+_PAYLOAD_V2 = struct.Struct("<iiiIQQQQQQQQ")  # rank .. memory cgroup id (offset 512..592)
 _SEQ_OFFSET: Final = 16
 _PAYLOAD_OFFSET: Final = 24
 _DEVICES_OFFSET: Final = 128
+_V2_OFFSET: Final = 512
+_I32_MAX: Final = 2**31 - 1
 
 
 class ProbeFormatError(ValueError):
@@ -93,11 +121,38 @@ class ProbeRecord:
     cgroup_throttled_ns: int | None = None
     cgroup_limit_millicores: int | None = None  # 0: no limit
     cgroup_id: int | None = None  # 0: unknown
+    # Version 2. Distributed identity: None when unknown (and always in version-1 files).
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    # Version 2, flag bit 3: None when the writer did not instrument collectives.
+    collectives: int | None = None
+    collective_ns: int | None = None
+    collective_exposed_ns: int | None = None
+    collective_bytes: int | None = None
+    # Version 2, flag bit 2: the process's own memory cgroup; all None when unknown.
+    memory_usage_bytes: int | None = None
+    memory_limit_bytes: int | None = None  # 0: no limit
+    oom_kills: int | None = None
+    memory_cgroup_id: int | None = None  # 0: unknown
+    version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
         known = self.cgroup_throttled_ns is not None
         if not known and (self.cgroup_limit_millicores is not None or self.cgroup_id is not None):
             raise ValueError("cgroup_limit_millicores and cgroup_id need cgroup_throttled_ns")
+        counters = (self.collective_ns, self.collective_exposed_ns, self.collective_bytes)
+        if self.collectives is None and any(v is not None for v in counters):
+            raise ValueError("collective_ns, collective_exposed_ns and collective_bytes need collectives")
+        memory = (self.memory_limit_bytes, self.oom_kills, self.memory_cgroup_id)
+        if self.memory_usage_bytes is None and any(v is not None for v in memory):
+            raise ValueError("memory_limit_bytes, oom_kills and memory_cgroup_id need memory_usage_bytes")
+        for name in ("rank", "local_rank", "world_size"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= _I32_MAX:
+                raise ValueError(f"{name} must be between 0 and {_I32_MAX}, got {value}")
+        if self.version not in SIZES:
+            raise ValueError(f"unknown layout version {self.version}")
 
     @property
     def wait_seconds(self) -> float:
@@ -117,22 +172,44 @@ class ProbeRecord:
     def step_seconds(self) -> float:
         return self.step_ns / 1e9
 
+    @property
+    def collective_seconds(self) -> float | None:
+        return None if self.collective_ns is None else self.collective_ns / 1e9
+
+    @property
+    def collective_exposed_seconds(self) -> float | None:
+        return None if self.collective_exposed_ns is None else self.collective_exposed_ns / 1e9
+
 
 def probe_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{FILE_PREFIX}{pid}{FILE_SUFFIX}")
 
 
 def encode(record: ProbeRecord, sequence: int = 0) -> bytes:
-    """The full file image of ``record`` (used by tests and fixtures)."""
-    buf = bytearray(FILE_SIZE)
-    _HEADER.pack_into(buf, 0, MAGIC, VERSION, FILE_SIZE)
+    """The full file image of ``record`` in its ``version`` (used by tests and fixtures).
+
+    A version-1 image drops the version-2 fields.
+    """
+    size = SIZES[record.version]
+    buf = bytearray(size)
+    _HEADER.pack_into(buf, 0, MAGIC, record.version, size)
     _SEQ.pack_into(buf, _SEQ_OFFSET, sequence)
     _pack_payload(buf, record)
     return bytes(buf)
 
 
+def _rank_field(value: int | None) -> int:
+    return UNKNOWN_RANK if value is None else value
+
+
 def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
     uuids = record.device_uuids[:MAX_DEVICES]
+    v2 = record.version >= 2
+    flags = (FLAG_CLOSED if record.closed else 0) | (0 if record.cgroup_throttled_ns is None else FLAG_CGROUP)
+    if v2:
+        flags |= (0 if record.memory_usage_bytes is None else FLAG_MEMORY) | (
+            0 if record.collectives is None else FLAG_COLLECTIVES
+        )
     _PAYLOAD.pack_into(
         buf,
         _PAYLOAD_OFFSET,
@@ -145,7 +222,7 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         record.batch_size,
         float(record.flops_per_step),
         len(uuids),
-        (FLAG_CLOSED if record.closed else 0) | (0 if record.cgroup_throttled_ns is None else FLAG_CGROUP),
+        flags,
         record.cgroup_throttled_ns or 0,
         record.cgroup_limit_millicores or 0,
         record.cgroup_id or 0,
@@ -154,11 +231,32 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         raw = uuids[i].encode("ascii", "replace")[: UUID_BYTES - 1] if i < len(uuids) else b""
         off = _DEVICES_OFFSET + i * UUID_BYTES
         buf[off : off + UUID_BYTES] = raw.ljust(UUID_BYTES, b"\0")
+    if v2:
+        _PAYLOAD_V2.pack_into(
+            buf,
+            _V2_OFFSET,
+            _rank_field(record.rank),
+            _rank_field(record.local_rank),
+            _rank_field(record.world_size),
+            0,
+            record.collectives or 0,
+            record.collective_ns or 0,
+            record.collective_exposed_ns or 0,
+            record.collective_bytes or 0,
+            record.memory_usage_bytes or 0,
+            record.memory_limit_bytes or 0,
+            record.oom_kills or 0,
+            record.memory_cgroup_id or 0,
+        )
+
+
+def _rank_or_none(value: int) -> int | None:
+    return value if value >= 0 else None
 
 
 def decode(data: bytes) -> tuple[int, ProbeRecord]:
-    """Parse one file image; returns ``(sequence, record)``. Raises ProbeFormatError."""
-    _check_header(data)
+    """Parse one file image (layout version 1 or 2) into ``(sequence, record)``; raises ProbeFormatError."""
+    version = _check_header(data)
     (sequence,) = _SEQ.unpack_from(data, _SEQ_OFFSET)
     (pid, start, steps, wait, step, last, batch, flops, n_dev, flags, throttled, limit, cgroup_id) = (
         _PAYLOAD.unpack_from(data, _PAYLOAD_OFFSET)
@@ -173,6 +271,25 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         raw = bytes(data[off : off + UUID_BYTES]).split(b"\0", 1)[0]
         uuids.append(raw.decode("ascii", "replace"))
     cgroup = bool(flags & FLAG_CGROUP)  # clear in files written before the cgroup fields existed
+    extra: dict[str, int | None] = {}
+    if version >= 2:
+        (rank, local_rank, world, _, colls, coll_ns, exposed_ns, coll_bytes, mem, mem_limit, ooms, mem_id) = (
+            _PAYLOAD_V2.unpack_from(data, _V2_OFFSET)
+        )
+        extra.update(
+            rank=_rank_or_none(rank), local_rank=_rank_or_none(local_rank), world_size=_rank_or_none(world)
+        )
+        if flags & FLAG_COLLECTIVES:
+            extra.update(
+                collectives=colls,
+                collective_ns=coll_ns,
+                collective_exposed_ns=exposed_ns,
+                collective_bytes=coll_bytes,
+            )
+        if flags & FLAG_MEMORY:
+            extra.update(
+                memory_usage_bytes=mem, memory_limit_bytes=mem_limit, oom_kills=ooms, memory_cgroup_id=mem_id
+            )
     return sequence, ProbeRecord(
         pid=pid,
         start_time_ns=start,
@@ -187,19 +304,27 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         cgroup_throttled_ns=throttled if cgroup else None,
         cgroup_limit_millicores=limit if cgroup else None,
         cgroup_id=cgroup_id if cgroup else None,
+        version=version,
+        **extra,  # type: ignore[arg-type]
     )
 
 
-def _check_header(data: bytes) -> None:
-    if len(data) < FILE_SIZE:
+def _check_header(data: bytes) -> int:
+    """Validates the header; returns the layout version (its file size is ``SIZES[version]``)."""
+    if len(data) < _HEADER.size:
         raise ProbeFormatError(f"truncated: {len(data)} bytes, expected {FILE_SIZE}")
     magic, version, size = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise ProbeFormatError(f"bad magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise ProbeFormatError(f"unsupported layout version {version}, this reader knows {VERSION}")
-    if size != FILE_SIZE:
-        raise ProbeFormatError(f"bad size field {size}, expected {FILE_SIZE}")
+    expected = SIZES.get(version)
+    if expected is None:
+        known = ", ".join(str(v) for v in sorted(SIZES))
+        raise ProbeFormatError(f"unsupported layout version {version}, this reader knows {known}")
+    if size != expected:
+        raise ProbeFormatError(f"bad size field {size}, expected {expected}")
+    if len(data) < expected:
+        raise ProbeFormatError(f"truncated: {len(data)} bytes, expected {expected}")
+    return int(version)
 
 
 def read_file(path: str, retries: int = 50) -> ProbeRecord:
@@ -218,7 +343,7 @@ def read_file(path: str, retries: int = 50) -> ProbeRecord:
     try:
         for _ in range(max(1, retries)):
             before = os.pread(fd, _SEQ.size, _SEQ_OFFSET)
-            data = os.pread(fd, FILE_SIZE, 0)
+            data = os.pread(fd, FILE_SIZE, 0)  # the largest layout; a version-1 file gives 512 bytes
             _check_header(data)
             after = os.pread(fd, _SEQ.size, _SEQ_OFFSET)
             if before == after == data[_SEQ_OFFSET : _SEQ_OFFSET + _SEQ.size] and not before[0] & 1:
@@ -335,10 +460,20 @@ class ProbeWriter:
         cgroup_throttled_ns: int | None = None,
         cgroup_limit_millicores: int | None = None,
         cgroup_id: int | None = None,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        world_size: int | None = None,
+        collectives: tuple[int, int, int, int] | None = None,
+        memory: tuple[int, int, int, int] | None = None,
     ) -> None:
+        """Publishes one update; ``collectives`` is ``(count, ns, exposed ns, bytes)``,
+        ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``; None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy)
         # window covers one memory copy only.
         scratch = self._scratch
+        known = cgroup_throttled_ns is not None
+        count, coll_ns, exposed_ns, coll_bytes = collectives if collectives is not None else (None,) * 4
+        usage, limit, ooms, memory_id = memory if memory is not None else (None,) * 4
         _pack_payload(
             scratch,
             ProbeRecord(
@@ -353,8 +488,19 @@ class ProbeWriter:
                 closed=closed,
                 device_uuids=device_uuids,
                 cgroup_throttled_ns=cgroup_throttled_ns,
-                cgroup_limit_millicores=cgroup_limit_millicores if cgroup_throttled_ns is not None else None,
-                cgroup_id=cgroup_id if cgroup_throttled_ns is not None else None,
+                cgroup_limit_millicores=cgroup_limit_millicores if known else None,
+                cgroup_id=cgroup_id if known else None,
+                rank=rank,
+                local_rank=local_rank,
+                world_size=world_size,
+                collectives=count,
+                collective_ns=coll_ns,
+                collective_exposed_ns=exposed_ns,
+                collective_bytes=coll_bytes,
+                memory_usage_bytes=usage,
+                memory_limit_bytes=limit,
+                oom_kills=ooms,
+                memory_cgroup_id=memory_id,
             ),
         )
         mm = self._mm

@@ -12,6 +12,7 @@ from typing import Literal
 from dam_sidecar import names as n
 
 GPU_LABELS = ("gpu", "uuid")
+RANK = (n.RANK_LABEL,)  # present only when the training process has a distributed rank
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,45 @@ CATALOG: tuple[MetricSpec, ...] = (
         "gauge",
         "Model FLOPs per step declared by the training script (absent when unknown).",
         source="probe",
+    ),
+    MetricSpec(
+        n.COLLECTIVE_SECONDS_TOTAL,
+        "counter",
+        "Time in torch.distributed collectives and DDP gradient buckets, launch to completion, "
+        "including the wait for peers (label rank when the process has one).",
+        RANK,
+        "probe",
+    ),
+    MetricSpec(
+        n.COLLECTIVE_EXPOSED_SECONDS_TOTAL,
+        "counter",
+        "Communication the training thread waited for: with DDP, from the hand-over of the last "
+        "gradient bucket to the completion of the step's last bucket; synchronous collectives whole "
+        "(label rank when the process has one).",
+        RANK,
+        "probe",
+    ),
+    MetricSpec(
+        n.COLLECTIVES_TOTAL,
+        "counter",
+        "Collectives completed (explicit torch.distributed calls and DDP gradient buckets).",
+        RANK,
+        "probe",
+    ),
+    MetricSpec(
+        n.COLLECTIVE_BYTES_TOTAL,
+        "counter",
+        "Bytes this process contributed to collectives (input tensor sizes).",
+        RANK,
+        "probe",
+    ),
+    MetricSpec(
+        n.PROCESS_RANK_INFO,
+        "gauge",
+        "1 per live training process with a distributed rank; local_rank and world_size are empty "
+        "when unknown.",
+        ("rank", "local_rank", "world_size"),
+        "probe",
     ),
     # --- NVML ---
     MetricSpec(
@@ -97,6 +137,21 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(n.GPU_PCIE_TX_BYTES_PER_SECOND, "gauge", "PCIe transmit throughput.", GPU_LABELS, "nvml"),
     MetricSpec(n.GPU_PCIE_RX_BYTES_PER_SECOND, "gauge", "PCIe receive throughput.", GPU_LABELS, "nvml"),
+    MetricSpec(
+        n.GPU_PCIE_BYTES_TOTAL,
+        "counter",
+        "PCIe traffic (direction tx/rx), integrated from the throughput NVML samples each interval.",
+        ("gpu", "uuid", "direction"),
+        "nvml",
+    ),
+    MetricSpec(
+        n.GPU_NVLINK_BYTES_TOTAL,
+        "counter",
+        "NVLink data traffic over all links (direction tx/rx), from NVML field values "
+        "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX; absent without NVLink.",
+        ("gpu", "uuid", "direction"),
+        "nvml",
+    ),
     MetricSpec(
         n.GPU_SM_ACTIVE_RATIO,
         "gauge",
@@ -166,6 +221,41 @@ CATALOG: tuple[MetricSpec, ...] = (
         "(cgroup: read by the sidecar; probe: read by the probe inside the training container; none).",
         ("source",),
         "cpu",
+    ),
+    MetricSpec(
+        n.PROCESS_RESIDENT_MEMORY_BYTES,
+        "gauge",
+        "Resident memory of the training processes (role=main) and of their descendants, "
+        "the DataLoader workers (role=worker).",
+        ("role",),
+        "memory",
+    ),
+    MetricSpec(
+        n.CONTAINER_MEMORY_USAGE_BYTES,
+        "gauge",
+        "Memory charged to the training container's cgroup (memory.current / memory.usage_in_bytes).",
+        source="memory",
+    ),
+    MetricSpec(
+        n.CONTAINER_MEMORY_LIMIT_BYTES,
+        "gauge",
+        "Memory limit of the training container's cgroup (absent when unlimited).",
+        source="memory",
+    ),
+    MetricSpec(
+        n.CONTAINER_OOM_KILLS_TOTAL,
+        "counter",
+        "Processes the kernel's OOM killer killed in the training container's cgroup "
+        "(memory.events oom_kill / memory.oom_control).",
+        source="memory",
+    ),
+    MetricSpec(
+        n.CONTAINER_MEMORY_SOURCE,
+        "gauge",
+        "Where the container memory figures come from: 1 for the current source "
+        "(cgroup: read by the sidecar; probe: read by the probe inside the training container; none).",
+        ("source",),
+        "memory",
     ),
     MetricSpec(
         n.NODE_CPU_UTILIZATION_RATIO,

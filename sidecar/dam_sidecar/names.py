@@ -1,4 +1,4 @@
-"""Metric names: the contract of DESIGN.md §4, in one place.
+"""Metric names: the contract of docs/architecture.md (metric names), in one place.
 
 The sidecar exports these, the operator and ``dam evaluate`` read them, the
 Grafana dashboard and the alert rules query them. Nothing else in the code
@@ -16,6 +16,12 @@ STEPS_TOTAL: Final = "dam_steps_total"
 PROBE_UP: Final = "dam_probe_up"
 BATCH_SIZE: Final = "dam_batch_size"
 MODEL_FLOPS_PER_STEP: Final = "dam_model_flops_per_step"
+# Communication (torch.distributed collectives and DDP gradient buckets, from the probe).
+COLLECTIVE_SECONDS_TOTAL: Final = "dam_collective_seconds_total"
+COLLECTIVE_EXPOSED_SECONDS_TOTAL: Final = "dam_collective_exposed_seconds_total"
+COLLECTIVES_TOTAL: Final = "dam_collectives_total"
+COLLECTIVE_BYTES_TOTAL: Final = "dam_collective_bytes_total"
+PROCESS_RANK_INFO: Final = "dam_process_rank_info"
 
 # --- accelerator (NVML; GPM on Hopper and newer) ---------------------------
 GPU_UTILIZATION_RATIO: Final = "dam_gpu_utilization_ratio"
@@ -34,6 +40,8 @@ GPU_TEMPERATURE_CELSIUS: Final = "dam_gpu_temperature_celsius"
 GPU_THROTTLE_REASON: Final = "dam_gpu_clock_throttle_reason"
 GPU_PCIE_TX_BYTES_PER_SECOND: Final = "dam_gpu_pcie_tx_bytes_per_second"
 GPU_PCIE_RX_BYTES_PER_SECOND: Final = "dam_gpu_pcie_rx_bytes_per_second"
+GPU_NVLINK_BYTES_TOTAL: Final = "dam_gpu_nvlink_bytes_total"
+GPU_PCIE_BYTES_TOTAL: Final = "dam_gpu_pcie_bytes_total"
 GPU_INFO: Final = "dam_gpu_info"
 NVML_UP: Final = "dam_nvml_up"
 GPU_ATTRIBUTION: Final = "dam_gpu_attribution"
@@ -45,6 +53,13 @@ CONTAINER_CPU_THROTTLED_SECONDS_TOTAL: Final = "dam_container_cpu_throttled_seco
 CONTAINER_CPU_LIMIT_CORES: Final = "dam_container_cpu_limit_cores"
 CONTAINER_CPU_SOURCE: Final = "dam_container_cpu_source"
 NODE_CPU_UTILIZATION_RATIO: Final = "dam_node_cpu_utilization_ratio"
+PROCESS_RESIDENT_MEMORY_BYTES: Final = "dam_process_resident_memory_bytes"
+
+# --- host memory (the training container's cgroup) ---------------------------
+CONTAINER_MEMORY_USAGE_BYTES: Final = "dam_container_memory_usage_bytes"
+CONTAINER_MEMORY_LIMIT_BYTES: Final = "dam_container_memory_limit_bytes"
+CONTAINER_OOM_KILLS_TOTAL: Final = "dam_container_oom_kills_total"
+CONTAINER_MEMORY_SOURCE: Final = "dam_container_memory_source"
 
 # --- the sidecar itself ------------------------------------------------------
 SAMPLER_ERRORS_TOTAL: Final = "dam_sampler_errors_total"
@@ -60,3 +75,9 @@ CPU_SOURCE_CGROUP: Final = "cgroup"  # the sidecar read the training container's
 CPU_SOURCE_PROBE: Final = "probe"  # the probe read its own cgroup from inside the training container
 CPU_SOURCE_NONE: Final = "none"
 CPU_SOURCES: Final = (CPU_SOURCE_CGROUP, CPU_SOURCE_PROBE, CPU_SOURCE_NONE)
+# The same three sources for the container memory figures (dam_container_memory_source{source}).
+MEMORY_SOURCES: Final = CPU_SOURCES
+# Labels of the per-rank and interconnect series.
+RANK_LABEL: Final = "rank"
+DIRECTION_TX: Final = "tx"
+DIRECTION_RX: Final = "rx"

@@ -61,6 +61,8 @@ RECORDS = st.builds(
     device_uuids=st.lists(UUID, max_size=MAX_DEVICES).map(tuple),
 )
 CGROUP = st.one_of(st.none(), st.tuples(U64, U64, U64))
+RANK = st.one_of(st.none(), st.integers(min_value=0, max_value=2**31 - 1))
+FOUR = st.one_of(st.none(), st.tuples(U64, U64, U64, U64))
 
 
 def _with_cgroup(record: ProbeRecord, cgroup: tuple[int, int, int] | None) -> ProbeRecord:
@@ -70,7 +72,35 @@ def _with_cgroup(record: ProbeRecord, cgroup: tuple[int, int, int] | None) -> Pr
     return replace(record, cgroup_throttled_ns=throttled, cgroup_limit_millicores=limit, cgroup_id=cgroup_id)
 
 
-RECORDS_ANY = st.builds(_with_cgroup, RECORDS, CGROUP)
+def _with_v2(
+    record: ProbeRecord,
+    ranks: tuple[int | None, int | None, int | None],
+    colls: tuple[int, int, int, int] | None,
+    memory: tuple[int, int, int, int] | None,
+) -> ProbeRecord:
+    record = replace(record, rank=ranks[0], local_rank=ranks[1], world_size=ranks[2])
+    if colls is not None:
+        record = replace(
+            record,
+            collectives=colls[0],
+            collective_ns=colls[1],
+            collective_exposed_ns=colls[2],
+            collective_bytes=colls[3],
+        )
+    if memory is not None:
+        record = replace(
+            record,
+            memory_usage_bytes=memory[0],
+            memory_limit_bytes=memory[1],
+            oom_kills=memory[2],
+            memory_cgroup_id=memory[3],
+        )
+    return record
+
+
+RECORDS_ANY = st.builds(
+    _with_v2, st.builds(_with_cgroup, RECORDS, CGROUP), st.tuples(RANK, RANK, RANK), FOUR, FOUR
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -89,8 +119,11 @@ def test_device_uuids_beyond_the_limit_are_dropped_not_corrupting_the_file() -> 
 
 def test_truncated_file_is_rejected_with_its_length() -> None:
     image = encode(_record())
-    with pytest.raises(ProbeFormatError, match=r"truncated: 100 bytes, expected 512"):
+    with pytest.raises(ProbeFormatError, match=r"truncated: 100 bytes, expected 1024"):
         decode(image[:100])
+    v1 = encode(replace(_record(), version=1))
+    with pytest.raises(ProbeFormatError, match=r"truncated: 300 bytes, expected 512"):
+        decode(v1[:300])
 
 
 def test_garbage_is_rejected_as_bad_magic() -> None:
@@ -108,7 +141,9 @@ def test_wrong_magic_is_rejected_naming_the_expected_magic() -> None:
 def test_wrong_version_is_rejected_naming_both_versions() -> None:
     image = bytearray(encode(_record()))
     struct.pack_into("<I", image, 8, layout.VERSION + 1)
-    with pytest.raises(ProbeFormatError, match=rf"unsupported layout version {layout.VERSION + 1}.*knows 1"):
+    with pytest.raises(
+        ProbeFormatError, match=rf"unsupported layout version {layout.VERSION + 1}.*knows 1, 2"
+    ):
         decode(bytes(image))
 
 
@@ -223,8 +258,8 @@ def test_values_in_the_cgroup_bytes_are_ignored_while_flag_bit_1_is_clear() -> N
 
 def test_an_old_format_file_written_before_the_cgroup_fields_reads_as_unknown(tmp_path: Path) -> None:
     # What the layout produced before offsets 96..120 were defined, byte by byte.
-    old = bytearray(FILE_SIZE)
-    struct.pack_into("<8sIIQ", old, 0, b"DAMPROBE", 1, FILE_SIZE, 4)
+    old = bytearray(layout.V1_FILE_SIZE)
+    struct.pack_into("<8sIIQ", old, 0, b"DAMPROBE", 1, layout.V1_FILE_SIZE, 4)
     struct.pack_into("<QQQQQQQdII", old, 24, 9, 1, 10, 20, 30, 40, 8, 0.0, 0, layout.FLAG_CLOSED)
     path = tmp_path / "probe-9.bin"
     path.write_bytes(bytes(old))
@@ -257,3 +292,129 @@ def test_writer_publishes_the_cgroup_fields_and_clears_them_again(tmp_path: Path
         writer.close()
     assert (known.cgroup_throttled_ns, known.cgroup_limit_millicores, known.cgroup_id) == (700, 250, 9)
     assert unknown.steps == 2 and unknown.cgroup_throttled_ns is None and unknown.cgroup_id is None
+
+
+# --- layout version 2: rank identity, collectives, memory (offsets 512..592) --------------------
+
+
+def test_v2_fields_sit_at_the_documented_offsets_with_their_flag_bits() -> None:
+    rec = _record(
+        rank=3,
+        local_rank=1,
+        world_size=8,
+        collectives=40,
+        collective_ns=5_000,
+        collective_exposed_ns=1_000,
+        collective_bytes=4096,
+        memory_usage_bytes=2**30,
+        memory_limit_bytes=2**31,
+        oom_kills=2,
+        memory_cgroup_id=99,
+    )
+    image = encode(rec)
+    assert len(image) == FILE_SIZE == 1024
+    assert struct.unpack_from("<8sII", image, 0) == (b"DAMPROBE", 2, 1024)
+    assert struct.unpack_from("<iiiI", image, 512) == (3, 1, 8, 0)
+    assert struct.unpack_from("<QQQQ", image, 528) == (40, 5_000, 1_000, 4096)
+    assert struct.unpack_from("<QQQQ", image, 560) == (2**30, 2**31, 2, 99)
+    assert image[592:] == bytes(1024 - 592)
+    (flags,) = struct.unpack_from("<I", image, 92)
+    assert flags & layout.FLAG_MEMORY and flags & layout.FLAG_COLLECTIVES
+    _, back = decode(image)
+    assert back == rec
+    assert back.collective_seconds == pytest.approx(5e-6)
+    assert back.collective_exposed_seconds == pytest.approx(1e-6)
+
+
+def test_unknown_v2_fields_are_minus_one_or_flagged_off_and_read_as_none() -> None:
+    image = encode(_record())
+    assert struct.unpack_from("<iii", image, 512) == (-1, -1, -1)
+    (flags,) = struct.unpack_from("<I", image, 92)
+    assert not flags & (layout.FLAG_MEMORY | layout.FLAG_COLLECTIVES)
+    _, back = decode(image)
+    assert (back.rank, back.local_rank, back.world_size) == (None, None, None)
+    assert back.collectives is None and back.collective_ns is None and back.collective_seconds is None
+    assert back.memory_usage_bytes is None and back.oom_kills is None
+
+
+def test_values_in_the_v2_bytes_are_ignored_while_their_flag_bits_are_clear() -> None:
+    image = bytearray(encode(_record(collectives=1, collective_ns=2, memory_usage_bytes=3, oom_kills=4)))
+    (flags,) = struct.unpack_from("<I", image, 92)
+    struct.pack_into("<I", image, 92, flags & ~(layout.FLAG_MEMORY | layout.FLAG_COLLECTIVES))
+    _, back = decode(bytes(image))
+    assert back.collectives is None and back.memory_usage_bytes is None and back.oom_kills is None
+
+
+def test_a_version_1_file_still_reads_and_its_new_fields_are_unknown(tmp_path: Path) -> None:
+    # A version-1 file as the previous probe wrote it, byte by byte: 512 bytes, version 1.
+    old = bytearray(512)
+    struct.pack_into("<8sIIQ", old, 0, b"DAMPROBE", 1, 512, 2)
+    struct.pack_into("<QQQQQQQdIIQQQ", old, 24, 9, 1, 10, 20, 30, 40, 8, 0.0, 0, 2, 500, 1000, 7)
+    path = tmp_path / "probe-9.bin"
+    path.write_bytes(bytes(old))
+    rec = read_file(str(path))
+    assert rec.version == 1
+    assert (rec.pid, rec.steps, rec.wait_ns, rec.step_ns, rec.batch_size) == (9, 10, 20, 30, 8)
+    assert (rec.cgroup_throttled_ns, rec.cgroup_limit_millicores, rec.cgroup_id) == (500, 1000, 7)
+    assert (rec.rank, rec.local_rank, rec.world_size) == (None, None, None)
+    assert rec.collectives is None and rec.memory_usage_bytes is None
+    # The fixture encoder writes the same bytes for a version-1 record.
+    assert encode(replace(rec, last_update_ns=40), 2) == bytes(old)
+
+
+def test_a_version_1_record_drops_the_version_2_fields_when_encoded() -> None:
+    image = encode(_record(rank=2, collectives=5, collective_ns=1, version=1))
+    assert len(image) == 512
+    _, back = decode(image)
+    assert back.version == 1 and back.rank is None and back.collectives is None
+
+
+def test_a_version_2_file_cut_to_the_version_1_size_is_truncated_not_misread(tmp_path: Path) -> None:
+    path = tmp_path / "probe-5.bin"
+    path.write_bytes(encode(_record())[:512])
+    with pytest.raises(ProbeFormatError, match="truncated: 512 bytes, expected 1024"):
+        read_file(str(path))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"collective_ns": 1}, "need collectives"),
+        ({"oom_kills": 1}, "need memory_usage_bytes"),
+        ({"rank": -2}, "rank must be between"),
+        ({"world_size": 2**31}, "world_size must be between"),
+        ({"version": 3}, "unknown layout version"),
+    ],
+)
+def test_inconsistent_v2_records_are_refused(fields: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _record(**fields)
+
+
+def test_writer_publishes_rank_collectives_and_memory(tmp_path: Path) -> None:
+    path = str(tmp_path / "probe-42.bin")
+    writer = ProbeWriter(path, pid=42, start_time_ns=5)
+    try:
+        writer.publish(
+            1, 2, 3, rank=0, local_rank=0, world_size=2, collectives=(4, 5, 6, 7), memory=(8, 0, 1, 9)
+        )
+        rec = read_file(path)
+        writer.publish(2, 3, 4)
+        cleared = read_file(path)
+    finally:
+        writer.close()
+    assert (rec.rank, rec.local_rank, rec.world_size) == (0, 0, 2)
+    assert (rec.collectives, rec.collective_ns, rec.collective_exposed_ns, rec.collective_bytes) == (
+        4,
+        5,
+        6,
+        7,
+    )
+    assert (rec.memory_usage_bytes, rec.memory_limit_bytes, rec.oom_kills, rec.memory_cgroup_id) == (
+        8,
+        0,
+        1,
+        9,
+    )
+    assert cleared.rank is None and cleared.collectives is None and cleared.memory_usage_bytes is None
+    assert os.path.getsize(path) == 1024

@@ -1,0 +1,469 @@
+"""Communication timing: ``torch.distributed`` collectives and DDP gradient buckets, without importing torch.
+
+``dam_probe._autohook`` calls ``patch_c10d`` right after
+``torch.distributed.distributed_c10d`` has been imported and ``patch_ddp`` right
+after ``torch.nn.parallel.distributed``; both work on the module objects torch
+hands over (duck typing; what else they need they take from ``sys.modules`` or
+``importlib.import_module`` at that moment), so this module imports nothing
+from torch and costs nothing in a process that never uses torch.distributed.
+
+What is counted (``Probe.coll_*``, cumulative, published in the probe file):
+
+- **collectives**: one per explicit collective call that returns, and one per
+  DDP gradient bucket;
+- **collective time**: launch to completion, including the wait for peers, as
+  wall time during which at least one collective was in flight (collectives
+  that overlap, like the buckets of one backward pass, count once, so it never
+  exceeds the elapsed time). A synchronous call (``async_op=False``) is in
+  flight during the call; an asynchronous one from the call to the moment its
+  future completes (``work.get_future().add_done_callback``); a DDP bucket from
+  the moment the backward pass hands it to the communication hook to its
+  future's completion;
+- **exposed communication**: time the training thread waited for
+  communication that overlap did not hide. With DDP, from the hand-over of the
+  last bucket of the backward pass (``GradBucket.is_last()``) to the completion
+  of the last bucket of that step; a synchronous collective counts whole; an
+  asynchronous one counts the time spent in ``Work.wait()`` before it completed;
+- **bytes**: the size of the tensors this process contributes (the reduced or
+  broadcast tensor, the input of a gather, scatter or all-to-all; 0 for a
+  barrier; a DDP bucket's flat buffer).
+
+DDP: ``DistributedDataParallel.__init__`` is wrapped; after the original has
+run, a communication hook that does what
+``ddp_comm_hooks.default_hooks.allreduce_hook`` does (divide the bucket by the
+group size, all-reduce it asynchronously, hand back the first tensor) and times
+it is registered on the reducer, unless DDP registered a hook itself. A reducer
+accepts one hook only, so ``register_comm_hook`` and
+``_register_builtin_comm_hook`` are wrapped too: the user's hook (or the Python
+twin of a built-in one) replaces the default inside our hook, checked exactly
+as DDP checks it, and is timed the same way; registering twice still raises
+DDP's own error. Collectives issued from inside a user's hook are not counted
+again (the bucket already is).
+
+Callbacks run on the communication library's threads and need the GIL: when
+the training thread is busy in Python at that moment the completion stamp is
+late by up to ``sys.getswitchinterval()`` (5 ms). During the backward pass
+(where DDP buckets complete) the training thread is in C++ and holds no GIL.
+
+Failures never reach the training loop: a patch that cannot be applied leaves
+torch as it was and prints one ``dam-probe: collectives not timed: …`` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from time import perf_counter_ns
+from types import ModuleType
+from typing import Any, Final
+
+from dam_probe._core import PROBE, Probe
+
+C10D: Final = "torch.distributed.distributed_c10d"
+DDP: Final = "torch.nn.parallel.distributed"
+DEFAULT_HOOKS: Final = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks"
+MARK: Final = "_dam_probe_timed"
+DDP_SLOT: Final = "_dam_probe_comm"
+
+# Collectives of torch.distributed, with the parameter whose tensor(s) count as the bytes contributed.
+COLLECTIVES: Final[dict[str, str | None]] = {
+    "all_reduce": "tensor",
+    "broadcast": "tensor",
+    "reduce": "tensor",
+    "all_gather": "tensor",
+    "all_gather_into_tensor": "input_tensor",
+    "reduce_scatter": "input_list",
+    "reduce_scatter_tensor": "input",
+    "all_to_all": "input_tensor_list",
+    "all_to_all_single": "input",
+    "gather": "tensor",
+    "scatter": "tensor",
+    "barrier": None,
+    "monitored_barrier": None,
+}
+
+_reported: list[str] = []
+
+
+def report(reason: str) -> None:
+    """One stderr line the first time collectives cannot be timed; never raises."""
+    if _reported:
+        return
+    _reported.append(reason)
+    with contextlib.suppress(Exception):
+        line = " ".join(str(reason).split()) or "unknown error"
+        sys.stderr.write(f"dam-probe: collectives not timed: {line}\n")
+        sys.stderr.flush()
+
+
+class _Local(threading.local):
+    """Per thread: > 0 while inside a timed call, so nested collectives are not counted twice."""
+
+    depth = 0
+
+
+LOCAL: Final = _Local()
+# Asynchronous works launched through a timed collective and not yet complete, by id():
+# Work.wait() on one of them counts as exposed communication. The entry keeps the work alive.
+PENDING: Final[dict[int, object]] = {}
+
+
+def nbytes_of(value: object) -> int:
+    """Bytes of a tensor-like (``.nbytes``) or of a list/tuple of them; 0 when unknown."""
+    try:
+        n = getattr(value, "nbytes", None)
+        if n is not None:
+            return int(n)
+        if isinstance(value, (list, tuple)):
+            return sum(nbytes_of(v) for v in value)
+    except Exception:  # e.g. a sparse tensor has no nbytes
+        pass
+    return 0
+
+
+def begin(p: Probe, t0: int) -> None:
+    """A collective goes in flight at ``t0``."""
+    with p.comm_lock:
+        if p.coll_inflight == 0:
+            p.coll_busy_since = t0
+        p.coll_inflight += 1
+
+
+def end(p: Probe, t1: int, nbytes: int, exposed_ns: int = 0, count: int = 1) -> None:
+    """A collective begun with ``begin`` completes (``count=0``: it failed) at ``t1``."""
+    with p.comm_lock:
+        p.coll_inflight -= 1
+        if p.coll_inflight <= 0:
+            p.coll_inflight = 0
+            p.coll_ns += max(0, t1 - p.coll_busy_since)
+        p.coll_count += count
+        p.coll_bytes += nbytes
+        p.coll_exposed_ns += exposed_ns
+
+
+def _track_async(work: Any, t1: int, nbytes: int, p: Probe) -> None:
+    """Ends an asynchronous work's flight when its future completes (at once when it has none)."""
+    clock = perf_counter_ns
+    try:
+        fut = work.get_future()
+    except Exception:
+        end(p, t1, nbytes)  # no future (point-to-point on gloo): in flight during the call only
+        return
+    key = id(work)
+    PENDING[key] = work
+
+    def done(_fut: object) -> None:
+        PENDING.pop(key, None)
+        end(p, clock(), nbytes)
+
+    try:
+        fut.add_done_callback(done)
+    except Exception:
+        PENDING.pop(key, None)
+        end(p, t1, nbytes)
+
+
+def timed_collective(orig: Callable[..., Any], position: int, keyword: str | None, p: Probe = PROBE) -> Any:
+    """A collective that counts itself into ``p`` (see the module docstring)."""
+    clock = perf_counter_ns
+    local = LOCAL
+
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if local.depth:
+            return orig(*args, **kwargs)
+        local.depth = 1
+        t0 = clock()
+        begin(p, t0)
+        try:
+            work = orig(*args, **kwargs)
+        except BaseException:
+            end(p, clock(), 0, count=0)
+            raise
+        finally:
+            local.depth = 0
+        t1 = clock()
+        if keyword is None:
+            nbytes = 0
+        elif keyword in kwargs:
+            nbytes = nbytes_of(kwargs[keyword])
+        else:
+            nbytes = nbytes_of(args[position]) if position < len(args) else 0
+        if work is None:  # synchronous: the caller waited for all of it
+            end(p, t1, nbytes, t1 - t0)
+        else:
+            _track_async(work, t1, nbytes, p)
+        if t1 >= p.comm_next_ns:
+            p.publish_comm(t1)
+        return work
+
+    collective.__name__ = getattr(orig, "__name__", "collective")
+    collective.__qualname__ = getattr(orig, "__qualname__", "collective")
+    collective.__doc__ = getattr(orig, "__doc__", None)
+    collective.__module__ = getattr(orig, "__module__", __name__)
+    collective.__wrapped__ = orig  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        collective.__signature__ = inspect.signature(orig)  # type: ignore[attr-defined]
+    setattr(collective, MARK, True)
+    return collective
+
+
+def timed_wait(orig: Callable[..., Any], p: Probe = PROBE) -> Any:
+    """``Work.wait`` that adds the time spent waiting on a timed asynchronous collective to exposed."""
+    clock = perf_counter_ns
+    local = LOCAL
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if local.depth or id(self) not in PENDING:
+            return orig(self, *args, **kwargs)
+        t0 = clock()
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            t1 = clock()
+            with p.comm_lock:
+                p.coll_exposed_ns += t1 - t0
+
+    wait.__name__ = getattr(orig, "__name__", "wait")
+    wait.__qualname__ = getattr(orig, "__qualname__", "wait")
+    wait.__doc__ = getattr(orig, "__doc__", None)
+    wait.__wrapped__ = orig  # type: ignore[attr-defined]
+    setattr(wait, MARK, True)
+    return wait
+
+
+def _parameter_position(fn: Callable[..., Any], name: str | None) -> int:
+    if name is None:
+        return 0
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return 1 << 30
+    return names.index(name) if name in names else 1 << 30
+
+
+# The originals, for our own DDP hook (so that its all-reduce is not counted twice).
+ORIGINALS: Final[dict[str, Callable[..., Any]]] = {}
+
+
+def patch_c10d(module: ModuleType, p: Probe = PROBE) -> bool:
+    """Wraps the collectives of ``torch.distributed.distributed_c10d`` (and ``Work.wait``) once.
+
+    The package ``torch.distributed`` re-exports these functions with ``from
+    .distributed_c10d import *`` after this module has run; if it already has,
+    its attributes that are still the originals are replaced as well.
+    """
+    package = sys.modules.get("torch.distributed")
+    patched = 0
+    for name, keyword in COLLECTIVES.items():
+        orig = getattr(module, name, None)
+        if orig is None or not callable(orig):
+            continue
+        if getattr(orig, MARK, False):
+            patched += 1
+            continue
+        wrapper = timed_collective(orig, _parameter_position(orig, keyword), keyword, p)
+        ORIGINALS[name] = orig
+        setattr(module, name, wrapper)
+        if package is not None and getattr(package, name, None) is orig:
+            setattr(package, name, wrapper)
+        patched += 1
+    if not patched:
+        raise RuntimeError(f"{module.__name__}: no collective found (unsupported torch version)")
+    work = getattr(module, "Work", None)
+    wait = getattr(work, "wait", None) if work is not None else None
+    if wait is not None and not getattr(wait, MARK, False):
+        with contextlib.suppress(Exception):  # a Work class that cannot be patched: no exposed for async
+            work.wait = timed_wait(wait, p)  # type: ignore[union-attr]
+    p.comm_on = True
+    return True
+
+
+# --- DDP ---------------------------------------------------------------------------------------
+
+
+class DdpComm:
+    """Our hook's state on one DDP model: the inner hook, and the step being timed."""
+
+    __slots__ = ("group", "handover_ns", "model", "pending", "user_hook", "user_state")
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.user_hook: Callable[..., Any] | None = None  # None: the default all-reduce
+        self.user_state: object = None
+        self.pending = 0  # buckets launched and not complete
+        self.handover_ns = 0  # when the backward pass handed over its last bucket (0: not yet)
+
+
+def _launched(comm: DdpComm, t0: int, is_last: bool, p: Probe) -> None:
+    with p.comm_lock:
+        if p.coll_inflight == 0:
+            p.coll_busy_since = t0
+        p.coll_inflight += 1
+        comm.pending += 1
+        if is_last:
+            comm.handover_ns = t0
+
+
+def _completed(comm: DdpComm, t1: int, nbytes: int, p: Probe, count: int = 1) -> None:
+    with p.comm_lock:
+        p.coll_inflight -= 1
+        if p.coll_inflight <= 0:
+            p.coll_inflight = 0
+            p.coll_ns += max(0, t1 - p.coll_busy_since)
+        p.coll_count += count
+        p.coll_bytes += nbytes
+        comm.pending -= 1
+        if comm.pending <= 0:
+            comm.pending = 0
+            if comm.handover_ns:
+                p.coll_exposed_ns += max(0, t1 - comm.handover_ns)
+                comm.handover_ns = 0
+
+
+def make_ddp_hook(p: Probe = PROBE) -> Callable[[DdpComm, Any], Any]:
+    """The communication hook registered on every DDP reducer (see the module docstring)."""
+    clock = perf_counter_ns
+    local = LOCAL
+    all_reduce = ORIGINALS.get("all_reduce") or _all_reduce()
+
+    def dam_probe_allreduce_hook(state: DdpComm, bucket: Any) -> Any:
+        t0 = clock()
+        try:
+            buffer = bucket.buffer()
+            is_last = bool(bucket.is_last())
+        except AttributeError:  # not a GradBucket (DDP's compiled path passes (grad, param))
+            return _inner(state, bucket)
+        nbytes = nbytes_of(buffer)
+        _launched(state, t0, is_last, p)
+        try:
+            if state.user_hook is None:
+                group = state.group
+                buffer.div_(group.size())
+                fut = all_reduce(buffer, group=group, async_op=True).get_future()
+
+                def first_tensor(f: Any) -> Any:
+                    _completed(state, clock(), nbytes, p)
+                    return f.value()[0]
+
+                result = fut.then(first_tensor)
+            else:
+                local.depth += 1
+                try:
+                    result = state.user_hook(state.user_state, bucket)
+                finally:
+                    local.depth -= 1
+                add_done_callback = getattr(result, "add_done_callback", None)
+                if add_done_callback is not None:
+                    add_done_callback(lambda _f: _completed(state, clock(), nbytes, p))
+                else:  # not a future: DDP will refuse it; do not leave the step pending
+                    _completed(state, clock(), nbytes, p)
+        except BaseException:
+            _completed(state, clock(), 0, p, count=0)
+            raise
+        if t0 >= p.comm_next_ns:
+            p.publish_comm(t0)
+        return result
+
+    setattr(dam_probe_allreduce_hook, MARK, True)
+    return dam_probe_allreduce_hook
+
+
+def _inner(state: DdpComm, bucket: Any) -> Any:
+    """The hook DDP would have run without us, untimed (for calls that do not pass a GradBucket)."""
+    if state.user_hook is not None:
+        return state.user_hook(state.user_state, bucket)
+    hooks: Any = importlib.import_module(DEFAULT_HOOKS)
+    return hooks.allreduce_hook(state.group, bucket)
+
+
+def _all_reduce() -> Callable[..., Any]:
+    dist: Any = sys.modules["torch.distributed"]
+    return dist.all_reduce  # type: ignore[no-any-return]
+
+
+def _attach(model: Any, hook: Callable[[DdpComm, Any], Any]) -> None:
+    """Registers our hook on a freshly built DDP model whose reducer has none yet."""
+    if getattr(model, DDP_SLOT, None) is not None or getattr(model, "_comm_hooks", None):
+        return  # DDP registered a hook itself (mixed precision, optimizer in backward): left alone
+    reducer = getattr(model, "reducer", None)
+    group = getattr(model, "process_group", None)
+    if reducer is None or group is None:
+        return
+    dist: Any = sys.modules["torch.distributed"]
+    comm = DdpComm(group)
+    dist._register_comm_hook(reducer, comm, hook)
+    object.__setattr__(model, DDP_SLOT, comm)
+
+
+def _builtin_twin(comm_hook_type: object) -> Callable[..., Any] | None:
+    """The Python hook that does what a built-in DDP hook does, or None when there is none."""
+    name = getattr(comm_hook_type, "name", str(comm_hook_type).rsplit(".", 1)[-1])
+    hooks: Any = importlib.import_module(DEFAULT_HOOKS)
+    twin = {"ALLREDUCE": "allreduce_hook", "FP16_COMPRESS": "fp16_compress_hook"}.get(name)
+    return getattr(hooks, twin) if twin else None
+
+
+def patch_ddp(module: ModuleType, p: Probe = PROBE) -> bool:
+    """Wraps ``DistributedDataParallel`` construction and hook registration once."""
+    cls: Any = getattr(module, "DistributedDataParallel", None)
+    if cls is None:
+        raise RuntimeError(f"{module.__name__}.DistributedDataParallel not found (unsupported torch version)")
+    init = cls.__dict__.get("__init__")
+    register = cls.__dict__.get("register_comm_hook")
+    builtin = cls.__dict__.get("_register_builtin_comm_hook")
+    if init is None or register is None:
+        raise RuntimeError(
+            "DistributedDataParallel has no __init__ or register_comm_hook (unsupported torch)"
+        )
+    if getattr(init, MARK, False):
+        return True
+    hook = make_ddp_hook(p)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        init(self, *args, **kwargs)
+        try:
+            _attach(self, hook)
+        except Exception as exc:
+            report(f"cannot register the DDP communication hook: {exc}")
+
+    def register_comm_hook(self: Any, state: object, hook_fn: Callable[..., Any]) -> None:
+        comm = getattr(self, DDP_SLOT, None)
+        if comm is None or comm.user_hook is not None:
+            # Not ours (or a second registration: the reducer raises DDP's own error).
+            return register(self, state, hook_fn)  # type: ignore[no-any-return]
+        self._check_comm_hook(hook_fn)
+        if self.logger is not None:
+            self.logger._set_comm_hook_name(hook_fn.__qualname__)
+        self._comm_hooks.append((hook_fn, state))
+        comm.user_hook, comm.user_state = hook_fn, state
+        return None
+
+    def _register_builtin_comm_hook(self: Any, comm_hook_type: object) -> None:
+        comm = getattr(self, DDP_SLOT, None)
+        twin = _builtin_twin(comm_hook_type) if comm is not None and comm.user_hook is None else None
+        if comm is None or twin is None:
+            return builtin(self, comm_hook_type)  # type: ignore[misc,no-any-return]
+        if self.logger is not None:
+            self.logger._set_comm_hook_name(str(comm_hook_type))
+        comm.user_hook, comm.user_state = twin, comm.group
+        return None
+
+    for name, fn, orig in (
+        ("__init__", __init__, init),
+        ("register_comm_hook", register_comm_hook, register),
+        ("_register_builtin_comm_hook", _register_builtin_comm_hook, builtin),
+    ):
+        if orig is None:
+            continue
+        fn.__name__ = orig.__name__
+        fn.__qualname__ = orig.__qualname__
+        fn.__doc__ = orig.__doc__
+        fn.__wrapped__ = orig  # type: ignore[union-attr]
+        setattr(fn, MARK, True)
+        setattr(cls, name, fn)
+    p.comm_on = True
+    return True

@@ -1,0 +1,245 @@
+"""Collectives and DDP gradient buckets are timed with no code change: real torch, real gloo, 2 ranks.
+
+Each test module run starts the ranks once (``torch.multiprocessing.spawn``)
+under ``sitecustomize`` on ``PYTHONPATH``, the way ``dam run`` and the pod's
+init container arrange it, and every rank reports what its probe counted after
+each phase.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dam_probe.bootstrap import install_into
+from dam_probe.layout import probe_files, read_file
+
+from .conftest import probe_lines, python_env, run_python
+
+pytest.importorskip("torch")
+
+TRAIN = r"""
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+LATE = float(os.environ.get("LATE_SECONDS", "0"))
+
+
+def snap():
+    from dam_probe import PROBE
+    deadline = time.monotonic() + 10
+    while PROBE.coll_inflight and time.monotonic() < deadline:
+        time.sleep(0.01)  # completion callbacks still to run on gloo's threads
+    with PROBE.comm_lock:
+        return {"count": PROBE.coll_count, "ns": PROBE.coll_ns, "exposed": PROBE.coll_exposed_ns,
+                "bytes": PROBE.coll_bytes}
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+
+
+def steps(model, n, rank, late=0.0):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(n):
+        x = torch.randn(16, 64, generator=g)
+        if late:
+            time.sleep(late)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+
+def run(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    report = {"rank": rank, "start": snap()}
+
+    # 1. DDP with the automatic hook; in the "late" run rank 1 sleeps before every step.
+    model = DDP(net(), bucket_cap_mb=0.01)
+    report["hooked"] = hasattr(model, "_dam_probe_comm")
+    steps(model, 8, rank, LATE if rank == 1 else 0.0)
+    report["ddp"] = snap()
+    # The gradient DDP averaged equals the mean of every rank's own gradient.
+    plain = net()
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(100 + rank))
+    plain.load_state_dict(model.module.state_dict())
+    plain(x).square().mean().backward()
+    model.zero_grad()
+    model(x).square().mean().backward()
+    report["ddp_step_count"] = snap()["count"] - report["ddp"]["count"]
+    expected = [p.grad.clone() for p in plain.parameters()]
+    for t in expected:
+        dist.all_reduce(t)
+        t /= world
+    got = [p.grad for p in model.module.parameters()]
+    report["grads_match"] = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(expected, got))
+    if LATE:
+        finish(report, out)
+        return
+    before = snap()
+
+    # 2. Explicit collectives: synchronous, a barrier, asynchronous waited on, positional async_op.
+    t = torch.ones(1024)
+    dist.all_reduce(t)
+    dist.barrier()
+    work = dist.all_reduce(torch.ones(256), async_op=True)
+    work.wait()
+    work2 = dist.all_reduce(torch.ones(256), dist.ReduceOp.SUM, None, True)
+    work2.wait()
+    out_list = [torch.empty(8) for _ in range(world)]
+    dist.all_gather(out_list, torch.full((8,), float(rank)))
+    report["explicit_before"] = before
+    report["explicit"] = snap()
+    report["gathered"] = [o[0].item() for o in out_list]
+
+    # 3. A user's own comm hook, registered after construction: it runs, and it is timed once per bucket.
+    calls = []
+
+    def my_hook(state, bucket):
+        calls.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model2 = DDP(net(), bucket_cap_mb=0.01)
+    model2.register_comm_hook(dist.group.WORLD, my_hook)
+    try:
+        model2.register_comm_hook(None, my_hook)
+        report["second_hook_error"] = None
+    except Exception as exc:
+        report["second_hook_error"] = f"{type(exc).__name__}: {exc}"
+    before = snap()
+    steps(model2, 3, rank)
+    report["user_hook_calls"] = len(calls)
+    report["user_hook"] = snap()
+    report["user_hook_before"] = before
+
+    # 4. A built-in hook type becomes its Python twin.
+    model3 = DDP(net(), bucket_cap_mb=0.01)
+    model3._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    before = snap()
+    steps(model3, 2, rank)
+    report["builtin_before"] = before
+    report["builtin"] = snap()
+
+    finish(report, out)
+
+
+def finish(report, out):
+    report["pid"] = os.getpid()
+    with open(os.path.join(out, f"rank{report['rank']}.json"), "w") as fh:
+        json.dump(report, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(2, int(sys.argv[1]), sys.argv[2]), nprocs=2)
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(tmp: Path, late: float) -> tuple[list[dict[str, Any]], Path, str]:
+    site = install_into(str(tmp / "site"))
+    script = tmp / "train.py"
+    script.write_text(TRAIN)
+    probes = tmp / "probes"
+    out = tmp / "out"
+    out.mkdir()
+    env = python_env(PYTHONPATH=site, DAM_PROBE_DIR=str(probes), LATE_SECONDS=str(late), OMP_NUM_THREADS="1")
+    code = (
+        f"import runpy, sys; sys.argv = ['train.py', '{_free_port()}', '{out}']; "
+        f"runpy.run_path('{script}', run_name='__main__')"
+    )
+    result = run_python(code, env, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return reports, probes, result.stderr
+
+
+@pytest.fixture(scope="module")
+def balanced(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path, str]:
+    return _run(tmp_path_factory.mktemp("balanced"), 0.0)
+
+
+def _delta(report: dict[str, Any], phase: str, before: str) -> dict[str, int]:
+    return {k: report[phase][k] - report[before][k] for k in report[phase]}
+
+
+def test_ddp_buckets_are_counted_and_exposed_time_stays_within_collective_time(
+    balanced: tuple[list[dict[str, Any]], Path, str],
+) -> None:
+    reports, _, stderr = balanced
+    assert probe_lines(stderr) == []
+    for r in reports:
+        assert r["hooked"] is True
+        ddp = _delta(r, "ddp", "start")
+        assert ddp["count"] >= 8 * 2  # several buckets a step (bucket_cap_mb is tiny)
+        assert ddp["bytes"] >= 8 * 6 * (64 * 64 + 64) * 4  # every gradient went through once a step
+        assert 0 < ddp["exposed"] <= ddp["ns"]
+        assert r["grads_match"] is True  # the hook averages exactly as DDP does
+
+
+def test_explicit_collectives_sync_async_and_barrier_are_counted(
+    balanced: tuple[list[dict[str, Any]], Path, str],
+) -> None:
+    reports, _, _ = balanced
+    for r in reports:
+        d = _delta(r, "explicit", "explicit_before")
+        assert d["count"] == 5  # all_reduce, barrier, two async all_reduce, all_gather
+        assert d["bytes"] == 1024 * 4 + 0 + 256 * 4 * 2 + 8 * 4
+        assert 0 < d["exposed"] <= d["ns"]
+        assert r["gathered"] == [0.0, 1.0]  # the wrapped collectives still do their job
+
+
+def test_a_users_own_comm_hook_runs_and_each_bucket_is_counted_once(
+    balanced: tuple[list[dict[str, Any]], Path, str],
+) -> None:
+    reports, _, _ = balanced
+    for r in reports:
+        assert r["user_hook_calls"] >= 3 * 2
+        d = _delta(r, "user_hook", "user_hook_before")
+        # The all_reduce inside the user's hook is not counted a second time.
+        assert d["count"] == r["user_hook_calls"]
+        assert r["second_hook_error"] is not None and "once" in r["second_hook_error"]
+        b = _delta(r, "builtin", "builtin_before")
+        assert b["count"] >= 2 * 2
+
+
+def test_each_rank_writes_its_own_probe_file_with_its_identity_and_counters(
+    balanced: tuple[list[dict[str, Any]], Path, str],
+) -> None:
+    reports, probes, _ = balanced
+    records = {read_file(p).pid: read_file(p) for p in probe_files(str(probes))}
+    for r in reports:
+        rec = records[r["pid"]]
+        assert (rec.rank, rec.local_rank, rec.world_size) == (r["rank"], r["rank"], 2)
+        assert rec.closed
+        assert rec.collectives is not None and rec.collectives >= r["builtin"]["count"]
+        assert rec.collective_ns is not None and rec.collective_exposed_ns is not None
+        assert 0 < rec.collective_exposed_ns <= rec.collective_ns
+        assert rec.collective_bytes is not None and rec.collective_bytes >= r["builtin"]["bytes"]
+
+
+def test_a_late_rank_makes_the_other_rank_wait_in_its_collectives(tmp_path: Path) -> None:
+    reports, _, _ = _run(tmp_path, 0.05)
+    prompt, late = (_delta(r, "ddp", "start") for r in reports)
+    # 8 steps 50 ms late: rank 0 waits for rank 1 in its buckets; rank 1 hardly waits.
+    assert prompt["ns"] - late["ns"] > 0.2e9
+    assert prompt["exposed"] > late["exposed"]
