@@ -183,6 +183,12 @@ def _cause(
             return Axis.DATA, ev
     elif w is None:
         missing.append("its data wait (dataWaitRatio)")
+    elif w > t.data_wait_suspect:
+        ev.append(
+            f"its data wait is {_pct(w)} of its step time (screen > {_thr(t.data_wait_suspect)}); "
+            "its peers' is not measured"
+        )
+        return Axis.DATA, ev
 
     # Machine: its GPU.
     gpu_known = False

@@ -199,6 +199,18 @@ def test_straggler_on_a_throttled_host_has_cause_machine_host() -> None:
     assert any("CPU-throttled 35.0%" in e and "host CPU" in e for e in s.evidence)
 
 
+def test_late_rank_waiting_for_data_is_cause_data_even_when_peers_do_not_measure_it() -> None:
+    def obs(collective: float, wait: float | None) -> Observation:
+        return Observation(
+            steps=100.0, mean_step_seconds=0.5, collective_seconds=collective, data_wait_ratio=wait
+        )
+
+    ranks = {RankId("", 0): obs(20.0, None), RankId("", 1): obs(2.0, 0.35)}
+    s = find_straggler(ranks)
+    assert s is not None and (s.pod, s.rank, s.cause) == (None, 1, Axis.DATA)
+    assert "its peers' is not measured" in s.evidence[-1]
+
+
 def test_straggler_without_a_telling_signal_has_cause_unknown_naming_what_is_missing() -> None:
     job = Job(ranks=[Rank(0, collective_ratio=0.4), Rank(1, collective_ratio=0.05)])
     s = verdict_of(one_pod(job)).bottleneck.straggler
