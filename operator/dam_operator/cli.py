@@ -13,6 +13,7 @@ USAGE = """usage: dam <command> [options]
 
 commands:
   run [--interval S] [--window S] [--json] -- CMD ...   diagnose a local training command
+  tune [--budget S] [--window S] [--json] -- CMD ...    tune an input-bound command's DataLoader
   evaluate BEFORE.prom AFTER.prom [--json] [--gpu-model M]   verdict from two metric snapshots
   sidecar [--port 9450] [--interval S]                  serve /metrics next to a training container
   operator [kopf run options]                           the Kubernetes operator
@@ -32,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dam_operator.local.run import main as run_main
 
         return run_main(rest)
+    if command == "tune":
+        from dam_operator.local.tune import main as tune_main
+
+        return tune_main(rest)
     if command == "evaluate":
         from dam_operator.local.evaluate import main as evaluate_main
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dam_probe.bootstrap import install_into
+from dam_probe.overrides import ENV_LOADER_OVERRIDES
 from dam_sidecar.promtext import Snapshot
 
 
@@ -85,13 +86,25 @@ def fresh_probe_dir(workspace: Workspace, name: str) -> Workspace:
     return Workspace(workspace.inject_dir, probe_dir)
 
 
-def child_environment(base: Mapping[str, str], inject_dir: str, probe_dir: str) -> dict[str, str]:
-    """The command's environment: the probe first on ``PYTHONPATH``, an existing value kept."""
+def child_environment(
+    base: Mapping[str, str],
+    inject_dir: str,
+    probe_dir: str,
+    loader_env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The command's environment: the probe first on ``PYTHONPATH``, an existing value kept.
+
+    ``loader_env`` (``dam tune``) replaces any DataLoader overrides of ``base`` with its own
+    (an empty mapping: none at all); None keeps what ``base`` has.
+    """
     env = dict(base)
     existing = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = inject_dir + (os.pathsep + existing if existing else "")
     env["DAM_PROBE_DIR"] = probe_dir
     env.pop("DAM_PROBE_DISABLE", None)
+    if loader_env is not None:
+        env.pop(ENV_LOADER_OVERRIDES, None)
+        env.update(loader_env)
     return env
 
 
