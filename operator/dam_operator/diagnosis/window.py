@@ -197,30 +197,31 @@ def observation_from_snapshots(
     killer). With several ranks in the snapshots, the exposed communication and the
     collective skew are the cross-rank figures (see ``diagnosis.ranks``).
     """
-    fields = _fields(
-        before,
-        after,
-        elapsed_seconds=elapsed_seconds,
-        gpu_uuids=gpu_uuids,
-        batch_size=batch_size,
-        flops_per_step=flops_per_step,
-        gpu_model=gpu_model,
-        oom_killed=oom_killed,
-    )
+    kwargs: dict[str, Any] = {
+        "elapsed_seconds": elapsed_seconds,
+        "gpu_uuids": gpu_uuids,
+        "batch_size": batch_size,
+        "flops_per_step": flops_per_step,
+        "gpu_model": gpu_model,
+        "oom_killed": oom_killed,
+    }
+    return _pod_observation(before, after, kwargs, None)
+
+
+def _pod_observation(
+    before: Snapshot,
+    after: Snapshot,
+    kwargs: dict[str, Any],
+    per_rank: Mapping[RankId, Observation] | None,
+) -> Observation:
+    """The pod's observation; its ranks' cross-rank figures from ``per_rank`` (split here if None)."""
+    fields = _fields(before, after, **kwargs)
     rank_numbers = _rank_numbers(after)
     if rank_numbers:
         fields["ranks"] = len(rank_numbers)
     if len(rank_numbers) > 1:
-        per_rank = rank_observations(
-            before,
-            after,
-            elapsed_seconds=fields.get("window_seconds"),
-            gpu_uuids=gpu_uuids,
-            batch_size=batch_size,
-            flops_per_step=flops_per_step,
-            gpu_model=gpu_model,
-            oom_killed=oom_killed,
-        )
+        if per_rank is None:
+            per_rank = rank_observations(before, after, **kwargs)
         fields.update(_cross_rank_fields(per_rank))
     return _build(fields)
 
@@ -487,27 +488,37 @@ def _rank_gpus(after: Snapshot, rank_numbers: list[int], gpu_uuids: set[str] | N
     return dict(zip(rank_numbers, gpus, strict=True))
 
 
-def _rank_view(snapshot: Snapshot, rank: int | None, *, several: bool, gpu: str | None) -> Snapshot:
-    """The samples one rank sees: its own probe series and the pod's shared series."""
-    kept: list[Sample] = []
+def _rank_views(
+    snapshot: Snapshot, numbers: list[int], *, several: bool, gpus: Mapping[int, str]
+) -> dict[int | None, Snapshot]:
+    """The samples each rank sees: its own probe series and the pod's shared series.
+
+    One pass over the snapshot. Key None holds the probe series without a ``rank`` label
+    (a process without a rank beside ranked ones). Pod-wide process totals are left out
+    when the pod holds several processes; a rank with its own GPU sees only that GPU.
+    """
+    own: dict[int, list[Sample]] = {r: [] for r in numbers}
+    unranked: list[Sample] = []
+    shared: list[Sample] = []
     for metric in snapshot.names():
         probe = metric in PROBE_SERIES
+        skip_totals = several and metric in POD_TOTALS
         for s in snapshot.samples(metric):
-            raw = _label(s.labels, RANK_LABEL)
-            if raw is not None:
-                if rank is not None and _rank_of(s.labels) == rank:
-                    kept.append(_without_rank(s))
-                continue
-            if probe:
-                if rank is None:
-                    kept.append(s)
-                continue
-            if several and metric in POD_TOTALS:
-                continue
-            if gpu is not None and s.label("gpu") and s.label("gpu") != gpu:
-                continue
-            kept.append(s)
-    return Snapshot(kept, snapshot.timestamp_seconds)
+            if _label(s.labels, RANK_LABEL) is not None:
+                rank = _rank_of(s.labels)
+                if rank is not None and rank in own:
+                    own[rank].append(_without_rank(s))
+            elif probe:
+                unranked.append(s)
+            elif not skip_totals:
+                shared.append(s)
+    views: dict[int | None, Snapshot] = {}
+    for rank in numbers:
+        gpu = gpus.get(rank)
+        seen = shared if gpu is None else [s for s in shared if not s.label("gpu") or s.label("gpu") == gpu]
+        views[rank] = Snapshot(own[rank] + seen, snapshot.timestamp_seconds)
+    views[None] = Snapshot(unranked + shared, snapshot.timestamp_seconds)
+    return views
 
 
 def rank_observations(
@@ -542,22 +553,18 @@ def rank_observations(
     }
     if not numbers:
         return {RankId(pod, None): _build(_fields(before, after, **kwargs))}
-    several = len(numbers) > 1 or _has_unranked_probe_series(after)
+    unranked = _has_unranked_probe_series(after)
+    several = len(numbers) > 1 or unranked
     gpus = _rank_gpus(after, numbers, gpu_uuids)
+    views_before = _rank_views(before, numbers, several=several, gpus=gpus)
+    views_after = _rank_views(after, numbers, several=several, gpus=gpus)
     out: dict[RankId, Observation] = {}
     for rank in numbers:
-        view_before = _rank_view(before, rank, several=several, gpu=gpus.get(rank))
-        view_after = _rank_view(after, rank, several=several, gpu=gpus.get(rank))
-        fields = _fields(view_before, view_after, **kwargs)
+        fields = _fields(views_before[rank], views_after[rank], **kwargs)
         fields["ranks"] = 1
         out[RankId(pod, rank)] = _build(fields)
-    if _has_unranked_probe_series(after):
-        fields = _fields(
-            _rank_view(before, None, several=True, gpu=None),
-            _rank_view(after, None, several=True, gpu=None),
-            **kwargs,
-        )
-        out[RankId(pod, None)] = _build(fields)
+    if unranked:
+        out[RankId(pod, None)] = _build(_fields(views_before[None], views_after[None], **kwargs))
     return out
 
 
@@ -759,8 +766,9 @@ def job_window(
             "gpu_model": gpu_model,
             "oom_killed": w.oom_killed,
         }
-        per_pod[name] = observation_from_snapshots(w.before, w.after, **kwargs)
-        per_rank.update(rank_observations(w.before, w.after, pod=name, **kwargs))
+        pod_ranks = rank_observations(w.before, w.after, pod=name, **kwargs)
+        per_pod[name] = _pod_observation(w.before, w.after, kwargs, pod_ranks)
+        per_rank.update(pod_ranks)
     job = aggregate(per_pod, ranks=per_rank) if per_pod else Observation()
     return JobWindow(job=job, pods=per_pod, ranks=per_rank)
 

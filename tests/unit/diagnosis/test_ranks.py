@@ -17,6 +17,7 @@ from dam_operator.diagnosis.window import (
     observation_from_snapshots,
     rank_observations,
 )
+from dam_sidecar import names
 from dam_sidecar.promtext import parse_snapshot
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
@@ -83,6 +84,21 @@ def test_a_snapshot_without_rank_labels_is_one_process() -> None:
     assert list(found) == [RankId("p", None)]
     obs = observation_from_snapshots(parse_snapshot(before), parse_snapshot(after))
     assert obs.ranks is None and obs.collective_skew is None
+
+
+def test_an_unranked_process_beside_ranked_ones_is_its_own_entry_and_counted_once() -> None:
+    text_before, text_after = snapshot_pair(
+        cpu_job([Rank(0, collective_ratio=0.3), Rank(1, collective_ratio=0.3)])
+    )
+    extra = f"{names.STEPS_TOTAL} 10\n"
+    before = parse_snapshot(text_before + extra)
+    after = parse_snapshot(text_after + f"{names.STEPS_TOTAL} 70\n")
+    found = rank_observations(before, after, pod="p", elapsed_seconds=60.0)
+    assert set(found) == {RankId("p", 0), RankId("p", 1), RankId("p", None)}
+    assert found[RankId("p", None)].steps == pytest.approx(60.0)
+    assert found[RankId("p", 0)].steps == pytest.approx(120.0)
+    pod = observation_from_snapshots(before, after, elapsed_seconds=60.0)
+    assert pod.steps == pytest.approx(300.0) and pod.ranks == 2
 
 
 def test_each_rank_gets_its_own_gpu_when_the_pod_has_one_per_rank() -> None:
