@@ -37,29 +37,19 @@ from dam_operator.diagnosis.model import Observation, RankId
 from dam_sidecar import names
 from dam_sidecar.promtext import Labels, Sample, Snapshot
 
-
-def _name(attr: str, default: str) -> str:
-    value = getattr(names, attr, None)
-    return value if isinstance(value, str) else default
-
-
-# Series of docs/architecture.md (metric names) for distributed jobs and memory. Taken from
-# ``dam_sidecar.names`` when it defines them; the defaults are the contract's names.
-COLLECTIVE_SECONDS_TOTAL = _name("COLLECTIVE_SECONDS_TOTAL", "dam_collective_seconds_total")
-COLLECTIVE_EXPOSED_SECONDS_TOTAL = _name(
-    "COLLECTIVE_EXPOSED_SECONDS_TOTAL", "dam_collective_exposed_seconds_total"
-)
-COLLECTIVES_TOTAL = _name("COLLECTIVES_TOTAL", "dam_collectives_total")
-COLLECTIVE_BYTES_TOTAL = _name("COLLECTIVE_BYTES_TOTAL", "dam_collective_bytes_total")
-GPU_NVLINK_BYTES_TOTAL = _name("GPU_NVLINK_BYTES_TOTAL", "dam_gpu_nvlink_bytes_total")
-GPU_PCIE_BYTES_TOTAL = _name("GPU_PCIE_BYTES_TOTAL", "dam_gpu_pcie_bytes_total")
-CONTAINER_MEMORY_USAGE_BYTES = _name("CONTAINER_MEMORY_USAGE_BYTES", "dam_container_memory_usage_bytes")
-CONTAINER_MEMORY_LIMIT_BYTES = _name("CONTAINER_MEMORY_LIMIT_BYTES", "dam_container_memory_limit_bytes")
-CONTAINER_OOM_KILLS_TOTAL = _name("CONTAINER_OOM_KILLS_TOTAL", "dam_container_oom_kills_total")
-PROCESS_RESIDENT_MEMORY_BYTES = _name("PROCESS_RESIDENT_MEMORY_BYTES", "dam_process_resident_memory_bytes")
-
-PROCESS_RANK_INFO = _name("PROCESS_RANK_INFO", "dam_process_rank_info")
-RANK_LABEL = _name("RANK_LABEL", "rank")
+# Series of docs/architecture.md (metric names) for distributed jobs and memory.
+COLLECTIVE_SECONDS_TOTAL = names.COLLECTIVE_SECONDS_TOTAL
+COLLECTIVE_EXPOSED_SECONDS_TOTAL = names.COLLECTIVE_EXPOSED_SECONDS_TOTAL
+COLLECTIVES_TOTAL = names.COLLECTIVES_TOTAL
+COLLECTIVE_BYTES_TOTAL = names.COLLECTIVE_BYTES_TOTAL
+GPU_NVLINK_BYTES_TOTAL = names.GPU_NVLINK_BYTES_TOTAL
+GPU_PCIE_BYTES_TOTAL = names.GPU_PCIE_BYTES_TOTAL
+CONTAINER_MEMORY_USAGE_BYTES = names.CONTAINER_MEMORY_USAGE_BYTES
+CONTAINER_MEMORY_LIMIT_BYTES = names.CONTAINER_MEMORY_LIMIT_BYTES
+CONTAINER_OOM_KILLS_TOTAL = names.CONTAINER_OOM_KILLS_TOTAL
+PROCESS_RESIDENT_MEMORY_BYTES = names.PROCESS_RESIDENT_MEMORY_BYTES
+PROCESS_RANK_INFO = names.PROCESS_RANK_INFO
+RANK_LABEL = names.RANK_LABEL
 PROBE_SERIES: frozenset[str] = frozenset(
     {
         names.STEPS_TOTAL,
