@@ -90,9 +90,11 @@ def test_kubectl_explain_describes_the_spec(
         return done.stdout if done.returncode == 0 else None
 
     text = wait_for(explained, 60, "kubectl explain damp.spec")
-    assert "KIND:       DAMProfile" in text or "KIND:" in text
-    for field in ("selector", "sampling", "evaluation", "thresholds", "sidecar", "model"):
-        assert f"{field}\t" in text or f"  {field}" in text, text
+    assert "KIND:       DAMProfile" in text and "VERSION:    v1alpha1" in text, text
+    fields = dict(re.findall(r"^  ([A-Za-z]+)\t(.*)$", text, flags=re.MULTILINE))
+    assert fields["selector"] == "<Object> -required-"
+    for field in ("sampling", "evaluation", "hardware", "thresholds", "sidecar", "source", "model"):
+        assert fields[field] == "<Object>", text
     assert "What to diagnose and how." in text
 
     window = control_plane.kubectl("explain", "damp.spec.evaluation.windowSeconds").stdout
@@ -254,3 +256,28 @@ def test_restarts_keep_the_data_and_stop_leaves_no_process(
             os.kill(pid, 0)
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, check=False)
     assert leftover.stdout.strip() == ""
+
+
+def test_delete_namespace_removes_it_with_its_objects_despite_finalizers(control_plane: ControlPlane) -> None:
+    ns = control_plane.create_namespace(control_plane.namespace_name_for("cleanup"))
+    held = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "held", "finalizers": ["dam.mlsys.dev/test"]},
+    }
+    control_plane.api("POST", f"/api/v1/namespaces/{ns}/configmaps", held)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    control_plane.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    control_plane.mark_pod_running(ns, "p")
+
+    control_plane.delete_namespace(ns)
+
+    assert control_plane.api("GET", f"/api/v1/namespaces/{ns}", ok=(404,))["reason"] == "NotFound"
+    for kind in ("configmaps", "pods", "serviceaccounts"):
+        left = control_plane.api("GET", f"/api/v1/{kind}?fieldSelector=metadata.namespace%3D{ns}")["items"]
+        assert left == [], (kind, left)

@@ -92,8 +92,10 @@ def find_kube_binaries(*, build: bool = False, timeout_s: float = 3600.0) -> Kub
         raise KubeBinariesMissingError(f"{BUILD_SCRIPT} did not run: {exc}") from exc
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise KubeBinariesMissingError(f"no kube-apiserver/etcd ({why})")
+        why = (done.stderr.strip().splitlines() or [f"{BUILD_SCRIPT} exited with status {done.returncode}"])[
+            -1
+        ]
+        raise KubeBinariesMissingError(why.removeprefix("kube-bin: "))
     directory = Path(lines[-1])
     for name in ("kube-apiserver", "etcd"):
         if not os.access(directory / name, os.X_OK):
@@ -585,19 +587,14 @@ class ControlPlane:
         ns = urllib.parse.quote(name)
         for base, plural in self._namespaced_collections():
             path = f"{base}/namespaces/{ns}/{plural}"
-            self.api(
-                "DELETE",
-                path,
-                {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0},
-                ok=(200, 404, 405),
-            )
-            left = self.api("GET", path, ok=(200, 404))
-            for item in (left or {}).get("items", []):
+            options = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
+            deleted = self.api("DELETE", path, options, ok=(200, 404, 405)) or {}
+            # The answer lists what was deleted; what has finalizers is still there, marked.
+            for item in deleted.get("items", []):
                 if item.get("metadata", {}).get("finalizers"):
-                    item_path = f"{path}/{urllib.parse.quote(item['metadata']['name'])}"
                     self.api(
                         "PATCH",
-                        item_path,
+                        f"{path}/{urllib.parse.quote(item['metadata']['name'])}",
                         {"metadata": {"finalizers": None}},
                         content_type="application/merge-patch+json",
                         ok=(200, 404),
@@ -609,21 +606,26 @@ class ControlPlane:
             self.api("PUT", f"/api/v1/namespaces/{ns}/finalize", current, ok=(200, 404, 409))
 
     def _namespaced_collections(self) -> list[tuple[str, str]]:
-        """(group-version base path, plural) of every namespaced kind that can be listed and deleted.
-
-        Rediscovered each time a CRD may have been added; the built-in part is cached.
-        """
+        """(group-version base path, plural) of every namespaced kind that can be deleted as a
+        collection, from the aggregated discovery document (two requests; CRDs included)."""
         found: list[tuple[str, str]] = []
-        bases = ["/api/v1"]
-        groups = self.api("GET", "/apis")
-        bases += [f"/apis/{g['preferredVersion']['groupVersion']}" for g in groups.get("groups", [])]
-        for base in bases:
-            resources = self.api("GET", base, ok=(200, 404, 503)) or {}
-            for r in resources.get("resources", []):
-                verbs = set(r.get("verbs", []))
-                if r.get("namespaced") and "/" not in r["name"] and {"list", "deletecollection"} <= verbs:
-                    found.append((base, r["name"]))
-        # Events last is harmless; Pods first so nothing recreates them in between.
+        accept = {"Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"}
+        for root in ("/api", "/apis"):
+            for group in self.api("GET", root, headers=accept).get("items", []):
+                versions = group.get("versions") or []
+                if not versions:
+                    continue
+                preferred = versions[0]  # listed in order of preference
+                group_name = group.get("metadata", {}).get("name", "")
+                base = (
+                    f"/apis/{group_name}/{preferred['version']}"
+                    if group_name
+                    else f"/api/{preferred['version']}"
+                )
+                for r in preferred.get("resources", []):
+                    if r.get("scope") == "Namespaced" and "deletecollection" in r.get("verbs", []):
+                        found.append((base, r["resource"]))
+        # Pods first, so that nothing that owns them is left to matter.
         found.sort(key=lambda item: (item[1] != "pods", item))
         return found
 
