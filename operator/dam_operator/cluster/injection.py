@@ -12,7 +12,12 @@ The patch adds to a matched training pod:
 - on every training container ``DAM_PROBE_DIR`` and ``PYTHONPATH`` (``/dam/probe``
   prepended to a literal value already in the pod spec);
 - ``shareProcessNamespace: true`` (the sidecar reads the training process's CPU);
-- annotations ``dam.mlsys.dev/injected`` and ``dam.mlsys.dev/profile``.
+- annotations ``dam.mlsys.dev/injected`` and ``dam.mlsys.dev/profile``;
+- with ``spec.actions.mode`` Apply or InPlace (``ActionOverrides``, derived from the profile's
+  ``status.actions`` by ``actions.desired_for``): ``DAM_LOADER_OVERRIDES`` on every training
+  container that gets the probe, a higher CPU limit on the training container, and the
+  annotation ``dam.mlsys.dev/action`` saying which action the pod carries. Nothing of it goes to
+  a pod (or container) the probe cannot reach.
 
 Every container it adds meets the *restricted* Pod Security Standard. The patch
 is computed as a difference against the pod: each piece is added only where it
@@ -22,13 +27,17 @@ is missing, so re-running the builder on a patched pod yields ``[]``. No I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dam_operator.cluster.spec import DAMProfileSpec, quantity_value
+from dam_probe.overrides import loader_override_env
 
 __all__ = [
+    "ANNOTATION_ACTION",
+    "ANNOTATION_DEFAULT_CONTAINER",
     "ANNOTATION_INJECT",
     "ANNOTATION_INJECTED",
     "ANNOTATION_PROFILE",
@@ -37,19 +46,24 @@ __all__ = [
     "PROBE_DIR",
     "SIDECAR_CONTAINER",
     "VOLUME_NAME",
+    "ActionOverrides",
     "InjectionError",
     "InjectionSettings",
     "build_injection_patch",
     "is_instrumented",
     "opted_out",
+    "resize_patch",
     "restricted_security_context",
     "should_inject",
+    "training_container_index",
 ]
 
 ANNOTATION_INJECT = "dam.mlsys.dev/inject"  # "false" opts a pod out
 LABEL_INJECT = "dam.mlsys.dev/inject"  # the same as a label: the webhook's objectSelector sees labels only
 ANNOTATION_INJECTED = "dam.mlsys.dev/injected"
 ANNOTATION_PROFILE = "dam.mlsys.dev/profile"
+ANNOTATION_ACTION = "dam.mlsys.dev/action"  # "ID:applied" / "ID:withheld": the action the pod carries
+ANNOTATION_DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 SIDECAR_CONTAINER = "dam-sidecar"
 INSTALL_CONTAINER = "dam-probe-install"
 VOLUME_NAME = "dam-probe"
@@ -57,6 +71,18 @@ PROBE_DIR = "/dam/probe"
 METRICS_PORT_NAME = "dam-metrics"
 
 _OPT_OUT_VALUES = frozenset({"false", "no", "off", "0", "disabled"})
+
+
+@dataclass(frozen=True)
+class ActionOverrides:
+    """What the webhook applies to a new pod for ``spec.actions`` (``actions.desired_for``)."""
+
+    label: str
+    """The ``dam.mlsys.dev/action`` annotation: ``"ID:applied"`` or ``"ID:withheld"``."""
+    loader: Mapping[str, int | bool] = field(default_factory=dict)
+    """DataLoader settings for ``DAM_LOADER_OVERRIDES`` (empty: none)."""
+    cpu: str | None = None
+    """CPU limit of the training container, a quantity (None: unchanged)."""
 
 
 class InjectionError(ValueError):
@@ -258,7 +284,18 @@ def _declared_ports(pod: Mapping[str, Any]) -> set[int]:
     return ports
 
 
-def _env_ops(base: str, container: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _takes_probe(container: Mapping[str, Any]) -> bool:
+    """The probe gets onto this container's PYTHONPATH (one taken from a Secret/ConfigMap cannot)."""
+    env = container.get("env")
+    for e in env if isinstance(env, list) else []:
+        if isinstance(e, Mapping) and e.get("name") == "PYTHONPATH" and "valueFrom" in e:
+            return False
+    return True
+
+
+def _env_ops(
+    base: str, container: Mapping[str, Any], extra: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     env = container.get("env")
     env_list: list[Any] = list(env) if isinstance(env, list) else []
     index = {e.get("name"): i for i, e in enumerate(env_list) if isinstance(e, Mapping)}
@@ -297,6 +334,9 @@ def _env_ops(base: str, container: Mapping[str, Any]) -> list[dict[str, Any]]:
     else:
         wanted.append({"name": "PYTHONPATH", "value": PROBE_DIR})
 
+    # The user's own value of a variable wins (e.g. their DAM_LOADER_OVERRIDES).
+    wanted.extend({"name": k, "value": v} for k, v in (extra or {}).items() if k not in index)
+
     if wanted:
         if env is None or not isinstance(env, list):
             ops.append({"op": "add", "path": f"{base}/env", "value": wanted})
@@ -324,8 +364,12 @@ def build_injection_patch(
     profile_name: str,
     spec: DAMProfileSpec,
     settings: InjectionSettings,
+    actions: ActionOverrides | None = None,
 ) -> list[dict[str, Any]]:
     """RFC 6902 operations that instrument ``pod`` for ``profile_name``; ``[]`` when nothing is missing.
+
+    ``actions`` (None in mode Recommend, or with no action yet) adds the action's settings
+    to the containers the probe reaches, and the ``dam.mlsys.dev/action`` annotation.
 
     Raises ``InjectionError`` when the pod cannot take the sidecar (a container
     already declares the sidecar's port); the webhook then admits the pod unchanged
@@ -368,10 +412,19 @@ def build_injection_patch(
             ops.append({"op": "add", "path": "/spec/volumes", "value": [volume]})
 
     containers = _containers(pod, "containers")
+    loader_env = loader_override_env(actions.loader) if actions is not None and actions.loader else {}
+    cpu_index = training_container_index(pod)
+    carried = False
     for i, container in enumerate(containers):
         base = f"/spec/containers/{i}"
-        ops.extend(_env_ops(base, container))
+        probe = _takes_probe(container)
+        carried = carried or probe
+        ops.extend(_env_ops(base, container, loader_env if probe else None))
         ops.extend(_mount_ops(base, container))
+        if probe and i == cpu_index and actions is not None and actions.cpu is not None:
+            ops.extend(_cpu_ops(base, container, actions.cpu))
+    if actions is not None and carried:
+        ops.extend(_annotation_ops(annotations, {ANNOTATION_ACTION: actions.label}, after_add=True))
 
     installer = _installer(pod, spec, settings)
     init_names = {c.get("name") for c in _containers(pod, "initContainers")}
@@ -395,11 +448,80 @@ def build_injection_patch(
     return ops
 
 
-def _annotation_ops(annotations: Any, wanted: Mapping[str, str]) -> list[dict[str, Any]]:
+def _annotation_ops(
+    annotations: Any, wanted: Mapping[str, str], *, after_add: bool = False
+) -> list[dict[str, Any]]:
+    """Ops that set ``wanted``; ``after_add``: an earlier op of the patch created the mapping."""
     if not isinstance(annotations, Mapping):
+        if after_add:
+            return [
+                {"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v}
+                for k, v in wanted.items()
+            ]
         return [{"op": "add", "path": "/metadata/annotations", "value": dict(wanted)}]
     return [
         {"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v}
         for k, v in wanted.items()
         if annotations.get(k) != v
     ]
+
+
+# ---------------------------------------------------------------- CPU (actions)
+
+
+def training_container_index(pod: Mapping[str, Any]) -> int:
+    """The container whose CPU an action raises: the one ``kubectl.kubernetes.io/default-container``
+    names, else the first container that is not the dam sidecar."""
+    containers = _containers(pod, "containers")
+    named = _meta(pod, "annotations").get(ANNOTATION_DEFAULT_CONTAINER)
+    for i, c in enumerate(containers):
+        if named and c.get("name") == named:
+            return i
+    return next((i for i, c in enumerate(containers) if c.get("name") != SIDECAR_CONTAINER), 0)
+
+
+def _cpu_change(container: Mapping[str, Any], cpu: str) -> tuple[bool, bool]:
+    """(raise the limit, raise the request too). Only a CPU limit below ``cpu`` is raised (a
+    container without a limit is not limited, and an action never lowers one); the request
+    follows when it equals the limit (Guaranteed QoS stays Guaranteed)."""
+    resources = container.get("resources")
+    resources = resources if isinstance(resources, Mapping) else {}
+    limits: Mapping[str, Any] = resources.get("limits") or {}
+    requests: Mapping[str, Any] = resources.get("requests") or {}
+    if not isinstance(limits, Mapping) or not isinstance(requests, Mapping):
+        return False, False
+    try:
+        if "cpu" not in limits or quantity_value(str(limits["cpu"])) >= quantity_value(cpu):
+            return False, False
+        request_follows = "cpu" in requests and quantity_value(str(requests["cpu"])) == quantity_value(
+            str(limits["cpu"])
+        )
+    except ValueError:
+        return False, False
+    return True, request_follows
+
+
+def _cpu_ops(base: str, container: Mapping[str, Any], cpu: str) -> list[dict[str, Any]]:
+    limit, request = _cpu_change(container, cpu)
+    ops = []
+    if limit:
+        ops.append({"op": "replace", "path": f"{base}/resources/limits/cpu", "value": cpu})
+    if request:
+        ops.append({"op": "replace", "path": f"{base}/resources/requests/cpu", "value": cpu})
+    return ops
+
+
+def resize_patch(pod: Mapping[str, Any], cpu: str) -> dict[str, Any] | None:
+    """The strategic merge patch of ``pods/resize`` that gives the training container ``cpu``
+    (the same rules as at creation); None when there is nothing to raise."""
+    containers = _containers(pod, "containers")
+    if not containers:
+        return None
+    container = containers[training_container_index(pod)]
+    limit, request = _cpu_change(container, cpu)
+    if not limit:
+        return None
+    resources: dict[str, Any] = {"limits": {"cpu": cpu}}
+    if request:
+        resources["requests"] = {"cpu": cpu}
+    return {"spec": {"containers": [{"name": container.get("name"), "resources": resources}]}}

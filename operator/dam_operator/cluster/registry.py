@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from dam_operator.cluster.injection import ANNOTATION_ACTION
 from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
 
 ProfileKey = tuple[str, str]
@@ -55,6 +56,8 @@ class PodInfo:
     last_oom_kill: str | None = None
     """When a container of the pod was last OOM-killed (RFC 3339 ``finishedAt`` of a terminated
     state with reason ``OOMKilled``, current or last); None when never seen."""
+    action: str | None = None
+    """The ``dam.mlsys.dev/action`` annotation the webhook set (``"ID:applied"``/``"ID:withheld"``)."""
 
     @property
     def key(self) -> ProfileKey:
@@ -86,6 +89,7 @@ class PodInfo:
             instrumented=instrumented,
             deleting=bool(meta.get("deletionTimestamp")),
             last_oom_kill=last_oom_kill(status),
+            action=str((meta.get("annotations") or {}).get(ANNOTATION_ACTION) or "") or None,
         )
 
 

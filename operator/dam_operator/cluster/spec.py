@@ -33,6 +33,7 @@ from pydantic.fields import FieldInfo
 from dam_operator.diagnosis.model import Hardware, Thresholds
 
 __all__ = [
+    "ActionsSpec",
     "DAMProfileSpec",
     "EvaluationSpec",
     "HardwareSpec",
@@ -286,6 +287,33 @@ class ModelSpec(_Spec):
     flops_per_step: Annotated[float, Field(gt=0.0, le=1e24), AfterValidator(_finite)] | None = None
 
 
+def _positive_quantity(v: str) -> str:
+    if quantity_value(v) <= 0:
+        raise ValueError("must be a CPU quantity above 0, e.g. 4 or 3500m")
+    return v
+
+
+class ActionsSpec(_Spec):
+    """Closing the loop (docs/automation.md): whether and how the operator applies the
+    input-pipeline lever to new pods of the job, measures it and keeps or rolls it back."""
+
+    mode: Literal["Recommend", "Apply", "InPlace"] = "Recommend"
+    """Recommend: only write the verdict. Apply: the webhook applies the current action to the
+    next pod created for the job. InPlace: Apply, and a CPU raise also resizes running pods."""
+    max_cpu: Annotated[Quantity, AfterValidator(_positive_quantity)] | None = None
+    """Cap of a CPU raise of the training container; without it the CPU is never raised."""
+    min_confidence: Ratio = 0.6
+    """Actions are planned only from a verdict at least this confident."""
+    max_workers: Annotated[int, Field(ge=1, le=256)] = 16
+    """Highest DataLoader num_workers the climb may set (also bounded by the CPU limit)."""
+    max_prefetch_factor: Annotated[int, Field(ge=2, le=64)] = 8
+    """Highest prefetch_factor the climb may set."""
+    noise_margin: Annotated[float, Field(ge=0.01, le=0.5), AfterValidator(_finite)] = 0.10
+    """Improved when steps/s ≥ before × (1 + margin); worse when ≤ before × (1 − margin)."""
+    warmup_windows: Annotated[int, Field(ge=0, le=10)] = 1
+    """Full windows of a pod that carries an action ignored before it is measured."""
+
+
 class DAMProfileSpec(_Spec):
     selector: LabelSelector
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
@@ -295,6 +323,7 @@ class DAMProfileSpec(_Spec):
     sidecar: SidecarSpec = Field(default_factory=SidecarSpec)
     source: SourceSpec | None = None
     model: ModelSpec | None = None
+    actions: ActionsSpec = Field(default_factory=ActionsSpec)
 
     @model_validator(mode="after")
     def _window_holds_samples(self) -> DAMProfileSpec:

@@ -3,9 +3,11 @@
 ``POST /mutate-pods`` takes an AdmissionReview (admission.k8s.io/v1) and answers
 one: the request's uid echoed, ``allowed: true`` always, and, when a DAMProfile
 in the pod's namespace selects the pod, a base64 JSON patch (``patchType:
-JSONPatch``). The webhook never blocks pod creation: any error, including a body
-that is not an AdmissionReview, is answered "allowed, no patch" with a warning
-(kubectl prints it) and counted. ``GET /healthz`` answers ``ok``.
+JSONPatch``); with ``spec.actions.mode`` Apply or InPlace the patch also carries the
+settings the profile's ``status.actions`` keep (``actions.desired_for``). The webhook
+never blocks pod creation: any error, including a body that is not an AdmissionReview,
+is answered "allowed, no patch" with a warning (kubectl prints it) and counted.
+``GET /healthz`` answers ``ok``.
 
 ``webhook_configuration`` builds the MutatingWebhookConfiguration that points
 the API server here (``failurePolicy: Ignore``, short timeout, kube-system and
@@ -24,6 +26,7 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from dam_operator.cluster.actions import desired_for
 from dam_operator.cluster.injection import (
     LABEL_INJECT,
     InjectionError,
@@ -62,6 +65,8 @@ class ProfileRef(NamedTuple):
     namespace: str
     name: str
     spec: DAMProfileSpec
+    status: Mapping[str, Any] = {}
+    """The profile's last status: ``status.actions`` decides what a new pod gets (mode Apply)."""
 
 
 ProfilesFor = Callable[[str], Sequence[ProfileRef]]
@@ -123,7 +128,9 @@ def review(request: Mapping[str, Any], profiles_for: ProfilesFor, settings: Inje
     if not profile.spec.sidecar.inject:
         return Decision(RESULT_SKIPPED, profile=profile.name)
     try:
-        patch = build_injection_patch(pod, profile.name, profile.spec, settings)
+        patch = build_injection_patch(
+            pod, profile.name, profile.spec, settings, desired_for(profile.spec, profile.status)
+        )
     except InjectionError as exc:
         warnings.append(f"dam: pod not instrumented for DAMProfile {profile.name}: {exc}")
         return Decision(RESULT_SKIPPED, warnings=warnings, profile=profile.name)

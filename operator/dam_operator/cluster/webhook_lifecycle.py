@@ -100,7 +100,9 @@ class WebhookLifecycle:
 
         def profiles_for(namespace: str) -> list[ProfileRef]:
             return [
-                ProfileRef(e.namespace, e.name, e.spec) for e in registry.profiles_in(namespace) if e.spec
+                ProfileRef(e.namespace, e.name, e.spec, e.status)
+                for e in registry.profiles_in(namespace)
+                if e.spec
             ]
 
         self._app = make_webhook_app(profiles_for, injection, on_request)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dam_operator.cluster import status as st
+from dam_operator.cluster.actions import ResizeRequest, window_actions
 from dam_operator.cluster.registry import PodInfo
 from dam_operator.cluster.sources import SourceError
 from dam_operator.cluster.spec import DAMProfileSpec
@@ -63,6 +64,8 @@ class StepResult:
     published: tuple[str, str] | None = None
     """(axis, regime) now in the status."""
     error_reasons: list[str] = field(default_factory=list)
+    resizes: list[ResizeRequest] = field(default_factory=list)
+    """In-place CPU resizes to send before the patch (``spec.actions.mode: InPlace``)."""
 
 
 OOM_SLACK_SECONDS = 5.0
@@ -264,6 +267,17 @@ def window_step(
         generation=generation,
         now=st.format_time(when),
     )
+    acted = window_actions(
+        spec=spec,
+        status=status,
+        generation=generation,
+        pods=pods,
+        per_pod=job.pods,
+        verdict=verdict,
+        when=when,
+    )
+    if acted.actions is not None:
+        patch["status"]["actions"] = acted.actions
     previous = None if published is None else {"axis": published[0], "regime": published[1]}
     old_bottleneck = status.get("bottleneck")
     events = [
@@ -276,9 +290,10 @@ def window_step(
     return StepResult(
         patch=patch,
         counts=counts,
-        events=[e for e in events if e is not None],
+        events=[*(e for e in events if e is not None), *acted.events],
         verdict=verdict,
         baselines=new_baselines,
         published=st.verdict_key(verdict.bottleneck),
         error_reasons=scrape.error_reasons,
+        resizes=acted.resizes,
     )
