@@ -60,8 +60,13 @@ def progress_text(elapsed: float, steps: float, window_seconds: float) -> str:
 
 
 def verdict_text(elapsed: float, verdict: Verdict) -> str:
-    """The status line's (or a change line's) text for a verdict."""
-    return f"dam: {elapsed:4.0f}s  {render_line(verdict)}"
+    """The status line's (or a change line's) text for a verdict, naming a straggler first."""
+    s = verdict.bottleneck.straggler
+    lagging = ""
+    if s is not None:
+        who = f"rank {s.rank}" if s.rank is not None else (s.pod or "a process")
+        lagging = f"straggler {who} ({s.cause.value}) · "
+    return f"dam: {elapsed:4.0f}s  {lagging}{render_line(verdict)}"
 
 
 def fit(text: str, columns: int) -> str:
@@ -72,12 +77,14 @@ def fit(text: str, columns: int) -> str:
 
 @dataclass
 class ChangeFilter:
-    """Off a terminal: says whether a verdict is worth a line (its axis or regime changed)."""
+    """Off a terminal: says whether a verdict is worth a line (its axis, regime or straggler changed)."""
 
-    last: tuple[str, str] | None = None
+    last: tuple[str, str, str] | None = None
 
     def changed(self, verdict: Verdict) -> bool:
-        key = (verdict.bottleneck.axis.value, verdict.bottleneck.regime.value)
+        b = verdict.bottleneck
+        lagging = "" if b.straggler is None else f"{b.straggler.rank}:{b.straggler.cause.value}"
+        key = (b.axis.value, b.regime.value, lagging)
         if key == self.last:
             return False
         self.last = key

@@ -206,8 +206,11 @@ def run(
             if status is not None:
                 status.close()
         final = session.final_verdict()
+        ranks = session.final_ranks()
     if args.json:
         doc = final.to_status()
+        if ranks:  # a multi-rank job (torchrun): each rank's figures
+            doc["ranks"] = [r.model_dump(by_alias=True, exclude_none=True, mode="json") for r in ranks]
         doc["lastEvaluationTime"] = rfc3339(datetime.now(UTC))
         doc["exitCode"] = code
         out(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_operator.diagnosis.model import Hardware, Thresholds, Verdict
-from dam_operator.diagnosis.window import observation_from_snapshots
+from dam_operator.diagnosis.model import Hardware, RankFigures, Thresholds, Verdict
+from dam_operator.diagnosis.ranks import rank_figures
+from dam_operator.diagnosis.window import PodWindow, job_window, observation_from_snapshots
 from dam_sidecar import names
 from dam_sidecar.promtext import Snapshot
 
@@ -25,12 +26,41 @@ MAX_ANCHORS = 256
 WARMUP_FRACTION = 0.2
 """The final verdict skips this share of the run (at most one window): worker start-up, autotuning."""
 
+MAX_LISTED_RANKS = 64
+"""``dam run --json`` lists at most this many ranks (the worst ones, in rank order)."""
+
 Timed = tuple[float, Snapshot]
 
 
 def steps_of(snap: Snapshot) -> float:
     """Training steps counted in a snapshot (every process and rank together)."""
     return sum(s.value for s in snap.samples(names.STEPS_TOTAL))
+
+
+def progress_steps(snap: Snapshot) -> float:
+    """Steps of the furthest process: a job's training steps, each rank counting its own."""
+    return max((s.value for s in snap.samples(names.STEPS_TOTAL)), default=0.0)
+
+
+def verdict_between(
+    before: Snapshot,
+    after: Snapshot,
+    elapsed_seconds: float | None,
+    thresholds: Thresholds | None = None,
+    hardware: Hardware | None = None,
+) -> Verdict:
+    """The raw verdict (no hysteresis) of the window between two snapshots of one local job.
+
+    A job of several ranks (``torchrun``: one probe file per rank, per-rank series) is judged
+    as one job — the job's observation plus each rank's, so the verdict names a straggler
+    (``bottleneck.straggler``) and lists the ranks (``metrics.ranks``); a single process is
+    judged from its own observation.
+    """
+    jw = job_window({"": PodWindow(before, after, elapsed_seconds=elapsed_seconds)})
+    if len(jw.ranks) > 1:
+        return diagnose(jw.job, thresholds, hardware, ranks=jw.ranks)
+    obs = observation_from_snapshots(before, after, elapsed_seconds=elapsed_seconds)
+    return diagnose(obs, thresholds, hardware)
 
 
 @dataclass
@@ -73,8 +103,8 @@ class LocalSession:
 
     @property
     def steps(self) -> float:
-        """Steps counted so far (the latest snapshot)."""
-        return steps_of(self.history[-1][1]) if self.history else 0.0
+        """Training steps so far (the latest snapshot; a job's ranks each count their own)."""
+        return progress_steps(self.history[-1][1]) if self.history else 0.0
 
     @property
     def first_step_time(self) -> float | None:
@@ -92,17 +122,16 @@ class LocalSession:
 
     # -- verdicts ---------------------------------------------------------------------------
 
-    def verdict_between(self, before: Timed, after: Timed) -> Verdict:
+    def verdict_of(self, before: Timed, after: Timed) -> Verdict:
         """The raw verdict (no hysteresis) of the window between two snapshots."""
         elapsed = max(after[0] - before[0], 0.0)
-        obs = observation_from_snapshots(before[1], after[1], elapsed_seconds=elapsed or None)
-        return diagnose(obs, self.thresholds, self.hardware)
+        return verdict_between(before[1], after[1], elapsed or None, self.thresholds, self.hardware)
 
     def window_verdict(self) -> Verdict | None:
         """The stabilised verdict of the latest window (None until two snapshots exist)."""
         if len(self.history) < 2:
             return None
-        raw = self.verdict_between(self.history[0], self.history[-1])
+        raw = self.verdict_of(self.history[0], self.history[-1])
         return self.stabilizer.update(raw, self.now())
 
     def final_span(self) -> tuple[Timed, Timed] | None:
@@ -136,7 +165,22 @@ class LocalSession:
         span = self.final_span()
         if span is None:
             return self.verdict_from_nothing()
-        return self.verdict_between(*span)
+        return self.verdict_of(*span)
+
+    def final_ranks(self, limit: int = MAX_LISTED_RANKS) -> list[RankFigures]:
+        """Each rank's figures over the final verdict's span, in rank order (empty for one process).
+
+        At most ``limit`` ranks: the worst ones (latest at the collectives, most data wait).
+        """
+        span = self.final_span()
+        if span is None:
+            return []
+        (t0, before), (t1, after) = span
+        ranks = job_window({"": PodWindow(before, after, elapsed_seconds=(t1 - t0) or None)}).ranks
+        if len(ranks) < 2:
+            return []
+        figures = rank_figures(ranks, limit=limit)
+        return sorted(figures, key=lambda f: -1 if f.rank is None else f.rank)
 
     def verdict_from_nothing(self) -> Verdict:
         empty = Snapshot([])

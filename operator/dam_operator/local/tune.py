@@ -47,7 +47,6 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any, Final, Protocol
 
-from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Observation, Regime, Verdict
 from dam_operator.diagnosis.window import observation_from_snapshots
 from dam_operator.local.child import (
@@ -61,7 +60,7 @@ from dam_operator.local.child import (
     shell_exit_status,
     stop_process_group,
 )
-from dam_operator.local.session import steps_of
+from dam_operator.local.session import steps_of, verdict_between
 from dam_probe.cgroup import CgroupReader
 from dam_probe.overrides import (
     ENV_LOADER_OVERRIDES,
@@ -241,7 +240,7 @@ def measurement_from(
     """The measurement of the window between the first and the last of ``points`` (pure)."""
     (t0, before), (t1, after) = points[0], points[-1]
     obs: Observation = observation_from_snapshots(before, after, elapsed_seconds=(t1 - t0) or None)
-    verdict = diagnose(obs)
+    verdict = verdict_between(before, after, (t1 - t0) or None)
     rates = interval_rates([(t, steps_of(s)) for t, s in points])
     steps = steps_of(after) - steps_of(before)
     return Measurement(
