@@ -295,13 +295,27 @@ class ControlPlane:
         self._write_pki()
         atexit.register(self.stop)
         try:
-            self.start_etcd(timeout_s)
-            self.start_apiserver(timeout_s)
+            self._first_start(self.start_etcd, self.etcd_log, timeout_s, "etcd_port")
+            self._first_start(self.start_apiserver, self.apiserver_log, timeout_s, "apiserver_port")
             self._write_kubeconfig(self.kubeconfig, "admin", self.admin_token)
             self.ensure_service_account("default", "default")
         except BaseException:
             self.stop()
             raise
+
+    def _first_start(
+        self, start: Callable[[float], None], log_path: Path, timeout_s: float, port: str
+    ) -> None:
+        """``start``, on other free ports when the ones picked were taken in the meantime."""
+        for attempt in range(3):
+            try:
+                start(timeout_s)
+                return
+            except AssertionError:
+                last_run = _tail(log_path, 10_000).rpartition("\n==== ")[2]
+                if attempt == 2 or "address already in use" not in last_run:
+                    raise
+                setattr(self, port, 0)
 
     def stop(self) -> None:
         """Stop kube-apiserver, then etcd; nothing of theirs is left running. Safe to call twice."""

@@ -62,8 +62,11 @@ final="$cache_root/k8s-$k8s_version-etcd-$etcd_version-$goos-$goarch"
 
 binaries_ok() { # dir -> 0 when both binaries are there and report the pinned versions
     [[ -x "$1/kube-apiserver" && -x "$1/etcd" ]] || return 1
-    "$1/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $k8s_version" || return 1
-    "$1/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${etcd_version#v}" || return 1
+    local out # (no `| grep -q` under pipefail: an early exit of grep fails the pipe with SIGPIPE)
+    out="$("$1/kube-apiserver" --version 2>/dev/null)" || return 1
+    [[ $'\n'"$out"$'\n' == *$'\n'"Kubernetes $k8s_version"$'\n'* ]] || return 1
+    out="$("$1/etcd" --version 2>/dev/null)" || return 1
+    [[ $'\n'"$out"$'\n' == *$'\n'"etcd Version: ${etcd_version#v}"$'\n'* ]] || return 1
 }
 
 if binaries_ok "$final"; then
@@ -116,7 +119,7 @@ wait_for_exit() { # pid seconds -> 0 once pid has exited, 1 if still running aft
 }
 
 say "building kube-apiserver $k8s_version and etcd $etcd_version with $(go env GOVERSION) into $final"
-say "(first build: a few hundred MB of modules and roughly 10-20 min of compiling on 2 cores; later runs reuse the cache)"
+say "(first build: about 200 MB of Go modules and 5-10 min of compiling on 2 cores; later runs reuse the Go build cache)"
 started=$SECONDS
 
 say "[1/3] downloading Go modules"
