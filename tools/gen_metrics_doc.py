@@ -84,13 +84,28 @@ def operator_section() -> list[str]:
         ),
         0.0,
     )
+    metrics.observe_actions(
+        "ns",
+        "p",
+        [
+            {
+                "id": 1,
+                "lever": "increase-dataloader-workers",
+                "setting": {"name": "num_workers", "before": "0", "after": "1"},
+                "outcome": "improved",
+                "before": {"stepsPerSecond": 1.0},
+                "after": {"stepsPerSecond": 2.0},
+            }
+        ],
+    )
     lines = [
         "# Metrics exported by `dam operator`",
         "",
         "Served on the operator's metrics port (`DAM_METRICS_PORT`, default 8081) with `/healthz`.",
         "Per-profile series are removed when the profile is deleted; `axis`, `regime`, `lever`,",
-        "`term`, `state`, `reason` and `result` take values from fixed sets, and every `reason`",
-        "and `result` is exported at 0 from the start.",
+        "`term`, `state`, `reason`, `result`, `outcome` and `phase` take values from fixed sets, and",
+        "every `reason`, `result` and `outcome` is exported at 0 from the start. The `dam_profile_action_*`",
+        "series follow the profile's `status.actions` (about ten entries at most, docs/automation.md).",
         "",
         "| name | type | labels | meaning |",
         "|---|---|---|---|",

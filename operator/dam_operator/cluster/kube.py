@@ -30,6 +30,7 @@ from dam_operator.cluster import status as st
 log = logging.getLogger("dam_operator.cluster.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 
@@ -202,6 +203,24 @@ class KubeClient:
 
     async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
         await self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
+
+    async def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        result = await self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
+        return result if isinstance(result, Mapping) else {}
+
+    async def resize_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Patch a running pod's container resources in place (``pods/resize``, Kubernetes ≥ 1.33).
+
+        The API refuses with 404 where the subresource does not exist, 403 without RBAC for
+        ``pods/resize``, 422 for a change it does not allow (e.g. one that changes the QoS class).
+        """
+        result = await self.request(
+            "PATCH",
+            f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/resize",
+            body=patch,
+            content_type=STRATEGIC_MERGE_PATCH,
+        )
+        return result if isinstance(result, Mapping) else {}
 
     async def list_pods(self, namespace: str | None, label_selector: str = "") -> list[Mapping[str, Any]]:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"

@@ -17,12 +17,18 @@ PROFILE_STEPS_PER_SECOND: Final = "dam_profile_steps_per_second"  # {namespace, 
 PROFILE_MFU_RATIO: Final = "dam_profile_mfu_ratio"  # {namespace, profile}
 PROFILE_PODS: Final = "dam_profile_pods"  # {namespace, profile, state=matched|instrumented|reporting}
 PROFILE_LAST_EVALUATION_TIMESTAMP_SECONDS: Final = "dam_profile_last_evaluation_timestamp_seconds"
+# One series per entry of status.actions (bounded: about 10 per profile).
+PROFILE_ACTION_INFO: Final = "dam_profile_action_info"
+# {namespace, profile, action, lever, setting, before, after, outcome} = 1
+PROFILE_ACTION_STEPS_PER_SECOND: Final = "dam_profile_action_steps_per_second"
+# {namespace, profile, action, phase=before|after}
 
 OPERATOR_EVALUATIONS_TOTAL: Final = "dam_operator_evaluations_total"
 OPERATOR_EVALUATION_ERRORS_TOTAL: Final = "dam_operator_evaluation_errors_total"  # {reason}
 OPERATOR_SCRAPE_DURATION_SECONDS: Final = "dam_operator_scrape_duration_seconds"  # histogram
 OPERATOR_WEBHOOK_REQUESTS_TOTAL: Final = "dam_operator_webhook_requests_total"  # {result}
 OPERATOR_PROFILES: Final = "dam_operator_profiles"
+OPERATOR_ACTIONS_TOTAL: Final = "dam_operator_actions_total"  # {outcome}
 
 IRON_LAW_TERMS: Final = ("data", "compute", "latency")
 POD_STATES: Final = ("matched", "instrumented", "reporting")
@@ -50,3 +56,6 @@ API_ERROR_REASONS: Final = (
 OTHER_ERROR_REASONS: Final = ("event-failed", "evaluation-overrun", "internal", "unknown")
 ERROR_REASONS: Final = (*SCRAPE_ERROR_REASONS, *API_ERROR_REASONS, *OTHER_ERROR_REASONS)
 WEBHOOK_RESULTS: Final = ("injected", "skipped", "no-profile", "error")
+ACTION_OUTCOMES: Final = ("pending", "improved", "no-change", "worse", "rolled-back")
+"""``status.actions[].outcome``; ``pending`` is counted when an action is planned."""
+ACTION_PHASES: Final = ("before", "after")

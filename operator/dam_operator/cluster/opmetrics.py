@@ -9,8 +9,9 @@ removed when the profile goes away. Names come from ``dam_operator.cluster.metri
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -25,6 +26,46 @@ from dam_operator.diagnosis.model import Verdict
 SCRAPE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+@dataclass(frozen=True)
+class _ActionFigures:
+    """One ``status.actions[]`` entry, as its series show it."""
+
+    action: str
+    lever: str
+    setting: str
+    before: str
+    after: str
+    outcome: str
+    steps_before: float | None
+    steps_after: float | None
+
+
+def _steps(figures: Any) -> float | None:
+    value = figures.get("stepsPerSecond") if isinstance(figures, Mapping) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _action_figures(raw: Any) -> tuple[_ActionFigures, ...]:
+    out = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, Mapping) or not isinstance(item.get("setting"), Mapping):
+            continue
+        setting = item["setting"]
+        out.append(
+            _ActionFigures(
+                action=str(item.get("id", "")),
+                lever=str(item.get("lever", "")),
+                setting=str(setting.get("name", "")),
+                before=str(setting.get("before", "")),
+                after=str(setting.get("after", "")),
+                outcome=str(item.get("outcome", "")),
+                steps_before=_steps(item.get("before")),
+                steps_after=_steps(item.get("after")),
+            )
+        )
+    return tuple(out)
+
+
 @dataclass
 class _ProfileFigures:
     """What the operator knows of one profile right now; the collector reads it at scrape time."""
@@ -37,6 +78,7 @@ class _ProfileFigures:
     iron_law: dict[str, float] = field(default_factory=dict)
     pods: tuple[int, int, int] | None = None  # matched, instrumented, reporting
     last_evaluation: float | None = None
+    actions: tuple[_ActionFigures, ...] = ()
 
 
 class _ProfileCollector(Collector):
@@ -88,8 +130,25 @@ class _ProfileCollector(Collector):
             "Unix time of the profile's last evaluation.",
             labels=per_profile,
         )
+        action_info = GaugeMetricFamily(
+            n.PROFILE_ACTION_INFO,
+            "1 per action of the profile's status.actions: lever, setting changed, values, outcome.",
+            labels=[*per_profile, "action", "lever", "setting", "before", "after", "outcome"],
+        )
+        action_steps = GaugeMetricFamily(
+            n.PROFILE_ACTION_STEPS_PER_SECOND,
+            "Steps per second per pod before an action and after it (once measured).",
+            labels=[*per_profile, "action", "phase"],
+        )
         for (namespace, profile), f in self._owner.figures().items():
             key = [namespace, profile]
+            for a in f.actions:
+                action_info.add_metric(
+                    [*key, a.action, a.lever, a.setting, a.before, a.after, a.outcome], 1.0
+                )
+                for phase, value in zip(n.ACTION_PHASES, (a.steps_before, a.steps_after), strict=True):
+                    if value is not None:
+                        action_steps.add_metric([*key, a.action, phase], value)
             if f.verdict is not None:
                 verdict.add_metric([*key, *f.verdict], 1.0)
             for family, value in ((confidence, f.confidence), (data_wait, f.data_wait), (steps, f.steps)):
@@ -104,7 +163,18 @@ class _ProfileCollector(Collector):
                     pods.add_metric([*key, state], float(count))
             if f.last_evaluation is not None:
                 last.add_metric(key, f.last_evaluation)
-        yield from (verdict, confidence, iron_law, data_wait, steps, mfu, pods, last)
+        yield from (
+            verdict,
+            confidence,
+            iron_law,
+            data_wait,
+            steps,
+            mfu,
+            pods,
+            last,
+            action_info,
+            action_steps,
+        )
 
 
 class OperatorMetrics:
@@ -145,6 +215,14 @@ class OperatorMetrics:
         for result in n.WEBHOOK_RESULTS:
             self._webhook.labels(result)
         self._profiles = Gauge(n.OPERATOR_PROFILES, "DAMProfiles known to the operator.", registry=registry)
+        self._actions = Counter(
+            n.OPERATOR_ACTIONS_TOTAL,
+            "Actions by outcome (pending: planned; improved, no-change, worse, rolled-back: judged).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in n.ACTION_OUTCOMES:
+            self._actions.labels(outcome)
 
     # ------------------------------------------------------------ per profile
 
@@ -178,7 +256,9 @@ class OperatorMetrics:
             if old is None and timestamp_seconds is None:
                 return
             f = _ProfileFigures(
-                pods=old.pods if old else None, last_evaluation=old.last_evaluation if old else None
+                pods=old.pods if old else None,
+                last_evaluation=old.last_evaluation if old else None,
+                actions=old.actions if old else (),
             )
             if timestamp_seconds is not None:
                 f.last_evaluation = timestamp_seconds
@@ -187,6 +267,13 @@ class OperatorMetrics:
     def set_pods(self, namespace: str, profile: str, matched: int, instrumented: int, reporting: int) -> None:
         with self._lock:
             self._entry(namespace, profile).pods = (matched, instrumented, reporting)
+
+    def observe_actions(self, namespace: str, profile: str, actions: Any) -> None:
+        """The profile's ``status.actions`` as written (none: no series)."""
+        figures = _action_figures(actions)
+        with self._lock:
+            if figures or (namespace, profile) in self._figures:
+                self._entry(namespace, profile).actions = figures
 
     def forget_profile(self, namespace: str, profile: str) -> None:
         """Remove every series of the profile (it was deleted or became invalid)."""
@@ -221,6 +308,10 @@ class OperatorMetrics:
 
     def webhook_request(self, result: str) -> None:
         self._webhook.labels(result).inc()
+
+    def action(self, outcome: str) -> None:
+        """Count an action planned (``pending``) or judged."""
+        self._actions.labels(outcome).inc()
 
 
 def make_metrics_app(

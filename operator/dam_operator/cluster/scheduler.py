@@ -16,7 +16,11 @@ Per profile and window (``spec.evaluation.windowSeconds``), the ``Evaluator``:
 3. aggregates the pods, names a straggler, diagnoses, and passes the verdict through
    the profile's ``Stabilizer`` (hysteresis);
 4. writes ONE merge patch of the status and, when the published verdict's
-   (axis, regime) changed, one ``BottleneckChanged`` Event.
+   (axis, regime) changed, one ``BottleneckChanged`` Event; with ``spec.actions`` the patch
+   carries ``status.actions`` and the Events say each action's outcome
+   (``dam_operator.cluster.actions``). In mode InPlace a planned CPU raise is sent to the
+   running pods (``pods/resize``) before the patch; the API's refusal is recorded in the
+   action (never retried: the next pod created gets the raise through the webhook).
 
 A sidecar that is down, slow or returns garbage makes that pod "not reporting" for
 the window; it never fails the evaluation.
@@ -33,11 +37,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
 from dam_operator.cluster import status as st
+from dam_operator.cluster.actions import EVENT_OUTCOMES, record_resizes
+from dam_operator.cluster.injection import resize_patch
 from dam_operator.cluster.kube import ApiError, NotFoundError
 from dam_operator.cluster.opmetrics import OperatorMetrics
 from dam_operator.cluster.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
@@ -63,6 +69,17 @@ class StatusAPI(Protocol):
         ...
 
     async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class PodResizeAPI(Protocol):
+    """What an in-place CPU raise needs (``kube.KubeClient`` implements it)."""
+
+    async def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]: ...
+
+    async def resize_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Strategic-merge-patch the ``pods/resize`` subresource. Raises ApiError when refused."""
+        ...
 
 
 SourceFactory = Callable[[DAMProfileSpec], MetricSource]
@@ -192,13 +209,47 @@ class Evaluator:
         )
         state.snapshots = result.baselines
         self._record(entry, result)
+        if result.resizes:
+            await self._resize(entry, result, st.format_time(when))
         await self._write(entry, result.patch)
         state.published = result.published
         if result.verdict is not None:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
+        self._metrics.observe_actions(entry.namespace, entry.name, entry.status.get("actions"))
         self._metrics.evaluation(ok=True)
         for event in result.events:
+            if event.reason in EVENT_OUTCOMES:
+                self._metrics.action(EVENT_OUTCOMES[event.reason])
             await self._post(entry, event, st.format_time(when))
+
+    async def _resize(self, entry: ProfileEntry, result: StepResult, now: str) -> None:
+        """Send the in-place CPU raises; record what was resized and what the API refused."""
+        actions = result.patch["status"].get("actions")
+        if not isinstance(actions, list):
+            return
+        resized: list[str] = []
+        refused: dict[str, str] = {}
+        for request in result.resizes:
+            if not isinstance(self._api, PodResizeAPI):
+                refused[request.pod] = "the operator's API client cannot resize pods"
+                continue
+            try:
+                pod = await self._api.get_pod(entry.namespace, request.pod)
+                body = resize_patch(pod, request.cpu)
+                if body is None:
+                    refused[request.pod] = f"the training container has no CPU limit below {request.cpu}"
+                    continue
+                await self._api.resize_pod(entry.namespace, request.pod, body)
+                resized.append(request.pod)
+            except ApiError as exc:
+                self._metrics.error(exc.reason_label)
+                refused[request.pod] = str(exc)
+                log.warning(
+                    "profile %s/%s: in-place resize of pod %s refused: %s", *entry.key, request.pod, exc
+                )
+        new_actions, events = record_resizes(actions, result.resizes[0].action_id, resized, refused, now)
+        result.patch["status"]["actions"] = new_actions
+        result.events.extend(events)
 
     def _record(self, entry: ProfileEntry, result: StepResult) -> None:
         for reason in result.error_reasons:
