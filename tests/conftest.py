@@ -6,6 +6,10 @@ import shutil
 
 import pytest
 
+# The real control plane (kube-apiserver + etcd built from source): fixtures control_plane,
+# kube_namespace, kube_binaries.
+pytest_plugins = ["tests.support.kube_fixtures"]
+
 
 def _has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None
