@@ -121,6 +121,8 @@ def judge(
     pct = f"{gain / best_rate:+.1%}" if best_rate > 0 else f"{gain:+.2f} steps/s"
     if gain > margin and gain > floor:
         return True, f"{pct}, beyond the noise (±{margin:.2f} steps/s)"
+    if gain < -margin:
+        return False, f"{pct}: slower, beyond the noise (±{margin:.2f} steps/s)"
     if gain <= margin:
         return False, f"{pct}, within the noise (±{margin:.2f} steps/s)"
     return False, f"{pct}, less than the {MIN_GAIN:.0%} worth a change"

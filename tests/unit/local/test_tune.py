@@ -63,8 +63,11 @@ def test_a_gain_beyond_the_noise_but_below_the_minimum_is_not_kept() -> None:
     assert "less than the 5% worth a change" in why
 
 
-def test_a_loss_is_never_kept() -> None:
-    assert not judge(20.0, 0.1, 30.0, 0.1)[0]
+def test_a_loss_is_never_kept_and_a_clear_one_is_called_slower() -> None:
+    kept, why = judge(20.0, 0.1, 30.0, 0.1)
+    assert not kept
+    assert "slower" in why
+    assert "within the noise" in judge(29.9, 1.0, 30.0, 1.0)[1]
 
 
 @pytest.mark.parametrize(
