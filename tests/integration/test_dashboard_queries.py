@@ -52,6 +52,16 @@ pytestmark = [
     pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (Debian package `prometheus`)"),
 ]
 
+# One judged action in the profile's status.actions (the actions panels read it).
+_ACTION = {
+    "id": 1,
+    "lever": "increase-dataloader-workers",
+    "setting": {"name": "num_workers", "before": "0", "after": "2"},
+    "outcome": "improved",
+    "before": {"stepsPerSecond": 4.0, "dataWaitRatio": 0.6},
+    "after": {"stepsPerSecond": 7.0, "dataWaitRatio": 0.1},
+}
+
 FAKE_UUIDS = tuple(f"GPU-fake-{i:04d}-0000-0000-000000000000" for i in range(2))
 
 # The "training process": publishes cumulative counters like the probe does, has one
@@ -154,6 +164,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         metrics = OperatorMetrics(registry)
         metrics.observe_verdict(NAMESPACE, PROFILE, verdict, timestamp_seconds=time.time())
         metrics.set_pods(NAMESPACE, PROFILE, matched=1, instrumented=1, reporting=1)
+        metrics.observe_actions(NAMESPACE, PROFILE, [_ACTION])
+        metrics.action("improved")
         metrics.set_profiles(1)
         metrics.evaluation(ok=True)
         metrics.evaluation(ok=False, reason="scrape")
