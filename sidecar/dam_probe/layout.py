@@ -314,16 +314,16 @@ def _check_header(data: bytes) -> int:
     if len(data) < _HEADER.size:
         raise ProbeFormatError(f"truncated: {len(data)} bytes, expected {FILE_SIZE}")
     magic, version, size = _HEADER.unpack_from(data, 0)
+    expected = SIZES.get(version)
+    if len(data) < (expected or V1_FILE_SIZE):
+        raise ProbeFormatError(f"truncated: {len(data)} bytes, expected {expected or FILE_SIZE}")
     if magic != MAGIC:
         raise ProbeFormatError(f"bad magic {magic!r}, expected {MAGIC!r}")
-    expected = SIZES.get(version)
     if expected is None:
         known = ", ".join(str(v) for v in sorted(SIZES))
         raise ProbeFormatError(f"unsupported layout version {version}, this reader knows {known}")
     if size != expected:
         raise ProbeFormatError(f"bad size field {size}, expected {expected}")
-    if len(data) < expected:
-        raise ProbeFormatError(f"truncated: {len(data)} bytes, expected {expected}")
     return int(version)
 
 

@@ -35,7 +35,7 @@ from dam_sidecar.exposition import Family, render
 from dam_sidecar.promtext import Snapshot, parse_snapshot
 from dam_sidecar.samplers.cpu import CpuSample, CpuSampler, CpuSource
 from dam_sidecar.samplers.nvml import NoNvml, NvmlSample, NvmlSampler, NvmlSource, Watchdog
-from dam_sidecar.samplers.probe import ProbeReader, ProbeSample, ProbeSource
+from dam_sidecar.samplers.probe import ProbeReader, ProbeSample, ProbeSource, RankSample
 from dam_sidecar.settings import SidecarSettings
 
 log = logging.getLogger("dam_sidecar")
@@ -50,6 +50,16 @@ class ContainerCpu:
     source: str = n.CPU_SOURCE_NONE
     throttled_seconds: float | None = None
     limit_cores: float | None = None
+
+
+@dataclass(frozen=True)
+class ContainerMemory:
+    """The training container's memory cgroup figures, and where they come from this tick."""
+
+    source: str = n.CPU_SOURCE_NONE
+    usage_bytes: float | None = None
+    limit_bytes: float | None = None
+    oom_kills: float | None = None
 
 
 @dataclass
@@ -86,6 +96,7 @@ class Sample:
     cpu: CpuSample = field(default_factory=CpuSample)
     attribution: Attribution = field(default_factory=lambda: Attribution("none", frozenset()))
     container_cpu: ContainerCpu = field(default_factory=ContainerCpu)
+    container_memory: ContainerMemory = field(default_factory=ContainerMemory)
     durations: tuple[tuple[str, float], ...] = ()
     timestamp_seconds: float = 0.0
 
@@ -96,6 +107,16 @@ def _gauge(name: str, labels: Iterable[str] = ()) -> Family:
 
 def _counter(name: str, labels: Iterable[str] = ()) -> Family:
     return Family(name, "counter", BY_NAME[name].help, tuple(labels))
+
+
+def _per_rank(name: str) -> Family:
+    """A probe family labelled ``rank`` where the process has one, unlabelled where it has none."""
+    spec = BY_NAME[name]
+    return Family(name, spec.kind, spec.help, (n.RANK_LABEL,), optional_labels=True)
+
+
+def _rank_value(rank: int | None) -> str:
+    return "" if rank is None else str(rank)
 
 
 class SidecarCollector(Collector):
@@ -131,7 +152,9 @@ class SidecarCollector(Collector):
         self._thread: threading.Thread | None = None
         self._last_tick_monotonic = time.monotonic()
         self._throttled = SourcedCounter()
+        self._oom_kills = SourcedCounter()
         self._cpu_source_logged: str | None = None
+        self._memory_source_logged: str | None = None
 
     # --- sampling -----------------------------------------------------------------
     def sample_now(self) -> Sample:
@@ -151,12 +174,14 @@ class SidecarCollector(Collector):
             durations = [("probe", t1 - t0), ("nvml", t2 - t1), ("cpu", t3 - t2)]
             attribution = self._attributor.decide(probe.device_uuids)
             container_cpu = self._container_cpu(cpu, probe)
+            container_memory = self._container_memory(cpu, probe)
             sample = Sample(
                 probe=probe,
                 nvml=nvml,
                 cpu=cpu,
                 attribution=attribution,
                 container_cpu=container_cpu,
+                container_memory=container_memory,
                 durations=tuple(durations),
                 timestamp_seconds=self._clock(),
             )
@@ -191,6 +216,29 @@ class SidecarCollector(Collector):
                 else "published by the probe (the training container's cgroup is not visible here)",
             )
         return ContainerCpu(source, throttled, limit)
+
+    def _container_memory(self, cpu: CpuSample, probe: ProbeSample) -> ContainerMemory:
+        """Prefer the memory cgroup the sidecar read itself; else what the probe read inside the container."""
+        usage: float | None
+        if cpu.memory_usage_bytes is not None:
+            source, usage, limit = n.CPU_SOURCE_CGROUP, cpu.memory_usage_bytes, cpu.memory_limit_bytes
+        elif probe.oom_kills is not None:
+            source, usage, limit = n.CPU_SOURCE_PROBE, probe.memory_usage_bytes, probe.memory_limit_bytes
+        else:
+            source, usage, limit = n.CPU_SOURCE_NONE, None, None
+        kills = self._oom_kills.update(
+            None if source == n.CPU_SOURCE_NONE else source,
+            {n.CPU_SOURCE_CGROUP: cpu.oom_kills, n.CPU_SOURCE_PROBE: probe.oom_kills},
+        )
+        if source not in (self._memory_source_logged, n.CPU_SOURCE_NONE):
+            self._memory_source_logged = source
+            log.info(
+                "container memory: %s",
+                "read from the training container's cgroup"
+                if source == n.CPU_SOURCE_CGROUP
+                else "published by the probe (the training container's cgroup is not visible here)",
+            )
+        return ContainerMemory(source, usage, limit, kills)
 
     def _guard(self, sampler: str, fn: Callable[[], T], fallback: T) -> T:
         try:
@@ -273,6 +321,7 @@ class SidecarCollector(Collector):
         yield from self._probe_families(s.probe)
         yield from self._gpu_families(s.nvml, s.attribution)
         yield from self._cpu_families(s.cpu, s.container_cpu)
+        yield from self._memory_families(s.cpu, s.container_memory)
         errors = _counter(n.SAMPLER_ERRORS_TOTAL, ("sampler", "reason"))
         for (sampler, reason), count in sorted(self.errors.counts().items()):
             errors.add_metric([sampler, reason], count)
@@ -287,26 +336,55 @@ class SidecarCollector(Collector):
             yield ts
 
     def _probe_families(self, p: ProbeSample) -> Iterator[Family]:
-        for name, value in (
-            (n.STEPS_TOTAL, float(p.steps)),
-            (n.DATALOADER_WAIT_SECONDS_TOTAL, p.wait_seconds),
-            (n.STEP_SECONDS_TOTAL, p.step_seconds),
+        ranks = p.ranks or (  # a sample built without per-rank figures: its totals, unlabelled
+            RankSample(
+                rank=None,
+                steps=p.steps,
+                wait_seconds=p.wait_seconds,
+                step_seconds=p.step_seconds,
+                batch_size=p.batch_size,
+                flops_per_step=p.flops_per_step,
+                live=p.up,
+            ),
+        )
+        for name, attr in (
+            (n.STEPS_TOTAL, "steps"),
+            (n.DATALOADER_WAIT_SECONDS_TOTAL, "wait_seconds"),
+            (n.STEP_SECONDS_TOTAL, "step_seconds"),
         ):
-            c = _counter(name)
-            c.add_metric([], value)
+            c = _per_rank(name)
+            for r in ranks:
+                c.add_metric([_rank_value(r.rank)], float(getattr(r, attr)))
             yield c
+        for name, attr in (
+            (n.COLLECTIVES_TOTAL, "collectives"),
+            (n.COLLECTIVE_SECONDS_TOTAL, "collective_seconds"),
+            (n.COLLECTIVE_EXPOSED_SECONDS_TOTAL, "collective_exposed_seconds"),
+            (n.COLLECTIVE_BYTES_TOTAL, "collective_bytes"),
+        ):
+            c = _per_rank(name)
+            for r in ranks:
+                if r.collectives is not None:  # absent for ranks whose probe does not time collectives
+                    c.add_metric([_rank_value(r.rank)], float(getattr(r, attr)))
+            if c.samples:
+                yield c
         for name, value in ((n.PROBE_UP, 1.0 if p.up else 0.0), (n.PROBE_PROCESSES, float(len(p.live_pids)))):
             g = _gauge(name)
             g.add_metric([], value)
             yield g
-        if p.batch_size > 0:
-            g = _gauge(n.BATCH_SIZE)
-            g.add_metric([], float(p.batch_size))
-            yield g
-        if p.flops_per_step > 0:
-            g = _gauge(n.MODEL_FLOPS_PER_STEP)
-            g.add_metric([], p.flops_per_step)
-            yield g
+        for name, attr in ((n.BATCH_SIZE, "batch_size"), (n.MODEL_FLOPS_PER_STEP, "flops_per_step")):
+            g = _per_rank(name)
+            for r in ranks:
+                value = float(getattr(r, attr))
+                if r.live and value > 0:
+                    g.add_metric([_rank_value(r.rank)], value)
+            if g.samples:
+                yield g
+        if p.rank_info:
+            info = _gauge(n.PROCESS_RANK_INFO, ("rank", "local_rank", "world_size"))
+            for i in p.rank_info:
+                info.add_metric([str(i.rank), _rank_value(i.local_rank), _rank_value(i.world_size)], 1.0)
+            yield info
 
     def _gpu_families(self, s: NvmlSample, attribution: Attribution) -> Iterator[Family]:
         up = _gauge(n.NVML_UP)
@@ -340,6 +418,18 @@ class SidecarCollector(Collector):
                 value = getattr(g, attr_name)
                 if value is not None:
                     fam.add_metric([str(g.index), g.uuid], float(value))
+            if fam.samples:
+                yield fam
+        for name, (tx_attr, rx_attr) in (
+            (n.GPU_PCIE_BYTES_TOTAL, ("pcie_tx_bytes", "pcie_rx_bytes")),
+            (n.GPU_NVLINK_BYTES_TOTAL, ("nvlink_tx_bytes", "nvlink_rx_bytes")),
+        ):
+            fam = _counter(name, ("gpu", "uuid", "direction"))
+            for g in gpus:
+                for direction, attr_name in ((n.DIRECTION_TX, tx_attr), (n.DIRECTION_RX, rx_attr)):
+                    value = getattr(g, attr_name)
+                    if value is not None:
+                        fam.add_metric([str(g.index), g.uuid, direction], float(value))
             if fam.samples:
                 yield fam
         throttle = _gauge(n.GPU_THROTTLE_REASON, ("gpu", "uuid", "reason"))
@@ -390,6 +480,29 @@ class SidecarCollector(Collector):
                 g = _gauge(name)
                 g.add_metric([], value)
                 yield g
+
+    def _memory_families(self, c: CpuSample, container: ContainerMemory) -> Iterator[Family]:
+        if c.main_rss_bytes is not None:
+            rss = _gauge(n.PROCESS_RESIDENT_MEMORY_BYTES, ("role",))
+            rss.add_metric([n.ROLE_MAIN], c.main_rss_bytes)
+            rss.add_metric([n.ROLE_WORKER], c.worker_rss_bytes or 0.0)
+            yield rss
+        for name, value in (
+            (n.CONTAINER_MEMORY_USAGE_BYTES, container.usage_bytes),
+            (n.CONTAINER_MEMORY_LIMIT_BYTES, container.limit_bytes),
+        ):
+            if value is not None:
+                g = _gauge(name)
+                g.add_metric([], value)
+                yield g
+        if container.oom_kills is not None:
+            k = _counter(n.CONTAINER_OOM_KILLS_TOTAL)
+            k.add_metric([], container.oom_kills)
+            yield k
+        sources = _gauge(n.CONTAINER_MEMORY_SOURCE, ("source",))
+        for source in n.MEMORY_SOURCES:
+            sources.add_metric([source], 1.0 if source == container.source else 0.0)
+        yield sources
 
 
 def build_nvml(settings: SidecarSettings, errors: ErrorLog) -> NvmlSource:

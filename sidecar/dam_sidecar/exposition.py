@@ -42,28 +42,53 @@ def format_value(value: float) -> str:
 
 
 class Family:
-    """One metric family as plain data: cheaper to build each tick than the client library's."""
+    """One metric family as plain data: cheaper to build each tick than the client library's.
 
-    __slots__ = ("documentation", "label_names", "name", "samples", "type")
+    With ``optional_labels``, a label whose value is the empty string is left
+    out of that sample (Prometheus treats an empty label as an absent one), so
+    one family can hold ``dam_steps_total`` and ``dam_steps_total{rank="0"}``.
+    """
 
-    def __init__(self, name: str, kind: str, documentation: str, label_names: Sequence[str] = ()) -> None:
+    __slots__ = ("documentation", "label_names", "name", "optional_labels", "samples", "type")
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        documentation: str,
+        label_names: Sequence[str] = (),
+        optional_labels: bool = False,
+    ) -> None:
         self.name = name  # the full name; counters keep their ``_total``
         self.type = kind
         self.documentation = documentation
         self.label_names = tuple(label_names)
+        self.optional_labels = optional_labels
         self.samples: list[tuple[tuple[str, ...], float]] = []
 
     def add_metric(self, values: Sequence[str], value: float) -> None:
         self.samples.append((tuple(values), float(value)))
 
+    def _present(self, values: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if not self.optional_labels:
+            return self.label_names, values
+        kept = [(k, v) for k, v in zip(self.label_names, values, strict=True) if v != ""]
+        return tuple(k for k, _ in kept), tuple(v for _, v in kept)
+
     def to_metric(self) -> Metric:
         """The prometheus_client family (for registries and the OpenMetrics encoder)."""
+        labels = [] if self.optional_labels else list(self.label_names)
         if self.type == "counter":
-            fam: Metric = CounterMetricFamily(self.name, self.documentation, labels=list(self.label_names))
+            fam: Metric = CounterMetricFamily(self.name, self.documentation, labels=labels)
         else:
-            fam = GaugeMetricFamily(self.name, self.documentation, labels=list(self.label_names))
+            fam = GaugeMetricFamily(self.name, self.documentation, labels=labels)
         for values, value in self.samples:
-            fam.add_metric(list(values), value)  # type: ignore[attr-defined]
+            if self.optional_labels:
+                names, kept = self._present(values)
+                sample_name = fam.name + "_total" if self.type == "counter" else fam.name
+                fam.add_sample(sample_name, dict(zip(names, kept, strict=True)), value)
+            else:
+                fam.add_metric(list(values), value)  # type: ignore[attr-defined]
         return fam
 
 
@@ -74,7 +99,11 @@ def render(families: Iterable[Family]) -> bytes:
         out.append(f"# HELP {name} {_escape_help(fam.documentation)}\n# TYPE {name} {fam.type}\n")
         names = fam.label_names
         for values, value in fam.samples:
-            if names:
+            if fam.optional_labels:
+                present, kept = fam._present(values)
+                labels = _label_text(present, kept) if present else ""
+                out.append(f"{name}{labels} {format_value(value)}\n")
+            elif names:
                 out.append(f"{name}{_label_text(names, values)} {format_value(value)}\n")
             else:
                 out.append(f"{name} {format_value(value)}\n")

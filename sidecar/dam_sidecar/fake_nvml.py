@@ -26,6 +26,13 @@ NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
 NVML_GPM_METRICS_GET_VERSION = 1
 NVML_GPM_METRIC_MAX = 477
+NVML_FI_DEV_NVLINK_LINK_COUNT = 91
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 
 
 class NVMLError(Exception):
@@ -57,6 +64,25 @@ class _Metric:
     metricId: int = 0
     nvmlReturn: int = 0
     value: float = 0.0
+
+
+@dataclass
+class _Value:
+    """pynvml's ``c_nvmlValue_t`` union: only the members the fake fills."""
+
+    uiVal: int = 0
+    ullVal: int = 0
+
+
+@dataclass
+class FieldValue:
+    """pynvml's ``c_nvmlFieldValue_t``."""
+
+    fieldId: int
+    scopeId: int = 0
+    nvmlReturn: int = NVML_SUCCESS
+    valueType: int = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    value: _Value = field(default_factory=_Value)
 
 
 class GpmMetricsGet:
@@ -95,6 +121,14 @@ class FakeGpu:
     gpm_percent: dict[int, float] = field(
         default_factory=lambda: {2: 85.0, 3: 40.0, 5: 70.0, 10: 30.0, 12: 5.0, 13: 1.0}
     )
+    # NVLink: links (0 = none), KiB each link's TX/RX counter grows per read; the GPU-wide
+    # variant answers every link with the same total. PCIe byte counters (field values 197/198):
+    # None = the driver lacks them (the sampler then integrates pcie_kbps), else bytes per read.
+    nvlink_links: int = 18
+    nvlink_kib_per_read: tuple[int, int] = (4096, 2048)
+    nvlink_gpu_wide: bool = False
+    pcie_bytes_per_read: tuple[int, int] | None = (1 << 20, 1 << 19)
+    reads: int = 0
 
 
 class FakeNvml:
@@ -188,6 +222,34 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieThroughput(self, handle: int, counter: int) -> int:
         return self._gpu("nvmlDeviceGetPcieThroughput", handle).pcie_kbps
+
+    def nvmlDeviceGetFieldValues(self, handle: int, field_ids: list[Any]) -> list[FieldValue]:
+        g = self._gpu("nvmlDeviceGetFieldValues", handle)
+        g.reads += 1
+        out = []
+        for item in field_ids:
+            fid, scope = item if isinstance(item, tuple) else (item, 0)
+            fv = FieldValue(fieldId=fid, scopeId=scope)
+            if fid == NVML_FI_DEV_NVLINK_LINK_COUNT:
+                fv.valueType, fv.value.uiVal = NVML_VALUE_TYPE_UNSIGNED_INT, g.nvlink_links
+            elif fid in (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+                if scope >= g.nvlink_links:
+                    fv.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+                else:
+                    per_link = g.nvlink_kib_per_read[0 if fid == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else 1]
+                    if g.nvlink_gpu_wide:  # every link answers with the GPU's total
+                        fv.value.ullVal = per_link * g.reads * g.nvlink_links
+                    else:  # link i carries i KiB more than link 0, so the links differ
+                        fv.value.ullVal = per_link * g.reads + scope
+            elif fid in (NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES):
+                if g.pcie_bytes_per_read is None:
+                    fv.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+                else:
+                    fv.value.ullVal = g.pcie_bytes_per_read[fid - NVML_FI_DEV_PCIE_COUNT_TX_BYTES] * g.reads
+            else:
+                fv.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+            out.append(fv)
+        return out
 
     def nvmlGpmQueryDeviceSupport(self, handle: int) -> _Support:
         return _Support(isSupportedDevice=int(self._gpu("nvmlGpmQueryDeviceSupport", handle).gpm))

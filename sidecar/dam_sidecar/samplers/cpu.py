@@ -1,8 +1,13 @@
-"""CPU sampler: the training processes' CPU time, container CFS throttling, node CPU utilization.
+"""Host sampler: the training processes' CPU time and resident memory, the container's CFS
+throttling and cgroup memory, node CPU utilization.
 
 Everything comes from files under ``proc_root`` and ``cgroup_root``, so tests
 use small fixture trees. Counters are monotonic: the CPU time of a process that
 exited (a DataLoader worker, a restarted trainer) is folded into a carried total.
+Resident memory (``/proc/<pid>/statm``) is a gauge per role: the training
+processes (``main``) and their descendants, the DataLoader workers (``worker``).
+The container's memory (usage, limit, OOM kills) comes from the training
+process's memory cgroup, resolved like its CPU cgroup (``dam_probe.cgroup``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ class CpuSample:
     throttled_seconds: float | None = None
     limit_cores: float | None = None
     node_utilization_ratio: float | None = None
+    main_rss_bytes: float | None = None
+    worker_rss_bytes: float | None = None
+    # The training container's memory cgroup, when visible here (None otherwise).
+    memory_usage_bytes: float | None = None
+    memory_limit_bytes: float | None = None  # None: unlimited (or unknown)
+    oom_kills: float | None = None  # monotonic
 
 
 class CpuSource(Protocol):
@@ -98,10 +109,16 @@ class CpuSampler:
     _node_prev: tuple[int, int] | None = None
     _cgroup_dir: str | None = None
     _cgroup_for: int | None = None
+    _memory_dir: str | None = None
+    _memory_for: int | None = None
+    _oom: _Counter = field(default_factory=_Counter)
+    page_size: int = 0
 
     def __post_init__(self) -> None:
         if self.clock_ticks_per_second <= 0:
             self.clock_ticks_per_second = int(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100
+        if self.page_size <= 0:
+            self.page_size = int(os.sysconf("SC_PAGE_SIZE")) if hasattr(os, "sysconf") else 4096
 
     # --- /proc --------------------------------------------------------------
     def _read(self, *parts: str) -> str:
@@ -236,6 +253,62 @@ class CpuSampler:
             self.errors.record(SAMPLER, "cgroup_parse", f"{directory}: CPU limit unreadable: {exc!r}")
         return (self._throttled.update(throttled) if throttled is not None else None), limit
 
+    # --- memory -----------------------------------------------------------------
+    def _rss(self, pids: Iterable[int]) -> float | None:
+        """Resident memory summed over ``pids`` (``statm`` field 2, in pages); None when none is readable."""
+        total, seen = 0, False
+        for pid in pids:
+            try:
+                total += int(self._read(self.proc_root, str(pid), "statm").split()[1]) * self.page_size
+                seen = True
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # the process exited
+            except (OSError, ValueError, IndexError) as exc:
+                self.errors.record(SAMPLER, "proc_parse", f"{self.proc_root}/{pid}/statm: {exc}")
+        return float(total) if seen else None
+
+    def _resolve_memory(self, pid: int) -> str | None:
+        """The training process's memory cgroup directory, when visible (see ``_resolve_cgroup``)."""
+        if pid == self._memory_for:
+            return self._memory_dir
+        try:
+            text = self._read(self.proc_root, str(pid), "cgroup")
+        except OSError:
+            return None
+        v2 = cgroup.is_v2(self.cgroup_root)
+        base = self.cgroup_root if v2 else (cgroup.v1_memory_root(self.cgroup_root) or self.cgroup_root)
+        chosen = cgroup.cgroup_directory(text, base, v2, "memory", cgroup.memory_files(v2)[0])
+        if chosen is None:
+            self.errors.record(
+                SAMPLER,
+                "memory_cgroup_unresolved",
+                f"the memory cgroup of pid {pid} is not visible under {self.cgroup_root}; "
+                "container memory comes from the probe if it publishes it",
+            )
+        self._memory_dir, self._memory_for = chosen, pid
+        return chosen
+
+    def _memory(self, pid: int | None) -> tuple[float | None, float | None, float | None]:
+        """(usage, limit, OOM kills) of the training container's memory cgroup; Nones when not visible."""
+        if pid is None:
+            return None, None, None
+        directory = self._resolve_memory(pid)
+        if directory is None:
+            return None, None, None
+        usage_file, limit_file, events_file = cgroup.memory_files(cgroup.is_v2(self.cgroup_root))
+        try:
+            usage = cgroup.memory_bytes(self._read(directory, usage_file))
+            limit = cgroup.memory_limit_bytes(self._read(directory, limit_file))
+            kills = cgroup.oom_kills(self._read(directory, events_file))
+        except FileNotFoundError as exc:
+            self.errors.record(SAMPLER, "no_memory_cgroup", f"{directory}: {exc.filename} missing")
+            self._memory_for = None  # resolve again next tick
+            return None, None, None
+        except (OSError, ValueError) as exc:
+            self.errors.record(SAMPLER, "memory_cgroup_parse", f"{directory}: {exc!r}")
+            return None, None, None
+        return float(usage), (float(limit) if limit is not None else None), self._oom.update(float(kills))
+
     # --- /proc/stat -----------------------------------------------------------
     def _node(self) -> float | None:
         try:
@@ -268,6 +341,8 @@ class CpuSampler:
         worker_total = self._worker.update(worker_cpu)
         seen_any = bool(self._main.last or self._main.carried)
         throttled, limit = self._cgroup(live_mains[0] if live_mains else None)
+        usage, memory_limit, kills = self._memory(live_mains[0] if live_mains else None)
+        live_workers = sorted({k[0] for k in worker_cpu})
         return CpuSample(
             main_cpu_seconds=main_total if seen_any else None,
             worker_cpu_seconds=worker_total if seen_any else None,
@@ -276,4 +351,9 @@ class CpuSampler:
             throttled_seconds=throttled,
             limit_cores=limit,
             node_utilization_ratio=self._node(),
+            main_rss_bytes=self._rss(live_mains) if live_mains else None,
+            worker_rss_bytes=(self._rss(live_workers) or 0.0) if live_mains else None,
+            memory_usage_bytes=usage,
+            memory_limit_bytes=memory_limit,
+            oom_kills=kills,
         )

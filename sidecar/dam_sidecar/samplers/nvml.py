@@ -1,4 +1,17 @@
-"""NVML sampler: per-GPU utilization, memory, power, clocks, throttle reasons, PCIe, and GPM.
+"""NVML sampler: per-GPU utilization, memory, power, clocks, throttle reasons, PCIe, NVLink, and GPM.
+
+Interconnect byte counters (cumulative, kept monotonic here):
+
+- NVLink: field values ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX`` (KiB of
+  payload, cumulative), one per link (``scopeId`` = link index, links from
+  ``NVML_FI_DEV_NVLINK_LINK_COUNT``), summed over the links. Some drivers
+  answer every link with the GPU-wide total: when all links report the same
+  non-zero value, it is taken once. No NVLink (count 0, NOT_SUPPORTED): absent.
+- PCIe: field values ``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES`` (exact cumulative
+  bytes) where the driver has them; else the throughput NVML samples over
+  20 ms (``nvmlDeviceGetPcieThroughput``, KB/s) multiplied by the time since the
+  previous sample: an estimate that is only as good as that 20 ms window is
+  typical of the interval.
 
 ``pynvml`` is imported lazily, inside the sampler, on its first sample (never at
 module import). Every NVML call is guarded: ``NOT_SUPPORTED`` makes the series
@@ -15,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -71,8 +85,16 @@ _REASONS = {
     _GPU_IS_LOST: "gpu_lost",
     _UNKNOWN: "unknown",
 }
-# PCIe throughput comes in KB/s.
+# PCIe throughput comes in KB/s; NVLink throughput counters in KiB.
 _KIB = 1024
+# Field value ids (nvml.h NVML_FI_*), used when pynvml lacks the names.
+FI_NVLINK_LINK_COUNT = 91
+FI_NVLINK_DATA_TX = 138
+FI_NVLINK_DATA_RX = 139
+FI_PCIE_COUNT_TX_BYTES = 197
+FI_PCIE_COUNT_RX_BYTES = 198
+# nvmlValueType_t -> the member of the c_nvmlValue_t union that holds it.
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,11 @@ class GpuSample:
     pcie_tx_bytes_per_second: float | None = None
     pcie_rx_bytes_per_second: float | None = None
     gpm: dict[str, float] = field(default_factory=dict)
+    # Cumulative bytes (monotonic); None when the GPU or driver does not tell.
+    nvlink_tx_bytes: float | None = None
+    nvlink_rx_bytes: float | None = None
+    pcie_tx_bytes: float | None = None
+    pcie_rx_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +167,24 @@ class _Device:
     gpm_samples: list[Any] = field(default_factory=list)  # [previous, current]
     gpm_primed: bool = False
     lost: bool = False
+    nvlink_links: int | None = None  # None: not asked yet; 0: no NVLink
+    pcie_fields: bool | None = None  # None: not asked yet; False: integrate the throughput samples
+    last_sample_at: float | None = None
+    counters: dict[str, _Monotonic] = field(default_factory=dict)
+
+
+@dataclass
+class _Monotonic:
+    """A cumulative hardware counter exported so that it never goes down (a reset is carried over)."""
+
+    carried: float = 0.0
+    last: float | None = None
+
+    def update(self, value: float) -> float:
+        if self.last is not None and value < self.last:
+            self.carried += self.last
+        self.last = value
+        return self.carried + value
 
 
 class NvmlSampler:
@@ -150,9 +195,11 @@ class NvmlSampler:
         errors: ErrorLog,
         load: Callable[[], Any] = _import_pynvml,
         retry_init_every: int = 30,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._errors = errors
         self._load = load
+        self._clock = clock
         self._nv: Any = None
         self._devices: list[_Device] = []
         self._initialized = False
@@ -289,6 +336,11 @@ class NvmlSampler:
         mask = self._call(dev, "throttle_reasons", lambda: reasons_fn(h))
         tx = self._call(dev, "pcie_tx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
         rx = self._call(dev, "pcie_rx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
+        now = self._clock()
+        elapsed = now - dev.last_sample_at if dev.last_sample_at is not None else 0.0
+        dev.last_sample_at = now
+        nvlink = self._nvlink(dev)
+        pcie = self._pcie(dev, tx, rx, elapsed)
         return GpuSample(
             index=dev.index,
             uuid=dev.uuid,
@@ -308,6 +360,80 @@ class NvmlSampler:
             pcie_tx_bytes_per_second=float(tx) * _KIB if tx is not None else None,
             pcie_rx_bytes_per_second=float(rx) * _KIB if rx is not None else None,
             gpm=self._sample_gpm(dev),
+            nvlink_tx_bytes=nvlink[0] if nvlink else None,
+            nvlink_rx_bytes=nvlink[1] if nvlink else None,
+            pcie_tx_bytes=pcie[0] if pcie else None,
+            pcie_rx_bytes=pcie[1] if pcie else None,
+        )
+
+    # --- interconnect byte counters ------------------------------------------------
+    def _fields(self, dev: _Device, what: str, ids: list[tuple[int, int]]) -> list[float | None] | None:
+        """One guarded nvmlDeviceGetFieldValues; a value per id (None where its own return is not 0)."""
+        nv = self._nv
+        got = self._call(dev, what, lambda: nv.nvmlDeviceGetFieldValues(dev.handle, ids))
+        if got is None:
+            return None
+        out: list[float | None] = []
+        for v in list(got)[: len(ids)]:
+            member = _VALUE_MEMBERS.get(int(v.valueType))
+            out.append(float(getattr(v.value, member)) if int(v.nvmlReturn) == 0 and member else None)
+        return out
+
+    def _counter(self, dev: _Device, name: str, value: float) -> float:
+        return dev.counters.setdefault(name, _Monotonic()).update(value)
+
+    def _nvlink(self, dev: _Device) -> tuple[float, float] | None:
+        nv = self._nv
+        if dev.nvlink_links is None:
+            count = self._fields(dev, "nvlink_count", [(getattr(nv, "NVML_FI_DEV_NVLINK_LINK_COUNT", 91), 0)])
+            dev.nvlink_links = int(count[0] or 0) if count else 0
+        if not dev.nvlink_links:
+            return None
+        tx_id = getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", FI_NVLINK_DATA_TX)
+        rx_id = getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", FI_NVLINK_DATA_RX)
+        links = range(dev.nvlink_links)
+        values = self._fields(
+            dev, "nvlink_throughput", [(tx_id, i) for i in links] + [(rx_id, i) for i in links]
+        )
+        if values is None:
+            if "nvlink_throughput" in dev.unsupported:
+                dev.nvlink_links = 0
+            return None
+        n = dev.nvlink_links
+        out = []
+        for per_link in (values[:n], values[n:]):
+            known = [v for v in per_link if v is not None]
+            if not known:
+                return None
+            # Every link answering the same non-zero total: the driver reports the GPU-wide count.
+            same = len(known) > 1 and len(set(known)) == 1 and known[0] > 0
+            out.append((known[0] if same else sum(known)) * _KIB)
+        return self._counter(dev, "nvlink_tx", out[0]), self._counter(dev, "nvlink_rx", out[1])
+
+    def _pcie(
+        self, dev: _Device, tx_kbps: float | None, rx_kbps: float | None, elapsed: float
+    ) -> tuple[float, float] | None:
+        nv = self._nv
+        if dev.pcie_fields is not False:
+            ids = [
+                (getattr(nv, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", FI_PCIE_COUNT_TX_BYTES), 0),
+                (getattr(nv, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", FI_PCIE_COUNT_RX_BYTES), 0),
+            ]
+            values = self._fields(dev, "pcie_count", ids)
+            if values is not None and values[0] is not None and values[1] is not None:
+                dev.pcie_fields = True
+                return self._counter(dev, "pcie_tx", values[0]), self._counter(dev, "pcie_rx", values[1])
+            if dev.pcie_fields is None:
+                dev.pcie_fields = False  # this driver has no byte counters: integrate the throughput
+            else:
+                return None  # they worked before: a transient failure, try again next tick
+        if tx_kbps is None or rx_kbps is None:
+            return None
+        tx = dev.counters.setdefault("pcie_tx", _Monotonic())
+        rx = dev.counters.setdefault("pcie_rx", _Monotonic())
+        return (
+            tx.update((tx.last or 0.0) + float(tx_kbps) * _KIB * elapsed),
+            rx.update((rx.last or 0.0) + float(rx_kbps) * _KIB * elapsed),
         )
 
     def _sample_gpm(self, dev: _Device) -> dict[str, float]:

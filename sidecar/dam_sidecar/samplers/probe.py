@@ -11,7 +11,17 @@ an older reading, not a reset), and the total is the sum of the high-water
 marks over every cgroup seen. A restarted container gets a new cgroup (new id,
 counter from zero) and so adds to the total instead of lowering it; a trainer
 restarted inside the same container keeps its cgroup and continues its mark.
-The total is therefore monotonic by construction.
+The total is therefore monotonic by construction. What the probes read about
+their memory cgroup (usage, limit, OOM kills) is handled the same way: OOM
+kills by high-water mark per memory cgroup, usage and limit from the newest
+reading of each live cgroup.
+
+Per rank: every counter is also kept per distributed rank (``RankSample``);
+processes without a rank share the key ``None``. A process is counted under
+the rank of its latest record; when that changes (a process that learns its
+rank from ``torch.distributed`` after it started publishing), what it had
+counted stays with the old key and only what it counts afterwards goes to the
+new one, so no per-rank counter ever goes down.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import glob
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from dam_probe.layout import FILE_PREFIX, FILE_SUFFIX, ProbeFormatError, ProbeRecord, read_file
@@ -31,6 +41,36 @@ SAMPLER = "probe"
 
 Key = tuple[int, int]  # (pid, start_time_ns)
 MAX_CGROUPS = 256  # high-water marks kept; older ones are folded into a carried total
+
+
+RankKey = int | None  # a distributed rank, or None for processes without one
+
+
+@dataclass(frozen=True)
+class RankSample:
+    """Totals of the processes of one rank (``rank`` None: processes without a rank), monotonic."""
+
+    rank: int | None
+    steps: int = 0
+    wait_seconds: float = 0.0
+    step_seconds: float = 0.0
+    # None until a process of this rank published collective counters (layout version 2).
+    collectives: int | None = None
+    collective_seconds: float = 0.0
+    collective_exposed_seconds: float = 0.0
+    collective_bytes: int = 0
+    batch_size: int = 0  # from the newest live record of this rank
+    flops_per_step: float = 0.0
+    live: bool = False
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """The identity a live process publishes (``dam_process_rank_info``)."""
+
+    rank: int
+    local_rank: int | None
+    world_size: int | None
 
 
 @dataclass(frozen=True)
@@ -49,6 +89,13 @@ class ProbeSample:
     # From the probes' own cgroup reads; None until a probe published them.
     cgroup_throttled_seconds: float | None = None  # monotonic, summed over distinct cgroups
     cgroup_limit_cores: float | None = None  # live cgroups only; None when unlimited or unknown
+    # Per rank, ordered by rank (None last); empty until a probe file was read.
+    ranks: tuple[RankSample, ...] = ()
+    rank_info: tuple[RankInfo, ...] = ()  # live processes with a rank, by rank
+    # From the probes' own memory cgroup reads; None until a probe published them.
+    memory_usage_bytes: float | None = None  # live cgroups, summed over distinct cgroups
+    memory_limit_bytes: float | None = None  # None when one of them is unlimited or unknown
+    oom_kills: float | None = None  # monotonic, summed over distinct cgroups
 
 
 class ProbeSource(Protocol):
@@ -60,11 +107,35 @@ class _Totals:
     steps: int = 0
     wait_ns: int = 0
     step_ns: int = 0
+    collectives: int = 0
+    collective_ns: int = 0
+    exposed_ns: int = 0
+    collective_bytes: int = 0
 
-    def add(self, r: ProbeRecord) -> None:
-        self.steps += r.steps
-        self.wait_ns += r.wait_ns
-        self.step_ns += r.step_ns
+    @classmethod
+    def of(cls, r: ProbeRecord) -> _Totals:
+        return cls(
+            r.steps,
+            r.wait_ns,
+            r.step_ns,
+            r.collectives or 0,
+            r.collective_ns or 0,
+            r.collective_exposed_ns or 0,
+            r.collective_bytes or 0,
+        )
+
+    def add(self, other: _Totals, sign: int = 1) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + sign * getattr(other, f.name))
+
+    def minus(self, other: _Totals) -> _Totals:
+        out = _Totals()
+        out.add(self)
+        out.add(other, -1)
+        return out
+
+    def went_back(self, prev: _Totals) -> bool:
+        return any(getattr(self, f.name) < getattr(prev, f.name) for f in fields(self))
 
 
 def classify(error: ProbeFormatError) -> str:
@@ -98,11 +169,16 @@ class ProbeReader:
     clock_ns: Callable[[], int] = time.time_ns
     remove: Callable[[str], None] = os.remove
     cleanup: bool = True
-    _carried: _Totals = field(default_factory=_Totals)
+    _carried: dict[RankKey, _Totals] = field(default_factory=dict)  # what ended processes counted
     _last: dict[Key, ProbeRecord] = field(default_factory=dict)
+    _rank_of: dict[Key, RankKey] = field(default_factory=dict)  # the rank a live process counts under
+    _base: dict[Key, _Totals] = field(default_factory=dict)  # its totals when it took that rank
+    _coll_known: set[RankKey] = field(default_factory=set)  # ranks that ever published collectives
     _folded: set[Key] = field(default_factory=set)
     _cgroup_marks: dict[int, int] = field(default_factory=dict)  # cgroup id -> highest throttled ns
     _cgroup_carried_ns: int = 0
+    _oom_marks: dict[int, int] = field(default_factory=dict)  # memory cgroup id -> highest OOM kills
+    _oom_carried: int = 0
 
     def _mark_cgroup(self, r: ProbeRecord) -> None:
         if r.cgroup_throttled_ns is None:
@@ -142,10 +218,59 @@ class ProbeReader:
             return False
         return (now_ns - r.last_update_ns) / 1e9 > self.stale_seconds
 
+    def _mark_memory(self, r: ProbeRecord) -> None:
+        if r.oom_kills is None:
+            return
+        key = r.memory_cgroup_id or 0
+        if r.oom_kills > self._oom_marks.get(key, -1):
+            self._oom_marks[key] = r.oom_kills
+        while len(self._oom_marks) > MAX_CGROUPS:
+            self._oom_carried += self._oom_marks.pop(next(iter(self._oom_marks)))
+
+    def _memory_totals(self, live: dict[Key, ProbeRecord]) -> tuple[float | None, float | None, float | None]:
+        kills = (
+            float(self._oom_carried + sum(self._oom_marks.values()))
+            if self._oom_marks or self._oom_carried
+            else None
+        )
+        newest: dict[int, ProbeRecord] = {}
+        for r in live.values():
+            if r.memory_usage_bytes is None:
+                continue
+            key = r.memory_cgroup_id or 0
+            if key not in newest or r.last_update_ns > newest[key].last_update_ns:
+                newest[key] = r
+        if not newest:
+            return None, None, kills
+        usage = float(sum(r.memory_usage_bytes or 0 for r in newest.values()))
+        limits = [r.memory_limit_bytes for r in newest.values()]
+        limit = float(sum(v for v in limits if v)) if all(limits) else None  # 0: unlimited
+        return usage, limit, kills
+
     def _fold(self, key: Key) -> None:
+        """A process ended (or reset): what it counted since it took its rank stays with that rank."""
         last = self._last.pop(key, None)
+        rank = self._rank_of.pop(key, None)
+        base = self._base.pop(key, None) or _Totals()
         if last is not None:
-            self._carried.add(last)
+            self._carried.setdefault(rank, _Totals()).add(_Totals.of(last).minus(base))
+
+    def _adopt(self, key: Key, rec: ProbeRecord) -> None:
+        """Counts a live process under the rank of its latest record (see the module docstring)."""
+        if rec.collectives is not None:
+            self._coll_known.add(rec.rank)
+        if key not in self._rank_of:
+            self._rank_of[key] = rec.rank
+            self._base[key] = _Totals()
+            return
+        old = self._rank_of[key]
+        if old == rec.rank:
+            return
+        prev = self._last.get(key)
+        moved = _Totals.of(prev) if prev is not None else _Totals()
+        self._carried.setdefault(old, _Totals()).add(moved.minus(self._base[key]))
+        self._rank_of[key] = rec.rank
+        self._base[key] = moved
 
     def sample(self) -> ProbeSample:
         now_ns = self.clock_ns()
@@ -172,13 +297,13 @@ class ProbeReader:
             if key in self._folded:
                 continue
             self._mark_cgroup(rec)
+            self._mark_memory(rec)
             prev = self._last.get(key)
-            if prev is not None and (
-                rec.steps < prev.steps or rec.wait_ns < prev.wait_ns or rec.step_ns < prev.step_ns
-            ):
+            if prev is not None and _Totals.of(rec).went_back(_Totals.of(prev)):
                 # Same process, counters went back: treat it as a reset, keep what it had.
                 self.errors.record(SAMPLER, "counter_reset", f"{path}: counters decreased, carrying over")
                 self._fold(key)
+            self._adopt(key, rec)
             if self._finished(rec, now_ns):
                 self._last[key] = rec
                 self._fold(key)
@@ -186,15 +311,16 @@ class ProbeReader:
                 self._remove(path)
                 continue
             current[key] = rec
+            self._last[key] = rec
         # Processes whose file vanished (or was replaced under the same pid) ended: keep their totals.
         for key in [k for k in self._last if k not in current]:
             self._fold(key)
-        self._last.update(current)
         self._prune_folded(paths)
 
-        steps = self._carried.steps + sum(r.steps for r in current.values())
-        wait_ns = self._carried.wait_ns + sum(r.wait_ns for r in current.values())
-        step_ns = self._carried.step_ns + sum(r.step_ns for r in current.values())
+        ranks = self._rank_samples(current)
+        steps = sum(r.steps for r in ranks)
+        wait_seconds = sum(r.wait_seconds for r in ranks)
+        step_seconds = sum(r.step_seconds for r in ranks)
         newest = max(current.values(), key=lambda r: r.last_update_ns, default=None)
         uuids: list[str] = []
         for r in sorted(current.values(), key=lambda r: r.pid):
@@ -202,10 +328,16 @@ class ProbeReader:
                 if u and u not in uuids:
                     uuids.append(u)
         cgroup_throttled, cgroup_limit = self._cgroup_totals(current)
+        memory_usage, memory_limit, oom_kills = self._memory_totals(current)
+        info = {
+            r.rank: RankInfo(r.rank, r.local_rank, r.world_size)
+            for r in sorted(current.values(), key=lambda r: r.last_update_ns)
+            if r.rank is not None
+        }
         return ProbeSample(
             steps=steps,
-            wait_seconds=wait_ns / 1e9,
-            step_seconds=step_ns / 1e9,
+            wait_seconds=wait_seconds,
+            step_seconds=step_seconds,
             up=bool(current),
             live_pids=tuple(sorted({r.pid for r in current.values()})),
             device_uuids=tuple(uuids),
@@ -214,7 +346,43 @@ class ProbeReader:
             files=len(paths),
             cgroup_throttled_seconds=cgroup_throttled,
             cgroup_limit_cores=cgroup_limit,
+            ranks=ranks,
+            rank_info=tuple(info[k] for k in sorted(info)),
+            memory_usage_bytes=memory_usage,
+            memory_limit_bytes=memory_limit,
+            oom_kills=oom_kills,
         )
+
+    def _rank_samples(self, current: dict[Key, ProbeRecord]) -> tuple[RankSample, ...]:
+        totals: dict[RankKey, _Totals] = {}
+        for rank, carried in self._carried.items():
+            totals.setdefault(rank, _Totals()).add(carried)
+        newest: dict[RankKey, ProbeRecord] = {}
+        for key, rec in current.items():
+            rank = self._rank_of.get(key, rec.rank)
+            totals.setdefault(rank, _Totals()).add(_Totals.of(rec).minus(self._base.get(key) or _Totals()))
+            if rank not in newest or rec.last_update_ns > newest[rank].last_update_ns:
+                newest[rank] = rec
+        out = []
+        for rank in sorted(totals, key=lambda k: (k is None, k or 0)):
+            t, n = totals[rank], newest.get(rank)
+            known = rank in self._coll_known
+            out.append(
+                RankSample(
+                    rank=rank,
+                    steps=t.steps,
+                    wait_seconds=t.wait_ns / 1e9,
+                    step_seconds=t.step_ns / 1e9,
+                    collectives=t.collectives if known else None,
+                    collective_seconds=t.collective_ns / 1e9,
+                    collective_exposed_seconds=t.exposed_ns / 1e9,
+                    collective_bytes=t.collective_bytes,
+                    batch_size=n.batch_size if n else 0,
+                    flops_per_step=n.flops_per_step if n else 0.0,
+                    live=n is not None,
+                )
+            )
+        return tuple(out)
 
     def _remove(self, path: str) -> None:
         """Delete a finished process's file; on a read-only directory stop trying (one error)."""

@@ -375,11 +375,13 @@ PYNVML_CALLS = (
     ("nvmlGpmSampleFree", 1),
     ("nvmlGpmSampleGet", 2),
     ("nvmlGpmMetricsGet", 1),
+    ("nvmlDeviceGetFieldValues", 2),
 )
 
 
 def _pynvml() -> ModuleType:
-    return pytest.importorskip("pynvml")
+    module: ModuleType = pytest.importorskip("pynvml")
+    return module
 
 
 def test_every_pynvml_function_the_sampler_calls_exists_with_that_arity() -> None:
@@ -404,6 +406,18 @@ def test_nvml_ids_constants_and_error_codes_match_the_installed_pynvml() -> None
     assert nvml.GPM_DRAM_BW_UTIL == nv.NVML_GPM_METRIC_DRAM_BW_UTIL
     assert nvml.GPM_FP32_UTIL == nv.NVML_GPM_METRIC_FP32_UTIL
     assert nvml.GPM_FP16_UTIL == nv.NVML_GPM_METRIC_FP16_UTIL
+    assert nvml.FI_NVLINK_LINK_COUNT == nv.NVML_FI_DEV_NVLINK_LINK_COUNT
+    assert nvml.FI_NVLINK_DATA_TX == nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+    assert nvml.FI_NVLINK_DATA_RX == nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+    assert nvml.FI_PCIE_COUNT_TX_BYTES == nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+    assert nvml.FI_PCIE_COUNT_RX_BYTES == nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+    members = {name for name, _ in nv.c_nvmlValue_t._fields_}
+    assert set(nvml._VALUE_MEMBERS.values()) <= members
+    assert nvml._VALUE_MEMBERS[nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG] == "ullVal"
+    assert nvml._VALUE_MEMBERS[nv.NVML_VALUE_TYPE_UNSIGNED_INT] == "uiVal"
+    assert {"fieldId", "scopeId", "nvmlReturn", "valueType", "value"} <= {
+        name for name, _ in nv.c_nvmlFieldValue_t._fields_
+    }
     for name in (
         "NVML_CLOCK_SM",
         "NVML_TEMPERATURE_GPU",
