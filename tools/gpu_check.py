@@ -14,7 +14,10 @@ workloads one after another, each under the probe (``dam_probe.instrument``):
 
 For each it waits for the workload's first counted step, lets it warm up for
 ``--warmup`` seconds, takes a /metrics snapshot and another one ``--seconds``
-later, prints the sampled metrics (GPM included), runs ``dam evaluate BEFORE
+later, prints the sampled metrics (GPM included; the interconnect byte counters
+``dam_gpu_pcie_bytes_total`` and ``dam_gpu_nvlink_bytes_total`` as rates over the
+window, GPU memory used/total, the container's memory and OOM kills and the
+resident memory of the trainer and its loader workers), runs ``dam evaluate BEFORE
 AFTER --json`` and compares the regime with the expected one. Exit status: 0
 all regimes right, 1 a regime wrong or the sidecar reported no GPU data, 2 the
 environment cannot run the check, 130 interrupted (Ctrl-C or SIGTERM; the
@@ -26,8 +29,11 @@ summary.json land in ``--out``.
 real subprocess under the probe on the CPU (smaller sizes), the same snapshots
 and ``dam evaluate``. It checks what a CPU can show: every verdict is valid
 JSON with a regime, the probe counters moved, the (simulated) GPU series are
-there, and the input-starved workload reads input-bound once the constant
+there (the interconnect byte counters included, and moving: the fake NVML
+advances them), and the input-starved workload reads input-bound once the constant
 simulated GPU series are left out (its GPU-side regime would only echo the fake).
+On a GPU, a missing interconnect series is reported (a GPU without NVLink, a
+driver without the counters) but does not fail the check.
 """
 
 from __future__ import annotations
@@ -120,6 +126,8 @@ GPM_GAUGES = (
     "dam_gpu_dram_bandwidth_utilization_ratio",
 )
 GPU_PREFIX = "dam_gpu_"
+INTERCONNECT_COUNTERS = ("dam_gpu_pcie_bytes_total", "dam_gpu_nvlink_bytes_total")
+DIRECTIONS = ("tx", "rx")
 
 EXIT_OK, EXIT_WRONG, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 130
 GPU_DEFAULTS = {"seconds": 20.0, "warmup": 8.0, "start_timeout": 120.0}
@@ -341,11 +349,73 @@ def _sum(snap: Prom, name: str, **labels: str) -> float | None:
 
 
 def steps_total(text: str) -> float:
-    return _scalar(parse_prom(text), "dam_steps_total") or 0.0
+    """Steps over every series (one per rank when the trainer has ranks)."""
+    return _sum(parse_prom(text), "dam_steps_total") or 0.0
 
 
-def summarize(before_text: str, after_text: str) -> tuple[list[str], list[str]]:
-    """Lines describing the window, and problems with the sidecar's data (no GPU, no GPM, no steps)."""
+def _bytes(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def memory_and_interconnect(b: Prom, a: Prom, dt: float | None) -> tuple[list[str], list[str], list[str]]:
+    """Lines on interconnect counters and memory; the interconnect series missing, and the unmoved ones."""
+    lines: list[str] = []
+    missing: list[str] = []
+    still: list[str] = []
+    gpus = sorted({lb.get("gpu", "?") for lb, _ in a.get("dam_gpu_utilization_ratio", [])})
+    for gpu in gpus:
+        parts = []
+        for name in INTERCONNECT_COUNTERS:
+            short = name.removeprefix(GPU_PREFIX).removesuffix("_bytes_total")
+            for direction in DIRECTIONS:
+                vb, va = (
+                    _sum(b, name, gpu=gpu, direction=direction),
+                    _sum(a, name, gpu=gpu, direction=direction),
+                )
+                if va is None:
+                    missing.append(f"{name}{{gpu={gpu},direction={direction}}}")
+                    continue
+                if vb is not None and dt:
+                    parts.append(f"{short}_{direction}={_bytes((va - vb) / dt)}/s")
+                    if va <= vb:
+                        still.append(f"{name}{{gpu={gpu},direction={direction}}}")
+                else:
+                    parts.append(f"{short}_{direction}={_bytes(va)} total")
+        used, total = (
+            _sum(a, "dam_gpu_memory_used_bytes", gpu=gpu),
+            _sum(a, "dam_gpu_memory_total_bytes", gpu=gpu),
+        )
+        if used is not None and total:
+            parts.append(f"memory {_bytes(used)} of {_bytes(total)} ({used / total:.0%})")
+        lines.append(f"  gpu {gpu} interconnect and memory: " + (" ".join(parts) or "none reported"))
+    usage, limit = (
+        _scalar(a, "dam_container_memory_usage_bytes"),
+        _scalar(a, "dam_container_memory_limit_bytes"),
+    )
+    kills = _scalar(a, "dam_container_oom_kills_total")
+    source = [lb.get("source") for lb, v in a.get("dam_container_memory_source", []) if v == 1.0]
+    rss_main = _sum(a, "dam_process_resident_memory_bytes", role="main")
+    rss_workers = _sum(a, "dam_process_resident_memory_bytes", role="worker")
+    host = [f"source {source[0] if source else '?'}"]
+    if usage is not None:
+        host.append(f"usage {_bytes(usage)}" + (f" of {_bytes(limit)}" if limit else " (no limit)"))
+    if kills is not None:
+        host.append(f"OOM kills {kills:g}")
+    if rss_main is not None:
+        host.append(f"resident: main {_bytes(rss_main)}, workers {_bytes(rss_workers or 0.0)}")
+    lines.append("  container memory: " + ", ".join(host))
+    return lines, missing, still
+
+
+def summarize(before_text: str, after_text: str, rehearse: bool = False) -> tuple[list[str], list[str]]:
+    """Lines describing the window, and problems with the sidecar's data (no GPU, no GPM, no steps).
+
+    With ``rehearse`` (the simulated GPU), interconnect counters that are missing or
+    did not move are problems too; on a real GPU they are only reported.
+    """
     b, a = parse_prom(before_text), parse_prom(after_text)
     lines: list[str] = []
     problems: list[str] = []
@@ -398,6 +468,16 @@ def summarize(before_text: str, after_text: str) -> tuple[list[str], list[str]]:
         lines.append(f"  gpu {gpu}: " + " ".join(parts))
         if not any(lb.get("gpu") == gpu for name in GPM_GAUGES for lb, _ in a.get(name, [])):
             lines.append(f"  gpu {gpu}: no GPM series (pre-Hopper GPU, or GPM unavailable)")
+    more, missing, still = memory_and_interconnect(b, a, dt)
+    lines += more
+    if missing:
+        note = (
+            "missing (no NVLink on this GPU, or a driver without the counters)" if not rehearse else "missing"
+        )
+        lines.append(f"  interconnect series {note}: {', '.join(missing)}")
+    if rehearse and gpus:
+        problems += [f"{m} is missing (the simulated GPU has it)" for m in missing]
+        problems += [f"{m} did not move over the window" for m in still]
     throttled = [lb.get("reason") for lb, v in a.get("dam_gpu_clock_throttle_reason", []) if v == 1.0]
     if throttled:
         lines.append(f"  clock event reasons: {', '.join(sorted({t or '?' for t in throttled}))}")
@@ -660,7 +740,7 @@ def run_check(w: Workload, args: argparse.Namespace, port: int, probe_dir: str, 
     bpath, apath = out / f"{w.name}.before.prom", out / f"{w.name}.after.prom"
     bpath.write_text(before)
     apath.write_text(after)
-    lines, problems = summarize(before, after)
+    lines, problems = summarize(before, after, rehearse=args.rehearse)
     print(f"  first step after {started:.1f} s")
     print("\n".join(lines))
     try:
