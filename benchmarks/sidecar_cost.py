@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/sidecar_cost.py [--seconds 30] [--requests 300] [--gpus 8]
 
 Runs ``dam sidecar`` as a subprocess (the real samplers; NVML is the fake
-pynvml module behind the real NVML sampler, DAM_FAKE_GPUS), with a live probe
-file and this process as the training process. Measures over ``--seconds``
+pynvml module behind the real NVML sampler, DAM_FAKE_GPUS, 18 NVLink links
+each), with a live probe file (layout version 2: a rank, collective counters,
+its cgroup's memory) and this process as the training process. Measures over ``--seconds``
 while scraping once a second, then times ``--requests`` back-to-back scrapes.
 Targets: CPU <= 0.5 % of a core, RSS <= 60 MiB, p99 <= 5 ms. Prints PASS/FAIL.
 For comparison, users of dcgm-exporter report ~15-20 % of a core and ~70 MiB.
@@ -48,7 +49,18 @@ def main(argv: list[str] | None = None) -> int:
             steps = 0
             while not stop.wait(0.1):
                 steps += 1
-                writer.publish(steps, steps * 10**6, steps * 10**8, batch_size=64, device_uuids=())
+                writer.publish(
+                    steps,
+                    steps * 10**6,
+                    steps * 10**8,
+                    batch_size=64,
+                    device_uuids=(),
+                    rank=0,
+                    local_rank=0,
+                    world_size=8,
+                    collectives=(steps * 12, steps * 10**7, steps * 10**6, steps * 2**24),
+                    memory=(2**30, 2**32, 0, 1),
+                )
 
         pub = threading.Thread(target=publish, daemon=True)
         pub.start()
