@@ -1,11 +1,15 @@
-"""The acceptance path: profile → webhook injection → real sidecar and PyTorch → verdict in the status.
+"""The acceptance path on a real control plane: profile → webhook injection → real sidecar and
+PyTorch → verdict in the status, with the operator holding exactly the chart's RBAC.
 
-Against the Kubernetes API stand-in, with the real kubectl, the real ``dam operator``
-(a child process, standalone, namespace ``default``, its webhook on 127.0.0.1 and
-registered by URL), the real ``dam sidecar`` and a real PyTorch training loop whose
-DataLoader is starved on purpose (slow ``__getitem__``, 0 workers), instrumented
-automatically through the injected ``PYTHONPATH``/``DAM_PROBE_DIR``. The test plays
-the kubelet: it sets the pod Running with podIP 127.0.0.1 and starts its processes.
+kube-apiserver + etcd (tests/support/kubecluster.py), the real kubectl, the real ``dam operator``
+(a child process, cluster-wide as the chart installs it by default) running as the chart's
+ServiceAccount with only the ClusterRoles/Roles that ``charts/dam-operator`` renders, its settings
+taken from the chart's Deployment; its webhook on 127.0.0.1, called by the API server through the
+chart's MutatingWebhookConfiguration (pointed at that URL, its caBundle filled in by the operator).
+The operator talks to the API server through a recording proxy, so that any request the server
+refused (a verb missing from the chart) fails the test. The real ``dam sidecar`` and a real
+PyTorch training loop whose DataLoader is starved on purpose run here; there is no kubelet, so the
+test reports the pod Running on 127.0.0.1 through ``pods/status``.
 """
 
 from __future__ import annotations
@@ -13,24 +17,29 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from dam_operator.cluster import metric_names as mn
 from dam_sidecar.promtext import parse_snapshot
+from tests.support.faultproxy import FaultProxy, refused
+from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     REPO,
     LocalPod,
     OperatorProcess,
     condition,
     dumps,
+    ensure_crds,
     events_for,
     free_port,
-    set_pod_running,
+    install_chart,
+    operator_namespace,
+    profile_of,
     wait_for,
 )
-from tests.support.standin import StandIn
 
 pytestmark = pytest.mark.slow
 
@@ -60,29 +69,44 @@ TRAINING_POD = {
 
 
 @pytest.fixture
-def api() -> Iterator[StandIn]:
-    with StandIn.running(subprocess=True) as api:
-        assert api.kubectl("apply", "-f", str(REPO / "crds")).returncode == 0
-        yield api
+def system_namespace(control_plane: ControlPlane) -> Iterator[str]:
+    ensure_crds(control_plane)
+    with operator_namespace(control_plane) as name:
+        yield name
 
 
-def test_starved_training_pod_is_instrumented_and_diagnosed_data_bound(api: StandIn, tmp_path: Path) -> None:
-    op = OperatorProcess(api, tmp_path).start()
+def test_starved_training_pod_is_instrumented_and_diagnosed_data_bound(
+    control_plane: ControlPlane, kube_namespace: str, system_namespace: str, tmp_path: Path
+) -> None:
+    cp, ns = control_plane, kube_namespace
+    chart = install_chart(cp, system_namespace)  # the chart's defaults: cluster-wide
+    proxy = FaultProxy(cp.url, cp.ssl_context()).__enter__()
+    kubeconfig = proxy.kubeconfig(chart.kubeconfig, tmp_path / "operator.kubeconfig")
+    op = OperatorProcess(
+        cp,
+        tmp_path,
+        namespace=None,
+        operator_namespace=system_namespace,
+        kubeconfig=kubeconfig,
+        env=chart.env(),
+    )
     pod_proc: LocalPod | None = None
     try:
+        # Helm owns the webhook configuration (DAM_WEBHOOK_MANAGE_CONFIGURATION=false): apply the
+        # chart's, by URL; the operator fills in its caBundle.
+        assert chart.env()["DAM_WEBHOOK_MANAGE_CONFIGURATION"] == "false"
+        chart.apply(chart.webhook_configuration(op.webhook_url))
+        op.start()
+
         port = free_port()
-        applied = api.kubectl("apply", "-f", "-", input=profile_manifest(port))
-        assert applied.returncode == 0, applied.stderr
+        cp.kubectl("apply", "-n", ns, "-f", "-", input=profile_manifest(port))
+        # The operator has registered the profile (its first status write): the webhook knows it.
+        wait_for(lambda: condition(profile_of(cp, ns, PROFILE), "SpecValid"), 30, "the first status")
 
-        # Wait until the operator has registered the profile (its first status write),
-        # so the webhook knows it when the pod is created.
-        wait_for(lambda: condition(api.get("damp", "default", PROFILE), "SpecValid"), 30, "the first status")
-
-        created = api.kubectl("apply", "-f", "-", input=json.dumps(TRAINING_POD))
-        assert created.returncode == 0, created.stderr
-        pod = api.get("pods", "default", "trainer-0")
-
-        # The webhook injected the native sidecar, the probe volume, the env and the shared PID namespace.
+        # kubectl → API server → the operator's webhook → JSONPatch → the server validates the
+        # mutated Pod (and runs its own admission after it) → stored.
+        cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(TRAINING_POD))
+        pod = cp.api("GET", f"/api/v1/namespaces/{ns}/pods/trainer-0")
         spec = pod["spec"]
         sidecars = [c for c in spec.get("initContainers", []) if c["name"] == "dam-sidecar"]
         assert sidecars and sidecars[0]["restartPolicy"] == "Always", dumps(spec)
@@ -99,19 +123,22 @@ def test_starved_training_pod_is_instrumented_and_diagnosed_data_bound(api: Stan
             ["examples/train.py", "--scenario", "starved", "--seconds", "300", "--sample-delay-ms", "15"]
         )
         pod_proc.wait_reporting()
-        set_pod_running(api, "default", "trainer-0")
+        cp.mark_pod_running(ns, "trainer-0")
 
-        waited = api.kubectl(
+        waited = cp.kubectl(
             "wait",
+            "-n",
+            ns,
             "--for=jsonpath={.status.bottleneck.axis}=Data",
             f"damp/{PROFILE}",
             "--timeout=60s",
-            timeout=90,
+            check=False,
+            timeout_s=90,
         )
-        profile = api.get("damp", "default", PROFILE)
+        profile = profile_of(cp, ns, PROFILE)
         assert waited.returncode == 0, f"{waited.stderr}\n{dumps(profile.get('status'))}\n{op.log()}"
 
-        status = profile["status"]
+        status: dict[str, Any] = profile["status"]
         assert status["bottleneck"]["regime"] == "input-bound"
         assert status["bottleneck"]["lever"]
         assert status["metrics"]["dataWaitRatio"] > 0.3
@@ -123,19 +150,26 @@ def test_starved_training_pod_is_instrumented_and_diagnosed_data_bound(api: Stan
         assert condition(profile, "Instrumented")["status"] == "True"  # type: ignore[index]
 
         changed = wait_for(
-            lambda: events_for(api, "default", PROFILE, "BottleneckChanged"), 20, "a BottleneckChanged Event"
+            lambda: events_for(cp, ns, PROFILE, "BottleneckChanged"), 20, "a BottleneckChanged Event"
         )
         assert any("input-bound" in e["message"] for e in changed), changed
 
-        table = api.kubectl("get", "damp")
-        header = table.stdout.splitlines()[0].split()
-        assert header[:5] == ["NAME", "AXIS", "REGIME", "LEVER", "CONFIDENCE"], table.stdout
-        assert "Data" in table.stdout and "input-bound" in table.stdout
+        # The server's own Table, from the CRD's printer columns.
+        rows = cp.kubectl("get", "damp", "-n", ns).stdout.splitlines()
+        assert rows[0].split() == ["NAME", "AXIS", "REGIME", "LEVER", "CONFIDENCE", "AGE"], rows
+        assert rows[1].split()[:3] == [PROFILE, "Data", "input-bound"], rows
 
         metrics = parse_snapshot(op.metrics(), "operator")
         verdict = {dict(s.labels)["axis"] for s in metrics.samples(mn.PROFILE_VERDICT)}
         assert verdict == {"Data"}
-        assert metrics.samples(mn.OPERATOR_WEBHOOK_REQUESTS_TOTAL)
+        webhook_results = {
+            dict(s.labels)["result"] for s in metrics.samples(mn.OPERATOR_WEBHOOK_REQUESTS_TOTAL)
+        }
+        assert "injected" in webhook_results, webhook_results
+
+        # Everything the operator did, it did with the chart's RBAC: nothing was refused.
+        assert refused(proxy.snapshot()) == [], refused(proxy.snapshot())
+        op.assert_alive()
     except AssertionError:
         if pod_proc is not None:
             print(pod_proc.logs())
@@ -144,4 +178,6 @@ def test_starved_training_pod_is_instrumented_and_diagnosed_data_bound(api: Stan
     finally:
         if pod_proc is not None:
             pod_proc.stop()
-        op.stop()
+        op.close()
+        proxy.__exit__(None, None, None)
+        chart.uninstall()

@@ -1,65 +1,232 @@
-"""Runs the real ``dam operator`` as a child process against the API stand-in, and plays
-the kubelet for a training pod (real ``dam sidecar`` + real PyTorch training).
+"""The real ``dam operator`` against the real control plane (:mod:`tests.support.kubecluster`),
+with the RBAC that ``charts/dam-operator`` renders, and the kubelet's part for a training pod
+(real ``dam sidecar`` + real PyTorch training on 127.0.0.1).
 
-Used by tests/integration/test_operator_e2e.py, test_operator_faults.py and
-benchmarks/operator_scale.py.
+- :func:`install_chart` renders the chart with the real Helm engine (helm-python-sdk), applies only
+  its ServiceAccount and (Cluster)Roles and bindings, and gives a kubeconfig holding that
+  ServiceAccount's token (TokenRequest) plus the operator's ``DAM_*`` settings from the chart's
+  Deployment: the operator then runs with exactly the rights and settings the chart gives it.
+- :class:`OperatorProcess` runs ``dam operator`` as a child process with a kubeconfig (admin unless
+  told otherwise); its webhook listens on 127.0.0.1 and is registered by URL.
+- :class:`LocalPod` plays the kubelet for one instrumented pod: ``dam probe-install``, ``dam
+  sidecar`` and the training command with the env the webhook injected.
+
+Used by tests/integration/test_operator_*.py and test_webhook_real_server.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
+import yaml
 
+from tests.support.kubecluster import ControlPlane
 from tests.support.procs import free_port, stop_process, wait_for
-from tests.support.standin import StandIn
+
+__all__ = [
+    "BIN",
+    "CHART",
+    "REPO",
+    "ChartInstall",
+    "LocalPod",
+    "OperatorProcess",
+    "apply",
+    "condition",
+    "dumps",
+    "ensure_crds",
+    "events_for",
+    "free_port",
+    "install_chart",
+    "operator_namespace",
+    "profile_of",
+    "render_chart",
+    "wait_for",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-OPERATOR_NAMESPACE = "dam-system"
+CHART = REPO / "charts" / "dam-operator"
 PROBE_DIR_IN_POD = "/dam/probe"  # dam_operator.cluster.injection.PROBE_DIR
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+GROUP_PATH = "/apis/dam.mlsys.dev/v1alpha1"
 
-T = TypeVar("T")
+
+# ---------------------------------------------------------------- the chart's RBAC on the real server
 
 
-def ensure_namespace(api: StandIn, name: str) -> None:
-    with contextlib.suppress(Exception):
-        api.create("namespaces", {"metadata": {"name": name}})
+def render_chart(values: Mapping[str, Any], *, release: str, namespace: str) -> list[dict[str, Any]]:
+    """The chart's objects, rendered by the real Helm engine."""
+    import helm_python as helm  # optional dev dependency: imported when a test needs it
+
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(dict(values), name=release, namespace=namespace, is_install=True)
+    objects: list[dict[str, Any]] = []
+    for text in manifests.values():
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def _api_path(obj: Mapping[str, Any]) -> str:
+    kind, meta = obj["kind"], obj["metadata"]
+    plural = {
+        "ServiceAccount": "serviceaccounts",
+        "ClusterRole": "clusterroles",
+        "ClusterRoleBinding": "clusterrolebindings",
+        "Role": "roles",
+        "RoleBinding": "rolebindings",
+        "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    }[kind]
+    base = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
+    if kind in CLUSTER_SCOPED:
+        return f"{base}/{plural}/{meta['name']}"
+    return f"{base}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+
+
+@dataclass
+class ChartInstall:
+    """What :func:`install_chart` put on the server, and how to run the operator as the chart would."""
+
+    cp: ControlPlane
+    release: str
+    namespace: str
+    objects: list[dict[str, Any]]
+    kubeconfig: Path
+    applied: list[dict[str, Any]] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    @property
+    def service_account(self) -> str:
+        return str(self.of_kind("ServiceAccount")[0]["metadata"]["name"])
+
+    @property
+    def username(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    def env(self) -> dict[str, str]:
+        """The ``DAM_*`` variables the chart's Deployment gives the operator (fieldRefs resolved)."""
+        (deployment,) = self.of_kind("Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env: dict[str, str] = {}
+        for item in container.get("env", []):
+            name = item["name"]
+            if not name.startswith("DAM_"):
+                continue
+            if "value" in item:
+                env[name] = str(item["value"])
+            elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+                env[name] = self.namespace
+        return env
+
+    def webhook_configuration(self, url: str) -> dict[str, Any]:
+        """The chart's MutatingWebhookConfiguration, pointed at ``url`` instead of its Service.
+
+        The only change: there is no Service routing on a control plane without nodes, and an
+        API server refuses Endpoints on loopback, so the webhook is reached by URL.
+        """
+        (mwc,) = self.of_kind("MutatingWebhookConfiguration")
+        mwc = copy.deepcopy(mwc)
+        for hook in mwc["webhooks"]:
+            hook["clientConfig"] = {"url": url}
+        return mwc
+
+    def apply(self, obj: Mapping[str, Any]) -> None:
+        self.cp.kubectl("apply", "-f", "-", input=json.dumps(obj))
+        self.applied.append(dict(obj))
+
+    def uninstall(self) -> None:
+        """Delete what was applied (cluster-scoped objects would outlive the test's namespaces)."""
+        for obj in reversed(self.applied):
+            self.cp.api("DELETE", _api_path(obj), ok=(200, 202, 404))
+        self.applied.clear()
+
+
+def install_chart(
+    cp: ControlPlane,
+    namespace: str,
+    values: Mapping[str, Any] | None = None,
+    *,
+    release: str | None = None,
+    without: Mapping[tuple[str, str], set[str]] | None = None,
+) -> ChartInstall:
+    """Render the chart (release namespace ``namespace``), apply its RBAC objects as admin, and
+    write a kubeconfig with a token of the chart's ServiceAccount.
+
+    ``release`` defaults to a fresh name, so that the ClusterRole and its binding of one test never
+    meet another's. ``without={(apiGroup, resource): {verbs}}`` removes verbs from the rendered
+    rules (to show that a missing verb is noticed).
+    """
+    release = release or f"dam-{secrets.token_hex(3)}"
+    objects = render_chart(values or {}, release=release, namespace=namespace)
+    install = ChartInstall(cp, release, namespace, objects, kubeconfig=Path())
+    for rendered in objects:
+        if rendered["kind"] not in RBAC_KINDS:
+            continue
+        obj = copy.deepcopy(rendered)
+        for rule in obj.get("rules", []):
+            for (group, resource), verbs in (without or {}).items():
+                if group in rule["apiGroups"] and resource in rule["resources"]:
+                    rule["verbs"] = [v for v in rule["verbs"] if v not in verbs]
+        if "rules" in obj:
+            obj["rules"] = [r for r in obj["rules"] if r["verbs"]]
+        install.apply(obj)
+    install.kubeconfig = cp.service_account_kubeconfig(namespace, install.service_account, create=False)
+    return install
+
+
+# ---------------------------------------------------------------- the operator as a child process
 
 
 class OperatorProcess:
-    """``dam operator`` against the stand-in: standalone, one namespace, webhook on 127.0.0.1."""
+    """``dam operator`` as a child process: standalone, its webhook on 127.0.0.1 registered by URL.
+
+    ``namespace``: the watched namespace (None: cluster-wide). ``kubeconfig``: whose rights it has
+    (default the admin's). ``env``: more ``DAM_*`` settings (e.g. :meth:`ChartInstall.env`).
+    The MutatingWebhookConfiguration gets a name of its own unless ``env`` names one.
+    """
 
     def __init__(
         self,
-        api: StandIn,
+        cp: ControlPlane,
         workdir: Path,
         *,
-        namespace: str = "default",
+        namespace: str | None,
+        operator_namespace: str,
+        kubeconfig: Path | None = None,
         webhook: bool = True,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         python_args: tuple[str, ...] = (),
     ) -> None:
-        self.api = api
+        self.cp = cp
         self.workdir = workdir
         self.namespace = namespace
+        self.operator_namespace = operator_namespace
+        self.kubeconfig = kubeconfig or cp.kubeconfig
         self.webhook = webhook
         self.webhook_port = free_port()
         self.metrics_port = free_port()
-        self.extra_env = env or {}
+        self.extra_env = dict(env or {})
+        self.webhook_configuration = self.extra_env.setdefault(
+            "DAM_WEBHOOK_CONFIGURATION_NAME", f"dam-test-{secrets.token_hex(3)}"
+        )
         self.python_args = python_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        ensure_namespace(api, OPERATOR_NAMESPACE)
 
     @property
     def webhook_url(self) -> str:
@@ -70,7 +237,8 @@ class OperatorProcess:
         return self.workdir / f"operator-{self.starts}.log"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, *self.python_args, "-m", "dam_operator.cli", "operator", "-n", self.namespace]
+        cmd = [sys.executable, *self.python_args, "-m", "dam_operator.cli", "operator"]
+        cmd += ["-n", self.namespace] if self.namespace else ["-A"]
         cmd += ["--standalone", "--metrics-port", str(self.metrics_port), "--liveness", ""]
         if self.webhook:
             cmd += ["--webhook-url", self.webhook_url, "--webhook-host", "127.0.0.1"]
@@ -79,54 +247,82 @@ class OperatorProcess:
             cmd += ["--no-webhook"]
         return cmd
 
-    def start(self, wait: bool = True) -> OperatorProcess:
-        self.starts += 1
-        env = {
-            **self.api.env(),
-            "DAM_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE,
+    def environment(self) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("DAM_")}
+        return {
+            **base,
+            "KUBECONFIG": str(self.kubeconfig),
+            "DAM_OPERATOR_NAMESPACE": self.operator_namespace,
             "DAM_DEFAULT_SIDECAR_IMAGE": "ghcr.io/mlsys/dam-operator:test",
             "PYTHONUNBUFFERED": "1",
             **self.extra_env,
         }
+
+    def start(self, wait: bool = True) -> OperatorProcess:
+        self.starts += 1
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(self.command(), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            self.command(), cwd=REPO, env=self.environment(), stdout=log, stderr=subprocess.STDOUT
+        )
         log.close()
         if wait:
             self.wait_ready()
         return self
 
+    def webhook_registered(self) -> bool:
+        """The MutatingWebhookConfiguration exists and carries a caBundle (read as admin)."""
+        mwc = self.cp.api(
+            "GET",
+            f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{self.webhook_configuration}",
+            ok=(200, 404),
+        )
+        hooks = (mwc or {}).get("webhooks") or []
+        return bool(hooks and hooks[0].get("clientConfig", {}).get("caBundle"))
+
     def wait_ready(self, timeout: float = 60.0) -> None:
         def ready() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the operator exited ({self.proc.returncode}):\n{self.log()}")
+            self.assert_alive()
             r = httpx.get(f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=2)
-            if r.status_code != 200:
-                return False
-            if self.webhook:
-                return self.api.kubectl("get", "mutatingwebhookconfiguration", "dam-operator").returncode == 0
-            return True
+            return r.status_code == 200 and (not self.webhook or self.webhook_registered())
 
-        wait_for(ready, timeout, "the operator to serve /healthz")
-        # kopf is watching once it has seen the profiles list; a short grace for its first listing.
+        wait_for(ready, timeout, "the operator to serve /healthz (and register its webhook)")
+        # kopf is watching once it has listed the profiles and pods: a short grace for that.
         time.sleep(1.0)
+
+    def assert_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the operator exited ({self.proc.returncode}):\n{self.log()}")
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
 
     def log(self) -> str:
         return "\n".join(
-            p.read_text(errors="replace")[-6000:] for p in sorted(self.workdir.glob("operator-*.log"))
+            p.read_text(errors="replace")[-8000:] for p in sorted(self.workdir.glob("operator-*.log"))
         )
 
     def kill(self) -> None:
-        """SIGKILL: no cleanup, like an OOM kill or a node loss."""
+        """SIGKILL: no clean-up, like an OOM kill or a node loss."""
         if self.proc is not None:
             stop_process(self.proc, signal.SIGKILL)
 
     def stop(self) -> None:
         if self.proc is not None:
             stop_process(self.proc)
+
+    def remove_webhook_configuration(self) -> None:
+        """Delete this operator's MutatingWebhookConfiguration (cluster-scoped: it would outlive
+        the test and send other tests' pods to a closed port)."""
+        self.cp.api(
+            "DELETE",
+            f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{self.webhook_configuration}",
+            ok=(200, 404),
+        )
+
+    def close(self) -> None:
+        self.stop()
+        self.remove_webhook_configuration()
 
     @property
     def pid(self) -> int:
@@ -135,32 +331,65 @@ class OperatorProcess:
 
 
 @contextlib.contextmanager
-def operator_running(api: StandIn, workdir: Path, **kw: Any) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(api, workdir, **kw).start()
+def operator_namespace(cp: ControlPlane) -> Iterator[str]:
+    """A fresh namespace for the operator itself (its certificate Secret), deleted afterwards."""
+    name = cp.create_namespace(cp.namespace_name_for("dam-system"))
     try:
-        yield op
+        yield name
     finally:
-        op.stop()
+        if cp.running:
+            cp.delete_namespace(name)
+
+
+# ---------------------------------------------------------------- reading the API
+
+
+def ensure_crds(cp: ControlPlane) -> None:
+    """``kubectl apply -f crds/`` (idempotent) and wait until the CRDs are Established."""
+    cp.kubectl("apply", "-f", str(REPO / "crds"))
+    cp.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+
+def apply(cp: ControlPlane, namespace: str, manifest: str) -> None:
+    """``kubectl apply -n namespace -f -`` as admin; fails the test when kubectl does."""
+    cp.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+
+def profile_of(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = cp.api("GET", f"{GROUP_PATH}/namespaces/{namespace}/damprofiles/{name}")
+    return found
+
+
+def events_for(
+    cp: ControlPlane, namespace: str, name: str, reason: str | None = None
+) -> list[dict[str, Any]]:
+    """The core/v1 Events about DAMProfile ``name`` (with ``reason``, if given)."""
+    selector = f"involvedObject.name={name},involvedObject.kind=DAMProfile"
+    if reason is not None:
+        selector += f",reason={reason}"
+    listed = cp.api("GET", f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}")
+    return list(listed.get("items", []))
+
+
+def condition(obj: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True)[:4000]
 
 
 # ---------------------------------------------------------------- playing the kubelet
 
 
-def container_env(pod: dict[str, Any], container: str) -> dict[str, str]:
+def container_env(pod: Mapping[str, Any], container: str) -> dict[str, str]:
     for c in pod["spec"].get("containers", []):
         if c["name"] == container:
             return {e["name"]: e.get("value", "") for e in c.get("env", [])}
     raise KeyError(container)
-
-
-def set_pod_running(api: StandIn, namespace: str, name: str, ip: str = "127.0.0.1") -> None:
-    api.patch(
-        "pods",
-        namespace,
-        name,
-        {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}},
-        subresource="status",
-    )
 
 
 class LocalPod:
@@ -168,7 +397,7 @@ class LocalPod:
     training command, with the injected env and the pod's probe directory mapped to a local one."""
 
     def __init__(
-        self, pod: dict[str, Any], workdir: Path, sidecar_port: int, container: str = "train"
+        self, pod: Mapping[str, Any], workdir: Path, sidecar_port: int, container: str = "train"
     ) -> None:
         self.pod = pod
         self.workdir = workdir
@@ -229,30 +458,9 @@ class LocalPod:
         return "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
             for p in sorted(self.workdir.glob("*.log"))
+            if not p.name.startswith("operator-")
         )
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
             stop_process(proc)
-
-
-def events_for(api: StandIn, namespace: str, name: str, reason: str | None = None) -> list[dict[str, Any]]:
-    items = api.list("events", namespace)
-    return [
-        e
-        for e in items
-        if (e.get("involvedObject") or {}).get("name") == name
-        and (e.get("involvedObject") or {}).get("kind") == "DAMProfile"
-        and (reason is None or e.get("reason") == reason)
-    ]
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return dict(c)
-    return None
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=1, sort_keys=True)[:4000]
