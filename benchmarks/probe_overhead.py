@@ -9,10 +9,18 @@ Prints, in one run:
    (CPU activity), over a bare loop on a trivial in-memory dataset (batch_size 4, 0 workers);
 3. RSS growth over ``--rss-batches`` batches for each, each in a fresh child process
    (RSS read from /proc/self/statm);
+4. collectives (2 ranks, gloo, ``torch.multiprocessing.spawn``, the probe's automatic
+   instrumentation installed as ``sitecustomize`` would): time added per collective, timed
+   vs bare in the same run, interleaved: a synchronous ``all_reduce`` of 1 KiB, an
+   asynchronous one waited on, and a DDP step (many small buckets, little compute) with the
+   probe's communication hook against DDP built without it (its original ``__init__``);
+   plus the wrapper's own cost on a no-op "collective" (no torch, no network noise);
 
-and PASS/FAIL against the targets: probe <= 0.5 us/batch added, <= 1 MiB growth.
+and PASS/FAIL against the targets: probe <= 0.5 us/batch added, <= 1 MiB growth,
+<= 2 us added per collective.
 
     .venv/bin/python benchmarks/probe_overhead.py [--batches 20000] [--repeats 5] [--rss-batches 200000]
+    .venv/bin/python benchmarks/probe_overhead.py --only collectives [--collective-calls 2000]
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 
 TARGET_US = 0.5
 TARGET_MIB = 1.0
+TARGET_COLLECTIVE_US = 2.0
 VARIANTS = ("bare", "probe", "profiler")
 
 
@@ -206,6 +215,184 @@ def rss_growth(n: int, probe_dir: str) -> dict[str, dict[str, float]]:
     return out
 
 
+# -- 4. collectives (2 ranks, gloo) --------------------------------------------------------------
+
+
+def collective_micro(calls: int, repeats: int) -> dict[str, float]:
+    """ns added by the collective wrapper around a no-op function (its own cost, no torch)."""
+    from dam_probe._comm import timed_collective
+    from dam_probe._core import Probe
+
+    p = Probe()
+    p.comm_on = True
+    p.comm_next_ns = 1 << 62  # never publish: the file is not what is measured here
+
+    class T:
+        nbytes = 1024
+
+    def noop(tensor: object, op: object = None, group: object = None, async_op: bool = False) -> None:
+        return None
+
+    timed = timed_collective(noop, 0, "tensor", p)
+    t = T()
+    bare_runs: list[float] = []
+    timed_runs: list[float] = []
+    for _ in range(repeats):
+        for fn, runs in ((noop, bare_runs), (timed, timed_runs)):
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn(t)
+            runs.append((time.perf_counter_ns() - t0) / calls)
+    return {
+        "added_ns": statistics.median(timed_runs) - statistics.median(bare_runs),
+        "added_best_ns": min(timed_runs) - min(bare_runs),
+    }
+
+
+def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
+    """One rank of the collective benchmark (spawned); rank 0 writes the figures to ``cfg["out"]``."""
+    world, calls, steps, repeats = cfg["world"], cfg["calls"], cfg["steps"], cfg["repeats"]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg["port"]), RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    from dam_probe import _autohook
+
+    _autohook.install()  # what sitecustomize does, before torch is imported
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from dam_probe import _comm
+    from dam_probe._core import PROBE
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    bare_all_reduce = _comm.ORIGINALS["all_reduce"]
+
+    def per_call_us(fn: Callable[[], None], n: int) -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter_ns() - t0) / n / 1000
+
+    x = torch.ones(256)  # 1 KiB
+    variants: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+        "sync": (lambda: bare_all_reduce(x), lambda: dist.all_reduce(x)),
+        "async": (
+            lambda: bare_all_reduce(x, async_op=True).wait(),
+            lambda: dist.all_reduce(x, async_op=True).wait(),
+        ),
+    }
+
+    def net() -> Any:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(12)])
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def untimed() -> Any:  # DDP built by its original __init__: no probe hook
+        model = DistributedDataParallel.__new__(DistributedDataParallel)
+        original_init: Any = getattr(DistributedDataParallel.__init__, "__wrapped__")  # noqa: B009
+        original_init(model, net(), bucket_cap_mb=0.004)
+        return model
+
+    hooked = DistributedDataParallel(net(), bucket_cap_mb=0.004)
+    plain = untimed()
+    stock = untimed()  # torch's own Python allreduce_hook: what any Python comm hook costs
+    stock.register_comm_hook(None, default_hooks.allreduce_hook)
+    batch = torch.randn(8, 32)
+
+    def step(model: Any) -> Callable[[], None]:
+        def run() -> None:
+            model.zero_grad(set_to_none=True)
+            model(batch).sum().backward()
+
+        return run
+
+    for model in (hooked, plain, stock):  # warm-up: DDP rebuilds its buckets after the first step
+        for _ in range(5):
+            step(model)()
+    c0 = PROBE.coll_count
+    step(hooked)()
+    time.sleep(0.05)
+    buckets = PROBE.coll_count - c0
+    variants["ddp_step"] = (step(plain), step(hooked))
+    variants["ddp_step_vs_python_hook"] = (step(stock), step(hooked))
+    results: dict[str, Any] = {"buckets_per_step": buckets}
+    for name, (bare, timed) in variants.items():
+        n = steps if name.startswith("ddp_step") else calls
+        for fn in (bare, timed):
+            per_call_us(fn, max(10, n // 10))  # warm-up
+        runs: dict[str, list[float]] = {"bare": [], "timed": []}
+        for _ in range(repeats):
+            for label, fn in (("bare", bare), ("timed", timed)):
+                dist.barrier()
+                runs[label].append(per_call_us(fn, n))
+        results[name] = {k: statistics.median(v) for k, v in runs.items()}
+        results[name]["best_bare"] = min(runs["bare"])
+        results[name]["best_timed"] = min(runs["timed"])
+        # Paired: bare and timed alternate call by call, and the median of the differences is
+        # taken, so load that comes and goes on a shared machine hits both alike.
+        diffs: list[float] = []
+        clock = time.perf_counter_ns
+        dist.barrier()
+        for _ in range(n * repeats // 2):
+            t0 = clock()
+            bare()
+            t1 = clock()
+            timed()
+            t2 = clock()
+            diffs.append(((t2 - t1) - (t1 - t0)) / 1000)
+        results[name]["paired_median"] = statistics.median(diffs)
+    if rank == 0:
+        with open(cfg["out"], "w") as fh:
+            json.dump(results, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collectives(calls: int, steps: int, repeats: int, probe_dir: str) -> dict[str, Any]:
+    import socket
+
+    from torch.multiprocessing import spawn  # type: ignore[attr-defined]
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    out = os.path.join(probe_dir, "collectives.json")
+    os.environ["DAM_PROBE_DIR"] = probe_dir
+    cfg = {"world": 2, "port": port, "calls": calls, "steps": steps, "repeats": repeats, "out": out}
+    spawn(_rank_main, args=(cfg,), nprocs=2)  # type: ignore[no-untyped-call]
+    with open(out) as fh:
+        result: dict[str, Any] = json.load(fh)
+    return result
+
+
+def print_collectives(c: dict[str, Any], micro_ns: dict[str, float], calls: int, steps: int) -> float:
+    """Prints the collective figures; returns the worst added µs per collective (medians)."""
+    print(f"collectives (2 ranks, gloo, {calls} calls / {steps} DDP steps per repeat):")
+    added_ns, best_ns = micro_ns["added_ns"], micro_ns["added_best_ns"]
+    print(f"  wrapper on a no-op function adds {added_ns:6.0f} ns (best {best_ns:.0f} ns)")
+    worst = 0.0
+    buckets = max(1, int(c["buckets_per_step"]))
+    for name, label, per in (
+        ("sync", "all_reduce 1 KiB, synchronous", 1),
+        ("async", "all_reduce 1 KiB, async + wait", 1),
+        ("ddp_step", f"DDP step, {buckets} buckets, vs C++", buckets),
+        ("ddp_step_vs_python_hook", "  same, vs torch's Python hook", buckets),
+    ):
+        r = c[name]
+        added = r["paired_median"] / per
+        best = (r["best_timed"] - r["best_bare"]) / per
+        if name != "ddp_step":  # DDP's C++ path is no Python hook at all: reported, not the target
+            worst = max(worst, added)
+        print(
+            f"  {label:<32} bare {r['bare']:8.1f} us, timed {r['timed']:8.1f} us: "
+            f"{added:+6.2f} us per collective (paired median; best runs {best:+.2f})"
+        )
+    return worst
+
+
 # -- main -----------------------------------------------------------------------------------------
 
 
@@ -228,6 +415,13 @@ def main(argv: list[str]) -> int:
         "--micro-items", type=int, default=200_000, help="items per micro repeat (default 200000)"
     )
     parser.add_argument("--micro-repeats", type=int, default=15, help="micro repeats (default 15)")
+    parser.add_argument(
+        "--collective-calls", type=int, default=2000, help="collective calls per repeat (default 2000)"
+    )
+    parser.add_argument("--ddp-steps", type=int, default=300, help="DDP steps per repeat (default 300)")
+    parser.add_argument(
+        "--only", choices=("all", "collectives"), default="all", help="run every part (default) or one"
+    )
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.batches, args.repeats, args.rss_batches, args.micro_items, args.micro_repeats) <= 0:
@@ -238,6 +432,17 @@ def main(argv: list[str]) -> int:
     if args.child:
         child(args.child, args.rss_batches)
         return 0
+
+    if args.only == "collectives":
+        with tempfile.TemporaryDirectory(prefix="dam-probe-bench-") as probe_dir:
+            os.environ.pop("DAM_PROBE_DISABLE", None)
+            print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (1 min)")
+            cm = collective_micro(200_000, args.micro_repeats)
+            c = collectives(args.collective_calls, args.ddp_steps, args.repeats, probe_dir)
+            worst = print_collectives(c, cm, args.collective_calls, args.ddp_steps)
+        ok = worst <= TARGET_COLLECTIVE_US
+        print(f"  <= {TARGET_COLLECTIVE_US} us added per collective: {worst:.2f} us {verdict(ok)}")
+        return 0 if worst <= TARGET_COLLECTIVE_US else 1
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dam-probe-bench-") as probe_dir:
@@ -266,7 +471,10 @@ def main(argv: list[str]) -> int:
         for v in VARIANTS:
             grow = r[v]["after"] - r[v]["before"]
             print(f"  {v:<10} {grow:8.2f} MiB   ({r[v]['us_per_batch']:.2f} us/batch in that run)")
-        files = sorted(os.listdir(probe_dir))
+        files = sorted(f for f in os.listdir(probe_dir) if f.startswith("probe-"))
+        cm = collective_micro(200_000, args.micro_repeats)
+        c = collectives(args.collective_calls, args.ddp_steps, args.repeats, probe_dir)
+        worst = print_collectives(c, cm, args.collective_calls, args.ddp_steps)
 
     probe_us = max(m["instrument_ns"], m["hook_ns"]) / 1000
     probe_best_us = max(m["instrument_best_ns"], m["hook_best_ns"]) / 1000
@@ -282,8 +490,13 @@ def main(argv: list[str]) -> int:
         "  (DataLoader noise between repeats is of the same order)"
     )
     print(f"  probe RSS growth <= {TARGET_MIB} MiB: {probe_mib:.2f} MiB  {verdict(probe_mib <= TARGET_MIB)}")
+    print(
+        f"  <= {TARGET_COLLECTIVE_US} us added per collective: {worst:.2f} us "
+        f"{verdict(worst <= TARGET_COLLECTIVE_US)}"
+    )
     print(f"probe files written: {len(files)}; total {time.perf_counter() - started:.0f} s")
-    return 0 if probe_us <= TARGET_US and probe_mib <= TARGET_MIB else 1
+    ok = probe_us <= TARGET_US and probe_mib <= TARGET_MIB and worst <= TARGET_COLLECTIVE_US
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

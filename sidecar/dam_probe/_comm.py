@@ -74,10 +74,16 @@ COLLECTIVES: Final[dict[str, str | None]] = {
     "all_reduce": "tensor",
     "broadcast": "tensor",
     "reduce": "tensor",
+    "all_reduce_coalesced": "tensors",
     "all_gather": "tensor",
+    "all_gather_single": "input_tensor",
     "all_gather_into_tensor": "input_tensor",
+    "all_gather_coalesced": "input_tensor_list",
+    "_all_gather_base": "input_tensor",
     "reduce_scatter": "input_list",
+    "reduce_scatter_single": "input",
     "reduce_scatter_tensor": "input",
+    "_reduce_scatter_base": "input",
     "all_to_all": "input_tensor_list",
     "all_to_all_single": "input",
     "gather": "tensor",
@@ -126,63 +132,76 @@ def nbytes_of(value: object) -> int:
 
 
 def begin(p: Probe, t0: int) -> None:
-    """A collective goes in flight at ``t0``."""
-    with p.comm_lock:
-        if p.coll_inflight == 0:
-            p.coll_busy_since = t0
-        p.coll_inflight += 1
+    """A collective goes in flight at ``t0`` (call with ``p.comm_lock`` held)."""
+    if p.coll_inflight == 0:
+        p.coll_busy_since = t0 if t0 > p.coll_busy_until else p.coll_busy_until
+    p.coll_inflight += 1
 
 
-def end(p: Probe, t1: int, nbytes: int, exposed_ns: int = 0, count: int = 1) -> None:
-    """A collective begun with ``begin`` completes (``count=0``: it failed) at ``t1``."""
-    with p.comm_lock:
-        p.coll_inflight -= 1
-        if p.coll_inflight <= 0:
-            p.coll_inflight = 0
-            p.coll_ns += max(0, t1 - p.coll_busy_since)
-        p.coll_count += count
-        p.coll_bytes += nbytes
-        p.coll_exposed_ns += exposed_ns
+def end(p: Probe, t1: int) -> None:
+    """A collective begun with ``begin`` completes at ``t1`` (call with ``p.comm_lock`` held).
+
+    Collective time grows by the busy periods (at least one collective in
+    flight), so overlapping collectives count once.
+    """
+    p.coll_inflight -= 1
+    if p.coll_inflight <= 0:
+        p.coll_inflight = 0
+        start = p.coll_busy_since if p.coll_busy_since > p.coll_busy_until else p.coll_busy_until
+        if t1 > start:
+            p.coll_ns += t1 - start
+            p.coll_busy_until = t1
 
 
-def _track_async(work: Any, t1: int, nbytes: int, p: Probe) -> None:
+def _track_async(work: Any, t0: int, t1: int, nbytes: int, p: Probe) -> None:
     """Ends an asynchronous work's flight when its future completes (at once when it has none)."""
     clock = perf_counter_ns
+    lock = p.comm_lock
     try:
         fut = work.get_future()
     except Exception:
-        end(p, t1, nbytes)  # no future (point-to-point on gloo): in flight during the call only
-        return
+        fut = None  # no future (point-to-point on gloo): in flight during the call only
+    with lock:
+        begin(p, t0)
+        if fut is None:
+            end(p, t1)
+            p.coll_count += 1
+            p.coll_bytes += nbytes
+            return
     key = id(work)
     PENDING[key] = work
 
     def done(_fut: object) -> None:
+        t2 = clock()
         PENDING.pop(key, None)
-        end(p, clock(), nbytes)
+        with lock:
+            end(p, t2)
+            p.coll_count += 1
+            p.coll_bytes += nbytes
 
     try:
         fut.add_done_callback(done)
     except Exception:
         PENDING.pop(key, None)
-        end(p, t1, nbytes)
+        with lock:
+            end(p, t1)
+            p.coll_count += 1
+            p.coll_bytes += nbytes
 
 
 def timed_collective(orig: Callable[..., Any], position: int, keyword: str | None, p: Probe = PROBE) -> Any:
     """A collective that counts itself into ``p`` (see the module docstring)."""
     clock = perf_counter_ns
     local = LOCAL
+    lock = p.comm_lock
 
     def collective(*args: Any, **kwargs: Any) -> Any:
         if local.depth:
             return orig(*args, **kwargs)
         local.depth = 1
         t0 = clock()
-        begin(p, t0)
         try:
             work = orig(*args, **kwargs)
-        except BaseException:
-            end(p, clock(), 0, count=0)
-            raise
         finally:
             local.depth = 0
         t1 = clock()
@@ -192,10 +211,19 @@ def timed_collective(orig: Callable[..., Any], position: int, keyword: str | Non
             nbytes = nbytes_of(kwargs[keyword])
         else:
             nbytes = nbytes_of(args[position]) if position < len(args) else 0
-        if work is None:  # synchronous: the caller waited for all of it
-            end(p, t1, nbytes, t1 - t0)
+        if work is None:  # synchronous: the caller waited for all of it (one lock, no helper call)
+            with lock:
+                p.coll_count += 1
+                p.coll_bytes += nbytes
+                p.coll_exposed_ns += t1 - t0
+                start = t0 if t0 > p.coll_busy_until else p.coll_busy_until
+                if p.coll_inflight:  # inside a busy period: it is counted when that ends
+                    p.coll_busy_since = min(p.coll_busy_since, start)
+                elif t1 > start:
+                    p.coll_ns += t1 - start
+                    p.coll_busy_until = t1
         else:
-            _track_async(work, t1, nbytes, p)
+            _track_async(work, t0, t1, nbytes, p)
         if t1 >= p.comm_next_ns:
             p.publish_comm(t1)
         return work
@@ -300,9 +328,7 @@ class DdpComm:
 
 def _launched(comm: DdpComm, t0: int, is_last: bool, p: Probe) -> None:
     with p.comm_lock:
-        if p.coll_inflight == 0:
-            p.coll_busy_since = t0
-        p.coll_inflight += 1
+        begin(p, t0)
         comm.pending += 1
         if is_last:
             comm.handover_ns = t0
@@ -310,10 +336,7 @@ def _launched(comm: DdpComm, t0: int, is_last: bool, p: Probe) -> None:
 
 def _completed(comm: DdpComm, t1: int, nbytes: int, p: Probe, count: int = 1) -> None:
     with p.comm_lock:
-        p.coll_inflight -= 1
-        if p.coll_inflight <= 0:
-            p.coll_inflight = 0
-            p.coll_ns += max(0, t1 - p.coll_busy_since)
+        end(p, t1)
         p.coll_count += count
         p.coll_bytes += nbytes
         comm.pending -= 1
