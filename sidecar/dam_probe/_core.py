@@ -159,6 +159,7 @@ class Probe:
         "cgroup",
         "closed_step_ns",
         "coll_busy_since",
+        "coll_busy_until",
         "coll_bytes",
         "coll_count",
         "coll_exposed_ns",
@@ -209,7 +210,8 @@ class Probe:
         self.coll_exposed_ns = 0
         self.coll_bytes = 0
         self.coll_inflight = 0  # collectives in flight now; coll_ns grows by the busy periods
-        self.coll_busy_since = 0
+        self.coll_busy_since = 0  # start of the current busy period (perf_counter_ns)
+        self.coll_busy_until = 0  # end of the latest busy period counted
         self.comm_next_ns = 0  # publish deadline of the collective path (perf_counter_ns)
         self.comm_lock = threading.Lock()
         self.publish_lock = threading.Lock()
@@ -400,6 +402,7 @@ class Probe:
         self.coll_bytes = 0
         self.coll_inflight = 0
         self.coll_busy_since = 0
+        self.coll_busy_until = 0
         self.comm_next_ns = 0
         self.path = ""
         self.reported = False

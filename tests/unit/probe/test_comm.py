@@ -1,0 +1,209 @@
+"""The collective wrappers' arithmetic, in process and without torch (fake works and futures)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dam_probe import _comm
+from dam_probe._core import Probe, rank_identity
+from dam_probe.layout import probe_files, read_file
+
+
+class Tensor:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+class Future:
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[Any], None]] = []
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self.callbacks.append(fn)
+
+    def complete(self) -> None:
+        for fn in self.callbacks:
+            fn(self)
+
+
+class Work:
+    def __init__(self) -> None:
+        self.future = Future()
+        self.waited = False
+
+    def get_future(self) -> Future:
+        return self.future
+
+    def wait(self) -> bool:
+        self.waited = True
+        return True
+
+
+class Clock:
+    """A fake perf_counter_ns the tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(_comm, "perf_counter_ns", c)
+    return c
+
+
+@pytest.fixture
+def p() -> Probe:
+    fresh = Probe()
+    fresh.comm_on = True
+    fresh.comm_next_ns = 1 << 62  # these tests look at counters, not at the file
+    return fresh
+
+
+def counters(p: Probe) -> tuple[int, int, int, int]:
+    return p.coll_count, p.coll_ns, p.coll_exposed_ns, p.coll_bytes
+
+
+def test_a_synchronous_collective_counts_whole_as_exposed_with_its_bytes(clock: Clock, p: Probe) -> None:
+    def all_reduce(tensor: Tensor, op: object = None, group: object = None, async_op: bool = False) -> None:
+        clock.now += 500
+
+    timed = _comm.timed_collective(all_reduce, 0, "tensor", p)
+    timed(Tensor(4096))
+    timed(tensor=Tensor(8))
+    assert counters(p) == (2, 1000, 1000, 4104)
+
+
+def test_overlapping_asynchronous_collectives_count_once_in_time_and_waits_are_exposed(
+    clock: Clock, p: Probe
+) -> None:
+    works: list[Work] = []
+
+    def all_reduce(tensor: Tensor, async_op: bool = False) -> Work:
+        w = Work()
+        works.append(w)
+        return w
+
+    timed = _comm.timed_collective(all_reduce, 0, "tensor", p)
+    wait = _comm.timed_wait(Work.wait, p)
+    a = timed(Tensor(100), async_op=True)  # in flight from t=1000
+    clock.now += 200
+    b = timed(Tensor(50), async_op=True)  # from t=1200, overlapping a
+    assert counters(p) == (0, 0, 0, 0)  # nothing completed yet
+    clock.now += 300
+    works[0].future.complete()  # a done at t=1500; b still in flight
+    assert p.coll_count == 1 and p.coll_ns == 0
+    clock.now += 100
+    wait(b)  # the fake wait returns at once: 0 ns exposed, but it was tracked
+    works[1].future.complete()  # b done at t=1600: busy from 1000 to 1600
+    assert counters(p) == (2, 600, 0, 150)
+    assert a is works[0] and b.waited
+    assert _comm.PENDING == {}
+
+
+def test_a_collective_inside_another_timed_call_is_not_counted_twice(clock: Clock, p: Probe) -> None:
+    def barrier() -> None:
+        clock.now += 10
+
+    inner = _comm.timed_collective(barrier, 0, None, p)
+
+    def all_gather_object() -> None:  # a timed call whose body issues another timed collective
+        inner()
+        clock.now += 5
+
+    outer = _comm.timed_collective(all_gather_object, 0, None, p)
+    outer()
+    assert counters(p) == (1, 15, 15, 0)
+    inner()  # on its own it counts
+    assert p.coll_count == 2
+
+
+def test_a_collective_that_raises_counts_nothing_and_the_next_one_counts(clock: Clock, p: Probe) -> None:
+    def broken(tensor: Tensor) -> None:
+        raise RuntimeError("peer gone")
+
+    with pytest.raises(RuntimeError, match="peer gone"):
+        _comm.timed_collective(broken, 0, "tensor", p)(Tensor(1))
+    assert counters(p) == (0, 0, 0, 0)
+    assert _comm.LOCAL.depth == 0
+
+
+def test_a_sync_collective_during_an_async_one_is_not_counted_twice_in_time(clock: Clock, p: Probe) -> None:
+    works: list[Work] = []
+
+    def async_op(tensor: Tensor) -> Work:
+        works.append(Work())
+        return works[-1]
+
+    def sync_op(tensor: Tensor) -> None:
+        clock.now += 100
+
+    _comm.timed_collective(async_op, 0, "tensor", p)(Tensor(1))  # busy from 1000
+    _comm.timed_collective(sync_op, 0, "tensor", p)(Tensor(1))  # 1000..1100, inside
+    clock.now += 50
+    works[0].future.complete()  # 1150
+    assert (p.coll_count, p.coll_ns, p.coll_exposed_ns) == (2, 150, 100)
+
+
+def test_wrappers_keep_the_name_signature_and_a_mark(p: Probe) -> None:
+    def all_reduce(tensor: object, op: object = None, group: object = None, async_op: bool = False) -> None:
+        """Docs."""
+
+    timed = _comm.timed_collective(all_reduce, 0, "tensor", p)
+    import inspect
+
+    assert timed.__name__ == "all_reduce" and timed.__doc__ == "Docs."
+    assert list(inspect.signature(timed).parameters) == ["tensor", "op", "group", "async_op"]
+    assert getattr(timed, _comm.MARK) is True and timed.__wrapped__ is all_reduce
+
+
+def test_nbytes_of_sums_lists_and_treats_unknown_as_zero() -> None:
+    class Sparse:
+        @property
+        def nbytes(self) -> int:
+            raise RuntimeError("sparse tensors have no nbytes")
+
+    assert _comm.nbytes_of([Tensor(3), (Tensor(4), Tensor(5))]) == 12
+    assert _comm.nbytes_of(Sparse()) == 0
+    assert _comm.nbytes_of(None) == 0
+
+
+def test_the_collective_path_publishes_the_file_with_rank_identity(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DAM_PROBE_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    p = Probe()
+    p.comm_on = True
+    _comm.timed_collective(lambda tensor: None, 0, "tensor", p)(Tensor(64))
+    try:
+        (path,) = probe_files(str(tmp_path))
+        rec = read_file(path)
+    finally:
+        p.close()
+    assert (rec.rank, rec.local_rank, rec.world_size) == (3, 1, 4)
+    assert rec.collectives == 1 and rec.collective_bytes == 64 and rec.steps == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, (None, None, None)),
+        ({"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "8"}, (2, 0, 8)),
+        ({"RANK": "x", "LOCAL_RANK": "-1", "WORLD_SIZE": "99999999999"}, (None, None, None)),
+    ],
+)
+def test_rank_identity_reads_the_launcher_variables(
+    env: dict[str, str], expected: tuple[int | None, int | None, int | None]
+) -> None:
+    assert rank_identity(env) == expected
