@@ -430,8 +430,11 @@ def _rank_numbers(snapshot: Snapshot) -> list[int]:
 
 
 def _has_unranked_probe_series(snapshot: Snapshot) -> bool:
+    # dam_probe_up is the pod's gauge, never per rank: it does not make an unranked process.
     return any(
-        _label(s.labels, RANK_LABEL) is None for metric in PROBE_SERIES for s in snapshot.samples(metric)
+        _label(s.labels, RANK_LABEL) is None
+        for metric in PROBE_SERIES - {names.PROBE_UP}
+        for s in snapshot.samples(metric)
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dam_operator.diagnosis.model import Regime
 from dam_operator.local.child import child_environment
 from dam_operator.local.session import MAX_ANCHORS, LocalSession
@@ -88,3 +90,43 @@ def test_a_run_that_trained_within_one_interval_is_still_diagnosed() -> None:
     final = session.final_verdict()
     assert final.bottleneck.regime is Regime.INPUT_BOUND
     assert final.metrics.data_wait_ratio is not None and final.metrics.data_wait_ratio > 0.9
+
+
+def ranked_snap(t: float) -> Snapshot:
+    """Two DDP ranks at 30 ms a step: rank 1 waits 20 ms a step for data, rank 0 waits for rank 1
+    in the all-reduce. ``dam_probe_up`` is the pod's gauge, without a rank."""
+    steps = t / 0.03
+    samples = [Sample(names.PROBE_UP, (), 1.0)]
+    for rank, wait, collective in ((0, 0.0005, 0.022), (1, 0.020, 0.002)):
+        labels = ((names.RANK_LABEL, str(rank)),)
+        samples += [
+            Sample(names.STEPS_TOTAL, labels, steps),
+            Sample(names.STEP_SECONDS_TOTAL, labels, t),
+            Sample(names.DATALOADER_WAIT_SECONDS_TOTAL, labels, wait * steps),
+            Sample(names.COLLECTIVE_SECONDS_TOTAL, labels, collective * steps),
+            Sample(names.COLLECTIVE_EXPOSED_SECONDS_TOTAL, labels, collective * steps),
+            Sample(names.COLLECTIVES_TOTAL, labels, steps),
+        ]
+    return Snapshot(samples)
+
+
+def test_a_multi_rank_run_is_judged_as_one_job_with_its_straggler_and_each_ranks_figures() -> None:
+    session = LocalSession(window_seconds=2.0)
+    session.add(0.0, ranked_snap(0.0))
+    for i in range(1, 21):
+        session.add(i * 0.5, ranked_snap(i * 0.5))
+    final = session.final_verdict()
+    straggler = final.bottleneck.straggler
+    assert straggler is not None and straggler.rank == 1
+    assert straggler.cause.value == "Data"
+    figures = session.final_ranks()
+    assert [f.rank for f in figures] == [0, 1], "one entry per rank, in rank order, none for the pod's gauge"
+    assert figures[1].data_wait_ratio is not None and figures[1].data_wait_ratio > 0.5
+    assert session.steps == pytest.approx(10.0 / 0.03), "progress counts a job's steps once, not per rank"
+
+
+def test_a_single_process_run_lists_no_ranks() -> None:
+    session = LocalSession(window_seconds=2.0)
+    for i in range(10):
+        session.add(i * 0.5, snap(i * 5, i * 0.4, i * 0.5))
+    assert session.final_ranks() == []
