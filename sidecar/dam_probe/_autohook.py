@@ -112,6 +112,8 @@ _done: set[str] = set()  # the modules of PATCHES patched in this process
 
 def _run_patch(name: str, module: ModuleType) -> None:
     _done.add(name)
+    if name in (_comm.C10D, _comm.DDP) and _comm.off_by_env():
+        return  # DAM_PROBE_COLLECTIVES=0: torch.distributed and DDP stay untouched
     PATCHES[name](module)
 
 

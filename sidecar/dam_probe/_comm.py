@@ -54,15 +54,17 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from types import ModuleType
 from typing import Any, Final
 
 from dam_probe._core import PROBE, Probe
 
+ENV_COLLECTIVES: Final = "DAM_PROBE_COLLECTIVES"
 C10D: Final = "torch.distributed.distributed_c10d"
 DDP: Final = "torch.nn.parallel.distributed"
 DEFAULT_HOOKS: Final = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks"
@@ -93,6 +95,13 @@ COLLECTIVES: Final[dict[str, str | None]] = {
 }
 
 _reported: list[str] = []
+_OFF = frozenset({"0", "false", "no", "off"})
+
+
+def off_by_env(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``DAM_PROBE_COLLECTIVES`` turns the collective instrumentation off (0/false/no/off)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_COLLECTIVES, "").strip().lower() in _OFF
 
 
 def report(reason: str) -> None:

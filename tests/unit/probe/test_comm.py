@@ -207,3 +207,38 @@ def test_rank_identity_reads_the_launcher_variables(
     env: dict[str, str], expected: tuple[int | None, int | None, int | None]
 ) -> None:
     assert rank_identity(env) == expected
+
+
+CHECK_PATCHED = """
+import json
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed import distributed_c10d as c10d
+print(json.dumps({
+    "all_reduce": hasattr(dist.all_reduce, "_dam_probe_timed"),
+    "c10d_barrier": hasattr(c10d.barrier, "_dam_probe_timed"),
+    "ddp": hasattr(DDP.__init__, "_dam_probe_timed"),
+    "wait": hasattr(c10d.Work.wait, "_dam_probe_timed"),
+}))
+"""
+
+
+@pytest.mark.parametrize(("setting", "patched"), [(None, True), ("0", False)])
+def test_importing_torch_patches_collectives_and_ddp_unless_turned_off(
+    tmp_path: Path, setting: str | None, patched: bool
+) -> None:
+    import json
+
+    from dam_probe.bootstrap import install_into
+
+    from .conftest import probe_lines, python_env, run_python
+
+    pytest.importorskip("torch")
+    env = python_env(PYTHONPATH=install_into(str(tmp_path / "site")), DAM_PROBE_DIR=str(tmp_path / "p"))
+    if setting is not None:
+        env["DAM_PROBE_COLLECTIVES"] = setting
+    result = run_python(CHECK_PATCHED, env)
+    assert result.returncode == 0, result.stderr
+    assert probe_lines(result.stderr) == []
+    assert set(json.loads(result.stdout).values()) == {patched}
