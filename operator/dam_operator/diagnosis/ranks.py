@@ -365,17 +365,20 @@ def _round(x: float | None) -> float | None:
 
 def rank_figures(ranks: Mapping[RankId, Observation], limit: int = MAX_RANK_FIGURES) -> list[RankFigures]:
     """At most ``limit`` ranks, the worst first: the latest at the collectives (least collective
-    time per step), then the highest data wait, then the slowest."""
+    time per step), then the highest data wait, then the slowest. Ranks are compared on the
+    figures as published (rounded), and ranks that look the same there keep their (pod, rank)
+    order: the table does not reorder from one window to the next on rounding noise."""
 
     def lateness(key: RankId) -> tuple[float, float, float, tuple[str, int]]:
         o = ranks[key]
         c = collective_per_step(o)
         s = step_seconds(o)
-        c_ratio = c / s if c is not None and s else math.inf
+        c_ratio = _round(c / s) if c is not None and s else None
+        steps = _round(o.steps_per_second)
         return (
-            c_ratio,
-            -(o.data_wait_ratio or 0.0),
-            o.steps_per_second if o.steps_per_second is not None else math.inf,
+            math.inf if c_ratio is None else c_ratio,
+            -(_round(o.data_wait_ratio) or 0.0),
+            math.inf if steps is None else steps,
             key.sort_key(),
         )
 
