@@ -15,7 +15,8 @@ Per profile and window (``spec.evaluation.windowSeconds``), the ``Evaluator``:
    ``spec.sampling.intervalSeconds`` on its own);
 3. aggregates the pods, names a straggler, diagnoses, and passes the verdict through
    the profile's ``Stabilizer`` (hysteresis);
-4. writes ONE merge patch of the status and, when the published verdict's
+4. writes ONE merge patch of the status (none when it would change nothing but
+   ``lastEvaluationTime``: ``status.changes_status``) and, when the published verdict's
    (axis, regime) changed, one ``BottleneckChanged`` Event; with ``spec.actions`` the patch
    carries ``status.actions`` and the Events say each action's outcome
    (``dam_operator.cluster.actions``). In mode InPlace a planned CPU raise is sent to the
@@ -211,7 +212,8 @@ class Evaluator:
         self._record(entry, result)
         if result.resizes:
             await self._resize(entry, result, st.format_time(when))
-        await self._write(entry, result.patch)
+        if st.changes_status(entry.status, result.patch):
+            await self._write(entry, result.patch)
         state.published = result.published
         if result.verdict is not None:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())

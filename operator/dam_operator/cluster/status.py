@@ -8,6 +8,7 @@ operator restart (the previous status comes from the object itself).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -323,6 +324,58 @@ def invalid_patch(
     if generation is not None:
         status["observedGeneration"] = generation
     return {"status": status}
+
+
+FIGURE_TOLERANCE = 1e-9
+"""Relative: figures closer than this are the same figure (floating-point rounding of a steady job)."""
+
+
+def _apply_merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386 on a copy: None removes a key, mappings merge, anything else replaces."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping):
+            old = out.get(key)
+            out[key] = _apply_merge_patch(old if isinstance(old, Mapping) else {}, value)
+        else:
+            out[key] = value
+    return out
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _same(a: Any, b: Any, rel_tol: float) -> bool:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rel_tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y, rel_tol) for x, y in zip(a, b, strict=True))
+    if _number(a) and _number(b):
+        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=0.0)
+    return bool(a == b)
+
+
+def changes_status(
+    previous_status: Mapping[str, Any] | None,
+    patch: Mapping[str, Any],
+    *,
+    rel_tol: float = FIGURE_TOLERANCE,
+) -> bool:
+    """Whether writing ``patch`` (``{"status": {...}}``) would change anything a reader can use.
+
+    ``lastEvaluationTime`` alone is not a change, nor a figure that moved by less than
+    ``rel_tol`` (relative). The operator skips such a write, so a profile whose job and pods
+    do not change costs the API server no write (and its watchers no event) per window;
+    ``lastEvaluationTime`` is then the time of the evaluation that last changed the status.
+    """
+    before = dict(previous_status or {})
+    after = _apply_merge_patch(before, patch.get("status") or {})
+    before.pop("lastEvaluationTime", None)
+    after.pop("lastEvaluationTime", None)
+    return not _same(before, after, rel_tol)
 
 
 def verdict_key(bottleneck: Mapping[str, Any] | Bottleneck | None) -> tuple[str, str] | None:

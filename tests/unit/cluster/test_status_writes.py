@@ -1,0 +1,91 @@
+"""The operator writes a profile's status only when something a reader can use changed.
+
+A window that would change nothing but ``lastEvaluationTime`` (a steady job, a profile
+with no pods) costs the API server no write and its watchers no event: at 5,000
+profiles and a 30 s window that is 167 writes a second saved (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dam_operator.cluster import status as st
+from dam_operator.diagnosis.model import Observation, RankId
+from dam_operator.diagnosis.ranks import rank_figures
+from tests.support.fake_sidecar import COMPUTE
+from tests.unit.cluster.test_scheduler import World
+
+T0 = "2025-01-01T00:00:00Z"
+T1 = "2025-01-01T00:00:30Z"
+
+PREVIOUS: dict[str, Any] = {
+    "observedGeneration": 1,
+    "lastEvaluationTime": T0,
+    "pods": {"matched": 2, "instrumented": 2, "reporting": 2},
+    "metrics": {"dataWaitRatio": 0.7, "stepsPerSecond": 8.0, "ranks": [{"pod": "a"}, {"pod": "b"}]},
+    "conditions": [{"type": "Diagnosed", "status": "True", "message": "Data", "lastTransitionTime": T0}],
+}
+
+
+def _patch(**status: Any) -> dict[str, Any]:
+    return {"status": {"lastEvaluationTime": T1, **status}}
+
+
+def test_a_new_evaluation_time_alone_is_no_change() -> None:
+    assert not st.changes_status(PREVIOUS, _patch())
+    assert not st.changes_status(PREVIOUS, _patch(metrics={"dataWaitRatio": 0.7}, observedGeneration=1))
+
+
+def test_figures_that_differ_only_by_floating_point_rounding_are_no_change() -> None:
+    noisy = {"dataWaitRatio": 0.7000000000000001, "stepsPerSecond": 7.999999999999999}
+    assert not st.changes_status(PREVIOUS, _patch(metrics=noisy))
+
+
+def test_a_figure_that_really_moved_is_a_change() -> None:
+    assert st.changes_status(PREVIOUS, _patch(metrics={"stepsPerSecond": 8.001}))
+    assert st.changes_status(PREVIOUS, _patch(metrics={"dataWaitRatio": 0.0}))
+
+
+def test_text_order_removal_and_addition_are_changes() -> None:
+    message = [dict(PREVIOUS["conditions"][0], message="Machine")]
+    assert st.changes_status(PREVIOUS, _patch(conditions=message))
+    assert st.changes_status(PREVIOUS, _patch(metrics={"ranks": [{"pod": "b"}, {"pod": "a"}]}))
+    assert st.changes_status(PREVIOUS, _patch(metrics={"stepsPerSecond": None}))
+    assert st.changes_status(PREVIOUS, _patch(bottleneck={"axis": "Data"}))
+    assert st.changes_status(None, _patch(pods={"matched": 0}))
+    assert not st.changes_status({}, {"status": {"metrics": None}})
+
+
+def test_ranks_that_are_the_same_after_rounding_keep_their_order() -> None:
+    def ranks(wait_a: float, wait_b: float) -> list[str | None]:
+        obs = {
+            RankId("a", None): Observation(data_wait_ratio=wait_a, steps_per_second=4.0),
+            RankId("b", None): Observation(data_wait_ratio=wait_b, steps_per_second=4.0),
+        }
+        return [f.pod for f in rank_figures(obs)]
+
+    assert ranks(0.7, 0.7000000000000001) == ["a", "b"]
+    assert ranks(0.7000000000000001, 0.7) == ["a", "b"]
+    assert ranks(0.6, 0.7) == ["b", "a"]  # the higher data wait still comes first
+
+
+def test_a_steady_job_is_written_once_then_not_until_it_changes() -> None:
+    async def scenario() -> None:
+        async with World() as w:
+            await w.evaluator.initialize(w.entry)
+            first = await w.window()
+            assert first["bottleneck"]["axis"] == "Data"
+            writes = w.api.patches
+            # Windows a fraction of a millisecond apart: the figures differ in their last bits.
+            for seconds in (30.0004, 29.9997, 30.0, 30.0011):
+                assert await w.window(seconds) == first
+            assert w.api.patches == writes
+            for job in w.jobs.values():
+                job.switch(COMPUTE)
+            changed = await w.window()
+            assert w.api.patches == writes + 1
+            assert changed["lastEvaluationTime"] > first["lastEvaluationTime"]
+            assert changed["metrics"]["dataWaitRatio"] < first["metrics"]["dataWaitRatio"]
+
+    asyncio.run(scenario())
