@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import random
@@ -202,7 +203,17 @@ class KubeClient:
     # ------------------------------------------------------------ core
 
     async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
-        await self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
+        """Post an Event once, even when an answer is lost and the POST is retried: a
+        ``generateName`` becomes a name derived from the Event's content, so a retry of a POST
+        the server already stored gets 409 AlreadyExists, which means posted."""
+        meta = body.get("metadata") or {}
+        if meta.get("generateName") and not meta.get("name"):
+            digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+            prefix = str(meta["generateName"])[: 253 - len(digest)]
+            meta = {k: v for k, v in meta.items() if k != "generateName"} | {"name": prefix + digest}
+            body = {**body, "metadata": meta}
+        with contextlib.suppress(ConflictError):
+            await self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
 
     async def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
         result = await self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
