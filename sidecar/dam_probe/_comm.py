@@ -15,15 +15,18 @@ What is counted (``Probe.coll_*``, cumulative, published in the probe file):
   wall time during which at least one collective was in flight (collectives
   that overlap, like the buckets of one backward pass, count once, so it never
   exceeds the elapsed time). A synchronous call (``async_op=False``) is in
-  flight during the call; an asynchronous one from the call to the moment its
-  future completes (``work.get_future().add_done_callback``); a DDP bucket from
-  the moment the backward pass hands it to the communication hook to its
-  future's completion;
+  flight during the call; an asynchronous one from the call until it is seen
+  complete: when ``Work.wait()`` returns (or at the ``wait()`` call if it was
+  already complete), else when a later timed collective or the next publish
+  finds ``is_completed()`` (no callback runs on the communication thread, so a
+  fully hidden collective that nobody waits on reads as in flight until then);
+  a DDP bucket from the moment the backward pass hands it to the communication
+  hook to its future's completion (the ``then`` callback DDP's Python hooks need anyway);
 - **exposed communication**: time the training thread waited for
   communication that overlap did not hide. With DDP, from the hand-over of the
   last bucket of the backward pass (``GradBucket.is_last()``) to the completion
   of the last bucket of that step; a synchronous collective counts whole; an
-  asynchronous one counts the time spent in ``Work.wait()`` before it completed;
+  asynchronous one counts the time spent in ``Work.wait()``;
 - **bytes**: the size of the tensors this process contributes (the reduced or
   broadcast tensor, the input of a gather, scatter or all-to-all; 0 for a
   barrier; a DDP bucket's flat buffer).
@@ -40,10 +43,11 @@ as DDP checks it, and is timed the same way; registering twice still raises
 DDP's own error. Collectives issued from inside a user's hook are not counted
 again (the bucket already is).
 
-Callbacks run on the communication library's threads and need the GIL: when
-the training thread is busy in Python at that moment the completion stamp is
-late by up to ``sys.getswitchinterval()`` (5 ms). During the backward pass
-(where DDP buckets complete) the training thread is in C++ and holds no GIL.
+DDP's completion callbacks run on the communication library's threads and need
+the GIL: when the training thread is busy in Python at that moment the
+completion stamp is late by up to ``sys.getswitchinterval()`` (5 ms). During
+the backward pass (where DDP buckets complete) the training thread is in C++
+and holds no GIL. Explicit collectives use no callback at all.
 
 Failures never reach the training loop: a patch that cannot be applied leaves
 torch as it was and prints one ``dam-probe: collectives not timed: …`` line.
@@ -122,9 +126,11 @@ class _Local(threading.local):
 
 
 LOCAL: Final = _Local()
-# Asynchronous works launched through a timed collective and not yet complete, by id():
-# Work.wait() on one of them counts as exposed communication. The entry keeps the work alive.
-PENDING: Final[dict[int, object]] = {}
+# Asynchronous works launched through a timed collective and not yet seen complete, by id():
+# (work, bytes, probe). Work.wait() on one of them ends its flight and counts as exposed
+# communication. The entry keeps the work alive (so its id is not reused meanwhile).
+PENDING: Final[dict[int, tuple[Any, int, Probe]]] = {}
+MAX_PENDING: Final = 256
 
 
 def nbytes_of(value: object) -> int:
@@ -162,40 +168,47 @@ def end(p: Probe, t1: int) -> None:
             p.coll_busy_until = t1
 
 
-def _track_async(work: Any, t0: int, t1: int, nbytes: int, p: Probe) -> None:
-    """Ends an asynchronous work's flight when its future completes (at once when it has none)."""
-    clock = perf_counter_ns
-    lock = p.comm_lock
-    try:
-        fut = work.get_future()
-    except Exception:
-        fut = None  # no future (point-to-point on gloo): in flight during the call only
-    with lock:
+def _finish(key: int, t_done: int, exposed_ns: int = 0) -> None:
+    """Ends the flight of the pending asynchronous collective ``key`` at ``t_done``."""
+    entry = PENDING.pop(key, None)
+    if entry is None:
+        return
+    _, nbytes, p = entry
+    with p.comm_lock:
+        end(p, t_done)
+        p.coll_count += 1
+        p.coll_bytes += nbytes
+        p.coll_exposed_ns += exposed_ns
+
+
+def sweep(now_ns: int) -> None:
+    """Ends, as of ``now_ns``, the flight of every pending asynchronous collective that is complete.
+
+    Runs when a timed collective starts and when the probe publishes, so a work
+    nobody waits on (``get_future().wait()``, fire and forget) is not in flight forever.
+    """
+    for key, (work, _, _) in list(PENDING.items()):
+        try:
+            done = bool(work.is_completed())
+        except Exception:
+            done = True
+        if done:
+            _finish(key, now_ns)
+
+
+def _track_async(work: Any, t0: int, nbytes: int, p: Probe) -> None:
+    """An asynchronous collective is in flight from ``t0`` until it is seen complete.
+
+    No callback on the communication thread (it would need the GIL there): the
+    flight ends when ``Work.wait()`` returns, or when ``sweep`` finds it complete.
+    """
+    with p.comm_lock:
         begin(p, t0)
-        if fut is None:
-            end(p, t1)
-            p.coll_count += 1
-            p.coll_bytes += nbytes
-            return
-    key = id(work)
-    PENDING[key] = work
-
-    def done(_fut: object) -> None:
-        t2 = clock()
-        PENDING.pop(key, None)
-        with lock:
-            end(p, t2)
-            p.coll_count += 1
-            p.coll_bytes += nbytes
-
-    try:
-        fut.add_done_callback(done)
-    except Exception:
-        PENDING.pop(key, None)
-        with lock:
-            end(p, t1)
-            p.coll_count += 1
-            p.coll_bytes += nbytes
+    PENDING[id(work)] = (work, nbytes, p)
+    if len(PENDING) > MAX_PENDING:
+        sweep(t0)
+        while len(PENDING) > MAX_PENDING:  # launched and never waited on: ended now, roughly
+            _finish(next(iter(PENDING)), t0)
 
 
 def timed_collective(orig: Callable[..., Any], position: int, keyword: str | None, p: Probe = PROBE) -> Any:
@@ -209,6 +222,8 @@ def timed_collective(orig: Callable[..., Any], position: int, keyword: str | Non
             return orig(*args, **kwargs)
         local.depth = 1
         t0 = clock()
+        if PENDING:
+            sweep(t0)
         try:
             work = orig(*args, **kwargs)
         finally:
@@ -232,7 +247,7 @@ def timed_collective(orig: Callable[..., Any], position: int, keyword: str | Non
                     p.coll_ns += t1 - start
                     p.coll_busy_until = t1
         else:
-            _track_async(work, t0, t1, nbytes, p)
+            _track_async(work, t0, nbytes, p)
         if t1 >= p.comm_next_ns:
             p.publish_comm(t1)
         return work
@@ -249,20 +264,29 @@ def timed_collective(orig: Callable[..., Any], position: int, keyword: str | Non
 
 
 def timed_wait(orig: Callable[..., Any], p: Probe = PROBE) -> Any:
-    """``Work.wait`` that adds the time spent waiting on a timed asynchronous collective to exposed."""
+    """``Work.wait`` that ends a timed asynchronous collective's flight and counts the wait as exposed.
+
+    The flight ends when the wait returns, or at the call if the work was
+    already complete (``is_completed()``); the time spent in ``wait`` is exposed.
+    """
     clock = perf_counter_ns
     local = LOCAL
 
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if local.depth or id(self) not in PENDING:
+        key = id(self)
+        entry = PENDING.get(key)
+        if local.depth or entry is None or entry[0] is not self:
             return orig(self, *args, **kwargs)
         t0 = clock()
+        try:
+            done_before = bool(self.is_completed())
+        except Exception:
+            done_before = False
         try:
             return orig(self, *args, **kwargs)
         finally:
             t1 = clock()
-            with p.comm_lock:
-                p.coll_exposed_ns += t1 - t0
+            _finish(key, t0 if done_before else t1, t1 - t0)
 
     wait.__name__ = getattr(orig, "__name__", "wait")
     wait.__qualname__ = getattr(orig, "__qualname__", "wait")
@@ -313,8 +337,10 @@ def patch_c10d(module: ModuleType, p: Probe = PROBE) -> bool:
     work = getattr(module, "Work", None)
     wait = getattr(work, "wait", None) if work is not None else None
     if wait is not None and not getattr(wait, MARK, False):
-        with contextlib.suppress(Exception):  # a Work class that cannot be patched: no exposed for async
+        with contextlib.suppress(Exception):  # a Work class that cannot be patched: sweeps end the flights
             work.wait = timed_wait(wait, p)  # type: ignore[union-attr]
+    p.comm_sweep = sweep
+    os.register_at_fork(after_in_child=PENDING.clear)  # a forked child never waits on the parent's works
     p.comm_on = True
     return True
 

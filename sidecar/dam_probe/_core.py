@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from dam_probe.cgroup import CgroupReader, MemoryReader
@@ -168,6 +168,7 @@ class Probe:
         "comm_lock",
         "comm_next_ns",
         "comm_on",
+        "comm_sweep",
         "device_uuids",
         "directory",
         "disabled",
@@ -205,6 +206,7 @@ class Probe:
         self.memory = MemoryReader()  # ... and its memory usage, limit and OOM kills
         # Collectives (dam_probe._comm): cumulative, updated under comm_lock.
         self.comm_on = False  # the collective instrumentation is installed (flag bit 3 of the file)
+        self.comm_sweep: Callable[[int], None] | None = None  # ends finished async collectives (_comm)
         self.coll_count = 0
         self.coll_ns = 0
         self.coll_exposed_ns = 0
@@ -335,6 +337,8 @@ class Probe:
             cgroup = self.cgroup.read(now_ns)
             throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
             rank, local_rank, world_size = rank_identity()
+            if self.comm_sweep is not None:
+                self.comm_sweep(now_ns)
             with self.comm_lock:
                 collectives = (
                     (self.coll_count, self.coll_ns, self.coll_exposed_ns, self.coll_bytes)

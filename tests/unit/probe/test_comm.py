@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,28 +16,21 @@ class Tensor:
         self.nbytes = nbytes
 
 
-class Future:
-    def __init__(self) -> None:
-        self.callbacks: list[Callable[[Any], None]] = []
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        self.callbacks.append(fn)
-
-    def complete(self) -> None:
-        for fn in self.callbacks:
-            fn(self)
-
-
 class Work:
-    def __init__(self) -> None:
-        self.future = Future()
+    """A fake torch Work: complete when the test says so; ``wait`` moves the fake clock to then."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock
+        self.done_at: int | None = None
         self.waited = False
 
-    def get_future(self) -> Future:
-        return self.future
+    def is_completed(self) -> bool:
+        return self.done_at is not None and (self.clock is None or self.clock.now >= self.done_at)
 
     def wait(self) -> bool:
         self.waited = True
+        if self.clock is not None and self.done_at is not None and self.clock.now < self.done_at:
+            self.clock.now = self.done_at  # blocked until the collective completes
         return True
 
 
@@ -88,25 +79,52 @@ def test_overlapping_asynchronous_collectives_count_once_in_time_and_waits_are_e
     works: list[Work] = []
 
     def all_reduce(tensor: Tensor, async_op: bool = False) -> Work:
-        w = Work()
-        works.append(w)
-        return w
+        works.append(Work(clock))
+        return works[-1]
 
     timed = _comm.timed_collective(all_reduce, 0, "tensor", p)
     wait = _comm.timed_wait(Work.wait, p)
     a = timed(Tensor(100), async_op=True)  # in flight from t=1000
     clock.now += 200
     b = timed(Tensor(50), async_op=True)  # from t=1200, overlapping a
-    assert counters(p) == (0, 0, 0, 0)  # nothing completed yet
-    clock.now += 300
-    works[0].future.complete()  # a done at t=1500; b still in flight
-    assert p.coll_count == 1 and p.coll_ns == 0
-    clock.now += 100
-    wait(b)  # the fake wait returns at once: 0 ns exposed, but it was tracked
-    works[1].future.complete()  # b done at t=1600: busy from 1000 to 1600
-    assert counters(p) == (2, 600, 0, 150)
-    assert a is works[0] and b.waited
+    works[0].done_at, works[1].done_at = 1500, 1900
+    assert counters(p) == (0, 0, 0, 0)  # nothing seen complete yet
+    clock.now = 1600
+    wait(a)  # already complete: its flight ends at the call, no time exposed
+    assert (p.coll_count, p.coll_exposed_ns) == (1, 0)
+    wait(b)  # blocks from 1600 until 1900: exposed; the busy period ran 1000..1900
+    assert counters(p) == (2, 900, 300, 150)
+    assert a.waited and b.waited
     assert _comm.PENDING == {}
+
+
+def test_a_work_nobody_waits_on_ends_when_a_sweep_finds_it_complete(clock: Clock, p: Probe) -> None:
+    works: list[Work] = []
+
+    def all_reduce(tensor: Tensor) -> Work:
+        works.append(Work(clock))
+        return works[-1]
+
+    timed = _comm.timed_collective(all_reduce, 0, "tensor", p)
+    timed(Tensor(10))
+    works[0].done_at = 1100
+    clock.now = 1050
+    _comm.sweep(clock.now)  # not complete yet
+    assert p.coll_count == 0
+    clock.now = 1300
+    timed(Tensor(20))  # the next collective sweeps: the first ends as of now
+    assert (p.coll_count, p.coll_bytes, p.coll_ns) == (1, 10, 300)  # the second is still in flight
+    works[1].done_at = 1300
+    _comm.sweep(1400)
+    assert (p.coll_count, p.coll_bytes, p.coll_ns, p.coll_exposed_ns) == (2, 30, 400, 0)
+
+
+def test_pending_works_are_bounded(clock: Clock, p: Probe) -> None:
+    timed = _comm.timed_collective(lambda tensor: Work(), 0, "tensor", p)
+    for _ in range(_comm.MAX_PENDING + 10):
+        timed(Tensor(1))
+    assert len(_comm.PENDING) == _comm.MAX_PENDING
+    _comm.PENDING.clear()
 
 
 def test_a_collective_inside_another_timed_call_is_not_counted_twice(clock: Clock, p: Probe) -> None:
@@ -140,7 +158,7 @@ def test_a_sync_collective_during_an_async_one_is_not_counted_twice_in_time(cloc
     works: list[Work] = []
 
     def async_op(tensor: Tensor) -> Work:
-        works.append(Work())
+        works.append(Work(clock))
         return works[-1]
 
     def sync_op(tensor: Tensor) -> None:
@@ -148,9 +166,9 @@ def test_a_sync_collective_during_an_async_one_is_not_counted_twice_in_time(cloc
 
     _comm.timed_collective(async_op, 0, "tensor", p)(Tensor(1))  # busy from 1000
     _comm.timed_collective(sync_op, 0, "tensor", p)(Tensor(1))  # 1000..1100, inside
-    clock.now += 50
-    works[0].future.complete()  # 1150
-    assert (p.coll_count, p.coll_ns, p.coll_exposed_ns) == (2, 150, 100)
+    works[0].done_at = 1150
+    _comm.timed_wait(Work.wait, p)(works[0])  # blocks 1100..1150
+    assert (p.coll_count, p.coll_ns, p.coll_exposed_ns) == (2, 150, 150)
 
 
 def test_wrappers_keep_the_name_signature_and_a_mark(p: Probe) -> None:
