@@ -278,6 +278,8 @@ def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
     x = torch.ones(256)  # 1 KiB
     variants: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
         "sync": (lambda: bare_all_reduce(x), lambda: dist.all_reduce(x)),
+        # A/A control: bare against bare, the same alternation; what the pairing itself reads.
+        "control": (lambda: bare_all_reduce(x), lambda: bare_all_reduce(x)),
         "async": (
             lambda: bare_all_reduce(x, async_op=True).wait(),
             lambda: dist.all_reduce(x, async_op=True).wait(),
@@ -376,6 +378,7 @@ def print_collectives(c: dict[str, Any], micro_ns: dict[str, float], calls: int,
     worst = 0.0
     buckets = max(1, int(c["buckets_per_step"]))
     for name, label, per in (
+        ("control", "A/A control: bare vs bare", 1),
         ("sync", "all_reduce 1 KiB, synchronous", 1),
         ("async", "all_reduce 1 KiB, async + wait", 1),
         ("ddp_step", f"DDP step, {buckets} buckets, vs C++", buckets),
@@ -384,7 +387,7 @@ def print_collectives(c: dict[str, Any], micro_ns: dict[str, float], calls: int,
         r = c[name]
         added = r["paired_median"] / per
         best = (r["best_timed"] - r["best_bare"]) / per
-        if name != "ddp_step":  # DDP's C++ path is no Python hook at all: reported, not the target
+        if name not in ("ddp_step", "control"):  # DDP's C++ path has no Python hook: reported only
             worst = max(worst, added)
         print(
             f"  {label:<32} bare {r['bare']:8.1f} us, timed {r['timed']:8.1f} us: "
