@@ -4,9 +4,10 @@ Prometheus (the Debian binary) scrapes, once a second on loopback:
 
 - a live ``dam sidecar`` subprocess, fed by a probe file that a small "training"
   subprocess writes with ``dam_probe.layout.ProbeWriter`` (30 % of each step waiting on
-  the loader), with two simulated GPUs (``DAM_FAKE_GPUS``) whose UUIDs the probe
-  publishes; the machine has no cgroup v2 CPU controller, so ``DAM_CGROUP_ROOT`` points
-  at a small cgroup v2 tree whose ``cpu.stat`` the writer advances;
+  the loader; rank 0 of a one-rank job with collectives), with two simulated GPUs
+  (``DAM_FAKE_GPUS``) whose UUIDs the probe publishes; the machine has no cgroup v2 CPU
+  controller, so ``DAM_CGROUP_ROOT`` points at a small cgroup v2 tree whose ``cpu.stat``
+  the writer advances (and whose memory files hold a usage, a limit and one OOM kill);
 - the operator's metrics (``OperatorMetrics`` on its own registry) holding a verdict of
   the real diagnosis engine, served by ``prometheus_client``.
 
@@ -86,7 +87,9 @@ WRITER = textwrap.dedent(
             wait_ns += int(dt * wait_share)
             throttled_us += dt // 10_000  # 10 % of wall time throttled
             writer.publish(
-                steps, wait_ns, step_ns, batch_size=64, flops_per_step=1e12, device_uuids=tuple(uuids)
+                steps, wait_ns, step_ns, batch_size=64, flops_per_step=1e12, device_uuids=tuple(uuids),
+                rank=0, local_rank=0, world_size=1,
+                collectives=(2 * steps, step_ns // 5, step_ns // 20, 4096 * steps),
             )
             with open(os.path.join(cgroup_dir, "cpu.stat.tmp"), "w") as f:
                 f.write(f"usage_usec {step_ns // 1000}\\nnr_periods {steps}\\nnr_throttled {steps // 10}\\n"
@@ -137,6 +140,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (cgroup_dir / "cgroup.controllers").write_text("cpu memory\n")
     (cgroup_dir / "cpu.max").write_text("200000 100000\n")
     (cgroup_dir / "cpu.stat").write_text("usage_usec 0\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n")
+    (cgroup_dir / "memory.current").write_text(f"{300 * 2**20}\n")
+    (cgroup_dir / "memory.max").write_text(f"{2 * 2**30}\n")
+    (cgroup_dir / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n")
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "sidecar"), str(ROOT / "operator")])}
     procs: list[subprocess.Popen[bytes]] = []
