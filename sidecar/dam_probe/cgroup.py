@@ -34,7 +34,7 @@ readable cgroup pays a few failed ``stat`` calls a minute. Standard library only
 from __future__ import annotations
 
 import os
-from typing import Final
+from typing import ClassVar, Final, Generic, TypeVar
 
 ENV_ROOT: Final = "DAM_PROBE_CGROUP_ROOT"
 DEFAULT_ROOT: Final = "/sys/fs/cgroup"
@@ -42,6 +42,7 @@ PROC_SELF_CGROUP: Final = "/proc/self/cgroup"
 REFRESH_NS: Final = 1_000_000_000  # at most one read per second
 RETRY_NS: Final = 60_000_000_000  # after a failure ("no cgroup here"), try again a minute later
 _U64_MAX: Final = 2**64 - 1
+T = TypeVar("T")
 
 CgroupCpu = tuple[int, int, int]  # (throttled ns, limit millicores (0 = none), cgroup id)
 CgroupMemory = tuple[int, int, int, int]  # (usage bytes, limit bytes (0 = none), OOM kills, cgroup id)
@@ -167,10 +168,15 @@ def _millicores(cores: float | None) -> int:
     return 0 if cores is None else max(1, round(cores * 1000))
 
 
-class CgroupReader:
-    """Reads the CPU fields of this process's cgroup; ``read(now_ns)`` caches between refreshes."""
+class _CachedReader(Generic[T]):
+    """Reads one controller's fields of this process's cgroup; ``read(now_ns)`` caches between
+    refreshes: at most one read per ``REFRESH_NS``, a failure is retried after ``RETRY_NS``,
+    nothing raises. Subclasses name the controller and implement ``_read_now``."""
 
     __slots__ = ("_directory", "_next_ns", "_v2", "_value", "proc_self_cgroup", "root")
+
+    controller: ClassVar[str]
+    marker: ClassVar[str]  # a file that exists in every cgroup directory of the controller (v1)
 
     def __init__(self, root: str | None = None, proc_self_cgroup: str = PROC_SELF_CGROUP) -> None:
         self.root = root  # None: $DAM_PROBE_CGROUP_ROOT, else /sys/fs/cgroup (looked up on first read)
@@ -178,7 +184,7 @@ class CgroupReader:
         self._directory: str | None = None
         self._v2 = False
         self._next_ns = 0
-        self._value: CgroupCpu | None = None
+        self._value: T | None = None
 
     def reset(self) -> None:
         """Forget the directory and the cached value (after a fork: read again on the next publish)."""
@@ -186,8 +192,8 @@ class CgroupReader:
         self._next_ns = 0
         self._value = None
 
-    def read(self, now_ns: int) -> CgroupCpu | None:
-        """The latest ``(throttled_ns, limit_millicores, cgroup_id)``, or None when unknown; never raises."""
+    def read(self, now_ns: int) -> T | None:
+        """The latest fields, or None when unknown; never raises."""
         if now_ns < self._next_ns:
             return self._value
         try:
@@ -201,25 +207,49 @@ class CgroupReader:
 
     # -- internals ---------------------------------------------------------------
 
+    def _v1_root(self, root: str) -> str | None:
+        raise NotImplementedError
+
     def _resolve(self) -> str:
         root = self.root
         if root is None:
             root = os.environ.get(ENV_ROOT, "").strip() or DEFAULT_ROOT
         root = os.path.normpath(root)
         self._v2 = is_v2(root)
-        base = root if self._v2 else v1_cpu_root(root)
+        base = root if self._v2 else self._v1_root(root)
         if base is None:
-            raise FileNotFoundError(f"no cgroup v2 root and no v1 cpu hierarchy under {root}")
+            raise FileNotFoundError(f"no cgroup v2 root and no v1 {self.controller} hierarchy under {root}")
         try:
             text = _read_text(self.proc_self_cgroup)
         except OSError:
             text = ""
-        return cgroup_directory(text, base, self._v2) or base
+        return cgroup_directory(text, base, self._v2, self.controller, self._marker()) or base
 
-    def _read_now(self) -> CgroupCpu:
+    def _marker(self) -> str:
+        return self.marker
+
+    def _directory_now(self) -> str:
         directory = self._directory
         if directory is None:
             directory = self._directory = self._resolve()
+        return directory
+
+    def _read_now(self) -> T:
+        raise NotImplementedError
+
+
+class CgroupReader(_CachedReader[CgroupCpu]):
+    """The CPU fields: ``(throttled_ns, limit_millicores, cgroup_id)``."""
+
+    __slots__ = ()
+    controller = "cpu"
+    marker = "cpu.stat"
+
+    def _v1_root(self, root: str) -> str | None:
+        return v1_cpu_root(root)
+
+    def _read_now(self) -> CgroupCpu:
+        directory = self._directory_now()
         throttled = throttled_ns(_read_text(os.path.join(directory, "cpu.stat")), self._v2)
         if self._v2:
             cores = limit_cores_v2(_read_text(os.path.join(directory, "cpu.max")))
@@ -234,61 +264,21 @@ class CgroupReader:
         return throttled, limit, cgroup_id
 
 
-class MemoryReader:
-    """Reads the memory fields of this process's cgroup; ``read(now_ns)`` caches between refreshes.
+class MemoryReader(_CachedReader[CgroupMemory]):
+    """The memory fields: ``(usage, limit (0 = none), oom_kills, cgroup_id)``."""
 
-    Same rules as ``CgroupReader``: at most one read per ``REFRESH_NS``, a failure
-    is retried after ``RETRY_NS``, nothing raises.
-    """
+    __slots__ = ()
+    controller = "memory"
+    marker = ""
 
-    __slots__ = ("_directory", "_next_ns", "_v2", "_value", "proc_self_cgroup", "root")
+    def _v1_root(self, root: str) -> str | None:
+        return v1_memory_root(root)
 
-    def __init__(self, root: str | None = None, proc_self_cgroup: str = PROC_SELF_CGROUP) -> None:
-        self.root = root
-        self.proc_self_cgroup = proc_self_cgroup
-        self._directory: str | None = None
-        self._v2 = False
-        self._next_ns = 0
-        self._value: CgroupMemory | None = None
-
-    def reset(self) -> None:
-        self._directory = None
-        self._next_ns = 0
-        self._value = None
-
-    def read(self, now_ns: int) -> CgroupMemory | None:
-        """The latest ``(usage, limit (0 = none), oom_kills, cgroup_id)``, or None; never raises."""
-        if now_ns < self._next_ns:
-            return self._value
-        try:
-            self._value = self._read_now()
-            self._next_ns = now_ns + REFRESH_NS
-        except Exception:
-            self._value = None
-            self._directory = None
-            self._next_ns = now_ns + RETRY_NS
-        return self._value
-
-    def _resolve(self) -> str:
-        root = self.root
-        if root is None:
-            root = os.environ.get(ENV_ROOT, "").strip() or DEFAULT_ROOT
-        root = os.path.normpath(root)
-        self._v2 = is_v2(root)
-        base = root if self._v2 else v1_memory_root(root)
-        if base is None:
-            raise FileNotFoundError(f"no cgroup v2 root and no v1 memory hierarchy under {root}")
-        try:
-            text = _read_text(self.proc_self_cgroup)
-        except OSError:
-            text = ""
-        usage_file = memory_files(self._v2)[0]
-        return cgroup_directory(text, base, self._v2, "memory", usage_file) or base
+    def _marker(self) -> str:
+        return memory_files(self._v2)[0]
 
     def _read_now(self) -> CgroupMemory:
-        directory = self._directory
-        if directory is None:
-            directory = self._directory = self._resolve()
+        directory = self._directory_now()
         usage_file, limit_file, events_file = memory_files(self._v2)
         usage = memory_bytes(_read_text(os.path.join(directory, usage_file)))
         limit = memory_limit_bytes(_read_text(os.path.join(directory, limit_file)))
