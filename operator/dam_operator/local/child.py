@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -55,6 +56,17 @@ class CollectorSource:
 
 
 SourceFactory = Callable[[str, float], SnapshotSource]
+
+
+def command_after_dashes(parser: argparse.ArgumentParser, rest: list[str], prog: str) -> list[str]:
+    """The command a ``dam run``/``dam tune`` line ends with (``-- CMD ARGS...``); a parser error
+    (exit 2, with the usage) when there is none."""
+    cmd = list(rest)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        parser.error(f"no command given: use `{prog} [options] -- CMD ...`")
+    return cmd
 
 
 def default_source(probe_dir: str, interval_seconds: float) -> SnapshotSource:

@@ -34,6 +34,7 @@ from dam_operator.diagnosis.render import render_text
 from dam_operator.local.child import (
     SourceFactory,
     child_environment,
+    command_after_dashes,
     default_source,
     probe_workspace,
     sample_while_running,
@@ -83,11 +84,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     args = parser.parse_args(list(argv))
-    cmd = list(args.command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        parser.error("no command given: use `dam run [options] -- CMD ...`")
+    cmd = command_after_dashes(parser, args.command, "dam run")
     if not (0.05 <= args.interval <= 3600):
         parser.error(f"--interval must be between 0.05 and 3600 seconds, got {args.interval}")
     if not (args.interval <= args.window <= 86400):

@@ -53,6 +53,7 @@ from dam_operator.local.child import (
     SourceFactory,
     Workspace,
     child_environment,
+    command_after_dashes,
     default_source,
     fresh_probe_dir,
     probe_workspace,
@@ -619,11 +620,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--verbose", action="store_true", help="log the samplers' messages")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     args = parser.parse_args(list(argv))
-    cmd = list(args.command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        parser.error("no command given: use `dam tune [options] -- CMD ...`")
+    cmd = command_after_dashes(parser, args.command, "dam tune")
     if not (0.05 <= args.interval <= 60):
         parser.error(f"--interval must be between 0.05 and 60 seconds, got {args.interval}")
     if not (MIN_INTERVALS * args.interval <= args.window <= 3600):
