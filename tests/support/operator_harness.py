@@ -16,6 +16,8 @@ Used by tests/integration/test_operator_*.py and test_webhook_real_server.py.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
 import copy
 import json
@@ -24,6 +26,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +44,7 @@ __all__ = [
     "CHART",
     "REPO",
     "ChartInstall",
+    "InProcessOperator",
     "LocalPod",
     "OperatorProcess",
     "apply",
@@ -339,6 +343,84 @@ def operator_namespace(cp: ControlPlane) -> Iterator[str]:
     finally:
         if cp.running:
             cp.delete_namespace(name)
+
+
+# ---------------------------------------------------------------- the operator in this process
+
+
+class InProcessOperator:
+    """``run_operator`` on its own event loop in a thread of the test process, so that a test can
+    replace a function the operator calls (``monkeypatch``). A context manager; ``stop()`` ends it
+    as a signal would (kopf's ``stop_flag``)."""
+
+    def __init__(self, settings: Any, cp: ControlPlane, kubeconfig: Path | None = None) -> None:
+        self.settings = settings
+        self.cp = cp
+        self.kubeconfig = kubeconfig or cp.kubeconfig
+        self._thread = threading.Thread(target=self._run, name="dam-operator", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self.error: BaseException | None = None
+
+    def login(self) -> Any:
+        import kopf
+
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        cluster = config["clusters"][0]["cluster"]
+        user = config["users"][0]["user"]
+        return kopf.ConnectionInfo(
+            server=cluster["server"],
+            ca_data=base64.b64decode(cluster["certificate-authority-data"])
+            if "certificate-authority-data" in cluster
+            else None,
+            token=user.get("token"),
+        )
+
+    def _run(self) -> None:
+        from dam_operator.cluster.main import run_operator
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            ready = asyncio.Event()
+            waiter = asyncio.create_task(ready.wait())
+            waiter.add_done_callback(lambda _: self._ready.set())
+            try:
+                await run_operator(self.settings, login=self.login, stop_flag=self._stop, ready_flag=ready)
+            finally:
+                waiter.cancel()
+                # TLS connections the API server kept open to the webhook are closed with a
+                # close_notify exchange: let it finish before the loop closes (no leaked sockets).
+                await asyncio.sleep(0.5)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self._ready.set()
+
+    def __enter__(self) -> InProcessOperator:
+        self._thread.start()
+        if not self._ready.wait(60) or self.error is not None:
+            raise AssertionError(f"the operator did not start: {self.error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.settings.metrics_port}/metrics", timeout=5).text
 
 
 # ---------------------------------------------------------------- reading the API
