@@ -50,6 +50,7 @@ from dam_operator.local.live import (
     terminal_columns,
     verdict_text,
 )
+from dam_operator.local.memory import MemoryCgroupSource, OwnMemoryCgroup
 from dam_operator.local.session import LocalSession
 from dam_sidecar.promtext import Snapshot
 
@@ -128,7 +129,15 @@ def run(
     make_source: SourceFactory = default_source,
     out: Callable[[str], None] | None = None,
     err: Callable[[str], None] | None = None,
+    memory_cgroup: Callable[[], OwnMemoryCgroup] | None = OwnMemoryCgroup,
 ) -> int:
+    """Runs the command under the probe; prints the live and the final verdicts.
+
+    ``memory_cgroup`` reads ``dam run``'s own memory cgroup, which the command inherits: its
+    figures replace the samplers' container memory while the command shares it, so the
+    snapshot taken after the command exited still counts an OOM kill that ended it (see
+    ``dam_operator.local.memory``). None: the samplers' figures only.
+    """
     out = out or _writer(sys.stdout)
     err = err or _writer(sys.stderr)
     err_fd = _fd(sys.stderr)
@@ -189,6 +198,9 @@ def run(
             return False
 
         source = make_source(workspace.probe_dir, args.interval)
+        memory = None if memory_cgroup is None else MemoryCgroupSource(source, memory_cgroup(), child.pid)
+        if memory is not None:
+            source = memory
         try:
             sample_while_running(
                 child, source, args.interval, on_sample, pump=None if relay is None else relay.pump
@@ -197,12 +209,13 @@ def run(
             source.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            code = shell_exit_status(child.wait())
+            returncode = child.wait()
+            code = shell_exit_status(returncode)
             if relay is not None:
                 relay.drain()
             if status is not None:
                 status.close()
-        final = session.final_verdict()
+        final = session.final_verdict(oom_killed=None if memory is None else memory.oom_killed(returncode))
         ranks = session.final_ranks()
     if args.json:
         doc = final.to_status()

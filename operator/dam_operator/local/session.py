@@ -3,10 +3,16 @@
 ``LocalSession`` is shared by ``dam run`` (live and final verdicts) and ``dam tune``
 (one measurement per trial). It never reads a clock or a file: the caller adds
 ``(seconds since start, snapshot)`` pairs.
+
+An OOM kill is decisive evidence wherever it happens in the run: the final verdict's
+window always contains it (``final_span``), and its memory figures are the peaks seen
+during the run (``with_memory_peaks``): the processes that held the memory are gone by
+the last snapshot.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,9 +22,14 @@ from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Hardware, RankFigures, Thresholds, Verdict
 from dam_operator.diagnosis.ranks import rank_figures
-from dam_operator.diagnosis.window import PodWindow, job_window, observation_from_snapshots
+from dam_operator.diagnosis.window import (
+    PodWindow,
+    counter_increase,
+    job_window,
+    observation_from_snapshots,
+)
 from dam_sidecar import names
-from dam_sidecar.promtext import Snapshot
+from dam_sidecar.promtext import Labels, Sample, Snapshot
 
 MAX_ANCHORS = 256
 """Snapshots kept since the first batch for the final verdict (thinned by half when full)."""
@@ -29,7 +40,13 @@ WARMUP_FRACTION = 0.2
 MAX_LISTED_RANKS = 64
 """``dam run --json`` lists at most this many ranks (the worst ones, in rank order)."""
 
+PEAK_SERIES: frozenset[str] = frozenset(
+    {names.PROCESS_RESIDENT_MEMORY_BYTES, names.PROCESSES, names.CONTAINER_MEMORY_USAGE_BYTES}
+)
+"""Gauges whose highest value in the run the final verdict of an OOM-killed run reports."""
+
 Timed = tuple[float, Snapshot]
+Peaks = dict[tuple[str, Labels], float]
 
 
 def steps_of(snap: Snapshot) -> float:
@@ -42,24 +59,54 @@ def progress_steps(snap: Snapshot) -> float:
     return max((s.value for s in snap.samples(names.STEPS_TOTAL)), default=0.0)
 
 
+def oom_kills_between(before: Snapshot, after: Snapshot) -> float:
+    """OOM kills the memory cgroup counted between two snapshots (0 when not measured)."""
+    return counter_increase(before, after, names.CONTAINER_OOM_KILLS_TOTAL) or 0.0
+
+
+def update_peaks(peaks: Peaks, snap: Snapshot) -> None:
+    """Raises each ``PEAK_SERIES`` gauge's recorded peak to its value in ``snap``."""
+    for name in PEAK_SERIES:
+        for s in snap.samples(name):
+            key = (name, s.labels)
+            if s.value == s.value and s.value > peaks.get(key, float("-inf")):  # NaN never
+                peaks[key] = s.value
+
+
+def with_memory_peaks(snap: Snapshot, peaks: Peaks) -> Snapshot:
+    """``snap`` with the ``PEAK_SERIES`` gauges replaced by their peaks in the run.
+
+    For an OOM-killed run: by the last snapshot the killed process and the training process
+    it took down are gone (no resident memory, no loader workers, the cgroup nearly empty),
+    but which process held the memory is what the verdict needs.
+    """
+    if not peaks:
+        return snap
+    samples = [s for name in sorted(snap.names() - PEAK_SERIES) for s in snap.samples(name)]
+    samples += [Sample(name, labels, value) for (name, labels), value in sorted(peaks.items())]
+    return Snapshot(samples, snap.timestamp_seconds)
+
+
 def verdict_between(
     before: Snapshot,
     after: Snapshot,
     elapsed_seconds: float | None,
     thresholds: Thresholds | None = None,
     hardware: Hardware | None = None,
+    *,
+    oom_killed: bool | None = None,
 ) -> Verdict:
     """The raw verdict (no hysteresis) of the window between two snapshots of one local job.
 
     A job of several ranks (``torchrun``: one probe file per rank, per-rank series) is judged
     as one job — the job's observation plus each rank's, so the verdict names a straggler
     (``bottleneck.straggler``) and lists the ranks (``metrics.ranks``); a single process is
-    judged from its own observation.
+    judged from its own observation. ``oom_killed``: the command itself was OOM-killed.
     """
-    jw = job_window({"": PodWindow(before, after, elapsed_seconds=elapsed_seconds)})
+    jw = job_window({"": PodWindow(before, after, elapsed_seconds=elapsed_seconds, oom_killed=oom_killed)})
     if len(jw.ranks) > 1:
         return diagnose(jw.job, thresholds, hardware, ranks=jw.ranks)
-    obs = observation_from_snapshots(before, after, elapsed_seconds=elapsed_seconds)
+    obs = observation_from_snapshots(before, after, elapsed_seconds=elapsed_seconds, oom_killed=oom_killed)
     return diagnose(obs, thresholds, hardware)
 
 
@@ -81,11 +128,14 @@ class LocalSession:
     first: Timed | None = None
     baseline: Timed | None = None
     stabilizer: Stabilizer = field(default_factory=Stabilizer)
+    peaks: Peaks = field(default_factory=dict)
+    """The highest value of each ``PEAK_SERIES`` gauge in the run (for an OOM-killed run)."""
 
     def add(self, t: float, snap: Snapshot) -> None:
         if self.first is None:
             self.first = (t, snap)
         self.history.append((t, snap))
+        update_peaks(self.peaks, snap)
         # The final verdict starts at the first batch: interpreter start-up and imports are
         # not part of the training loop. The last snapshot before it is kept as a baseline.
         trained = self.anchors or steps_of(snap) > 0
@@ -122,10 +172,12 @@ class LocalSession:
 
     # -- verdicts ---------------------------------------------------------------------------
 
-    def verdict_of(self, before: Timed, after: Timed) -> Verdict:
+    def verdict_of(self, before: Timed, after: Timed, oom_killed: bool | None = None) -> Verdict:
         """The raw verdict (no hysteresis) of the window between two snapshots."""
         elapsed = max(after[0] - before[0], 0.0)
-        return verdict_between(before[1], after[1], elapsed or None, self.thresholds, self.hardware)
+        return verdict_between(
+            before[1], after[1], elapsed or None, self.thresholds, self.hardware, oom_killed=oom_killed
+        )
 
     def window_verdict(self) -> Verdict | None:
         """The stabilised verdict of the latest window (None until two snapshots exist)."""
@@ -140,10 +192,23 @@ class LocalSession:
         From the first batch to the last snapshot, with the warm-up skipped: the warm-up is
         ``WARMUP_FRACTION`` of the run since the first batch, at most one window (DataLoader
         workers starting, cudnn autotuning and compilation belong to no steady state).
+
+        An OOM kill anywhere in the run is decisive: when that span misses the run's first
+        kill (in the warm-up, before the first batch, or a run without a batch), the span
+        starts at the last kept snapshot before the kill instead.
         """
         if not self.history or self.first is None:
             return None
         last = self.history[-1]
+        span = self._steady_span(last)
+        if span is None or oom_kills_between(span[0][1], span[1][1]) <= 0:
+            before_kill = self._before_first_oom_kill(last)
+            if before_kill is not None:
+                return before_kill, last
+        return span
+
+    def _steady_span(self, last: Timed) -> tuple[Timed, Timed] | None:
+        assert self.first is not None
         start = self.first
         if self.anchors:
             first_t = self.anchors[0][0]
@@ -160,12 +225,34 @@ class LocalSession:
             return None
         return start, last
 
-    def final_verdict(self) -> Verdict:
-        """The verdict over the run from the first batch to the last snapshot, warm-up skipped."""
+    def _kept(self, last: Timed) -> list[Timed]:
+        """Every snapshot still kept (the first, the baseline, the anchors, the last), in time order."""
+        kept = {id(x): x for x in (self.first, self.baseline, *self.anchors, last) if x is not None}
+        return sorted(kept.values(), key=lambda x: x[0])
+
+    def _before_first_oom_kill(self, last: Timed) -> Timed | None:
+        """The latest kept snapshot before the run's first OOM kill; None when the run had none."""
+        kept = self._kept(last)
+        origin = kept[0][1]
+        for previous, item in itertools.pairwise(kept):
+            if oom_kills_between(origin, item[1]) > 0:
+                return previous
+        return None
+
+    def final_verdict(self, oom_killed: bool | None = None) -> Verdict:
+        """The verdict over the run from the first batch to the last snapshot, warm-up skipped.
+
+        ``oom_killed``: the command itself was OOM-killed. When the run had an OOM kill, the
+        window's resident memory, loader worker count and container memory are the run's
+        peaks (``with_memory_peaks``).
+        """
         span = self.final_span()
         if span is None:
-            return self.verdict_from_nothing()
-        return self.verdict_of(*span)
+            return self.verdict_from_nothing(oom_killed)
+        before, after = span
+        if oom_killed or oom_kills_between(before[1], after[1]) > 0:
+            after = (after[0], with_memory_peaks(after[1], self.peaks))
+        return self.verdict_of(before, after, oom_killed)
 
     def final_ranks(self, limit: int = MAX_LISTED_RANKS) -> list[RankFigures]:
         """Each rank's figures over the final verdict's span, in rank order (empty for one process).
@@ -182,8 +269,10 @@ class LocalSession:
         figures = rank_figures(ranks, limit=limit)
         return sorted(figures, key=lambda f: -1 if f.rank is None else f.rank)
 
-    def verdict_from_nothing(self) -> Verdict:
+    def verdict_from_nothing(self, oom_killed: bool | None = None) -> Verdict:
         empty = Snapshot([])
         return diagnose(
-            observation_from_snapshots(empty, empty, elapsed_seconds=None), self.thresholds, self.hardware
+            observation_from_snapshots(empty, empty, elapsed_seconds=None, oom_killed=oom_killed),
+            self.thresholds,
+            self.hardware,
         )
