@@ -35,8 +35,6 @@ from tests.support.operator_harness import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
-
 WINDOW = 5
 MERGE = "application/merge-patch+json"
 
@@ -121,6 +119,7 @@ def bottleneck_messages(c: Cluster, name: str) -> list[str]:
     return sorted(e["message"] for e in c.events(name, "BottleneckChanged"))
 
 
+@pytest.mark.slow
 def test_killed_mid_evaluation_the_operator_converges_after_restart(
     cluster: Cluster, sidecars: FakeSidecars, tmp_path: Path
 ) -> None:
@@ -191,6 +190,7 @@ def test_killed_mid_evaluation_the_operator_converges_after_restart(
         op.close()
 
 
+@pytest.mark.slow
 def test_api_errors_lost_answers_and_broken_watches_are_survived(
     cluster: Cluster, sidecars: FakeSidecars, tmp_path: Path
 ) -> None:
@@ -257,6 +257,7 @@ def test_api_errors_lost_answers_and_broken_watches_are_survived(
             op.close()
 
 
+@pytest.mark.slow
 def test_api_server_and_etcd_restarts_mid_run_lose_nothing(
     cluster: Cluster, sidecars: FakeSidecars, tmp_path: Path
 ) -> None:
@@ -294,6 +295,7 @@ def test_api_server_and_etcd_restarts_mid_run_lose_nothing(
         op.close()
 
 
+@pytest.mark.slow
 def test_misbehaving_sidecars_are_reported_and_do_not_stop_diagnosis(
     cluster: Cluster, sidecars: FakeSidecars, tmp_path: Path
 ) -> None:
@@ -414,6 +416,7 @@ def test_semantically_invalid_specs_get_a_clear_condition_and_no_crash_loop(
         op.close()
 
 
+@pytest.mark.slow
 def test_webhook_that_cannot_start_does_not_stop_the_operator(
     cluster: Cluster, sidecars: FakeSidecars, tmp_path: Path
 ) -> None:

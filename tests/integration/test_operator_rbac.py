@@ -37,8 +37,6 @@ from tests.support.operator_harness import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
-
 
 def profile(name: str, port: int) -> str:
     return yaml.safe_dump(
@@ -98,6 +96,7 @@ def run_operator(
     )
 
 
+@pytest.mark.slow
 def test_single_namespace_install_serves_its_namespace_with_the_charts_rbac(
     control_plane: ControlPlane,
     kube_namespace: str,
