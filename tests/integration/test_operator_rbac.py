@@ -207,6 +207,7 @@ def test_the_operator_is_refused_what_it_must_not_do(
             ("PATCH", f"{pod}/status", {"status": {"phase": "Failed"}}, "writing a Pod's status"),
             ("POST", f"{pod}/eviction", {"apiVersion": "policy/v1", "kind": "Eviction"}, "evicting a Pod"),
             ("GET", f"{pod}/log", None, "reading a Pod's log"),
+            ("PATCH", f"{pod}/resize", {"spec": {}}, "resizing a Pod (the chart's rbac.podResize is off)"),
             (
                 "POST",
                 "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
