@@ -56,6 +56,7 @@ torch as it was and prints one ``dam-probe: collectives not timed: …`` line.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import os
@@ -74,6 +75,8 @@ DDP: Final = "torch.nn.parallel.distributed"
 DEFAULT_HOOKS: Final = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks"
 MARK: Final = "_dam_probe_timed"
 DDP_SLOT: Final = "_dam_probe_comm"
+STATS_SLOT: Final = "_dam_probe_stats"
+ENV_DDP_TIMING: Final = "DAM_PROBE_DDP_TIMING"
 
 # Collectives of torch.distributed, with the parameter whose tensor(s) count as the bytes contributed.
 COLLECTIVES: Final[dict[str, str | None]] = {
@@ -117,6 +120,28 @@ def report(reason: str) -> None:
         line = " ".join(str(reason).split()) or "unknown error"
         sys.stderr.write(f"dam-probe: collectives not timed: {line}\n")
         sys.stderr.flush()
+
+
+_noted: list[str] = []
+
+
+def note(line: str) -> None:
+    """One stderr line, the first time only (which DDP timing a process uses); never raises."""
+    if _noted:
+        return
+    _noted.append(line)
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"dam-probe: {line}\n")
+        sys.stderr.flush()
+
+
+def ddp_timing_by_env(environ: Mapping[str, str] | None = None) -> str:
+    """How DDP models are timed: ``"stats"`` (DDP's runtime statistics, the default) or ``"hook"``.
+
+    ``DAM_PROBE_DDP_TIMING=hook`` registers the probe's timing communication hook instead.
+    """
+    env = os.environ if environ is None else environ
+    return "hook" if env.get(ENV_DDP_TIMING, "").strip().lower() == "hook" else "stats"
 
 
 class _Local(threading.local):
@@ -443,18 +468,104 @@ def _all_reduce() -> Callable[..., Any]:
     return dist.all_reduce  # type: ignore[no-any-return]
 
 
-def _attach(model: Any, hook: Callable[[DdpComm, Any], Any]) -> None:
-    """Registers our hook on a freshly built DDP model whose reducer has none yet."""
+def _attach(model: Any, hook: Callable[[DdpComm, Any], Any]) -> bool:
+    """Registers our hook on a freshly built DDP model whose reducer has none yet; True when it did."""
     if getattr(model, DDP_SLOT, None) is not None or getattr(model, "_comm_hooks", None):
-        return  # DDP registered a hook itself (mixed precision, optimizer in backward): left alone
+        return False  # DDP registered a hook itself (mixed precision, optimizer in backward): left alone
     reducer = getattr(model, "reducer", None)
     group = getattr(model, "process_group", None)
     if reducer is None or group is None:
-        return
+        return False
     dist: Any = sys.modules["torch.distributed"]
     comm = DdpComm(group)
     dist._register_comm_hook(reducer, comm, hook)
     object.__setattr__(model, DDP_SLOT, comm)
+    return True
+
+
+class DdpStats:
+    """A DDP model timed from DDP's runtime statistics: its logger, and the last step counted."""
+
+    __slots__ = ("last_key", "logger", "nbytes")
+
+    def __init__(self, logger: Any, nbytes: int) -> None:
+        self.logger = logger
+        self.nbytes = nbytes  # the gradients all-reduced per synchronising step (every bucket)
+        self.last_key: tuple[int, int, int, int] = (0, 0, 0, 0)  # the step counted last
+
+
+def attach_stats(model: Any) -> str | None:
+    """Times ``model`` from DDP's runtime statistics; returns why it cannot (None: attached).
+
+    Sets the runtime logging sample rate to 1 (every iteration is recorded, not
+    one in 100) and keeps the model's logger; ``count_step`` adds each step's
+    figures when the next forward has computed them.
+    """
+    if getattr(model, "_use_python_reducer", False):
+        return "DDP's Python reducer (compiled autograd) records no runtime statistics"
+    logger = getattr(model, "logger", None)
+    get = getattr(logger, "_get_ddp_logging_data", None)
+    set_rate = getattr(model, "_set_ddp_runtime_logging_sample_rate", None)
+    if get is None or set_rate is None:
+        return "this torch's DDP has no runtime logging statistics"
+    ints = getattr(get(), "ints_map", None)
+    if not isinstance(ints, Mapping) or not all(key in ints for key in STATS_KEYS):
+        return f"DDP's runtime statistics lack {', '.join(STATS_KEYS)}"
+    set_rate(1)
+    object.__setattr__(model, STATS_SLOT, DdpStats(logger, int(ints["total_parameter_size_bytes"])))
+    return None
+
+
+# What a step's figures need (present from construction on; the timings appear after the first step).
+STATS_KEYS: Final = ("iteration", "total_parameter_size_bytes")
+
+
+def count_step(state: DdpStats, ints: Mapping[str, int], p: Probe) -> bool:
+    """Adds the synchronising step that DDP's runtime statistics describe, once; True when it counted.
+
+    ``ints`` is ``DDPLoggingData.ints_map`` right after DDP's forward computed
+    the previous step's figures (ns): collective time += ``backward_comm_time``
+    (first bucket launched to every bucket done), exposed += that minus
+    ``backward_compute_comm_overlap_time`` (first bucket launched to the end of
+    the backward pass), collectives += ``num_buckets_reduced``, bytes += the
+    gradients' size. A step is counted once: a later read of the same figures
+    (a forward without a backward re-measures the old events) is recognised by
+    its timestamps and skipped, as is a step that reduced no bucket.
+    """
+    comm = ints.get("backward_comm_time", 0)
+    buckets = ints.get("num_buckets_reduced", 0)
+    if comm <= 0 or buckets <= 0:
+        return False
+    overlap = ints.get("backward_compute_comm_overlap_time", 0)
+    key = (ints.get("backward_comm_time_start", 0), ints.get("backward_comm_time_end", 0), comm, overlap)
+    if key == state.last_key:
+        return False
+    state.last_key = key
+    with p.comm_lock:
+        p.coll_count += buckets
+        p.coll_ns += comm
+        p.coll_exposed_ns += comm - overlap if comm > overlap else 0
+        p.coll_bytes += state.nbytes
+    return True
+
+
+def uncounted(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A DDP comm hook whose collectives are not counted as explicit ones (DDP's statistics count the bucket).
+
+    ``functools.wraps``: DDP checks the hook's name and signature (through
+    ``__wrapped__``) and logs its qualified name, as for the hook itself.
+    """
+    local = LOCAL
+
+    @functools.wraps(hook)
+    def hook_uncounted(state: object, bucket: Any) -> Any:
+        local.depth += 1
+        try:
+            return hook(state, bucket)
+        finally:
+            local.depth -= 1
+
+    return hook_uncounted
 
 
 def _builtin_twin(comm_hook_type: object) -> Callable[..., Any] | None:
@@ -480,16 +591,58 @@ def patch_ddp(module: ModuleType, p: Probe = PROBE) -> bool:
     if getattr(init, MARK, False):
         return True
     hook = make_ddp_hook(p)
+    mode = ddp_timing_by_env()
+    pre_forward = cls.__dict__.get("_pre_forward") if mode == "stats" else None
+    if mode == "stats" and pre_forward is None:
+        mode = "hook"
+        note("DDP timed by a communication hook (DistributedDataParallel has no _pre_forward)")
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
         init(self, *args, **kwargs)
+        why = "DAM_PROBE_DDP_TIMING=hook"
+        if mode == "stats":
+            try:
+                why = attach_stats(self) or ""
+            except Exception as exc:
+                why = f"DDP's runtime statistics unusable: {exc}"
+            if not why:
+                note("DDP timed from DDP's runtime statistics")
+                return
         try:
-            _attach(self, hook)
+            attached = _attach(self, hook)
         except Exception as exc:
             report(f"cannot register the DDP communication hook: {exc}")
+            return
+        if attached:
+            note(f"DDP timed by a communication hook ({why})")
+
+    clock = perf_counter_ns
+    torch: Any = sys.modules.get("torch")
+    grad_enabled: Callable[[], bool] = getattr(torch, "is_grad_enabled", None) or (lambda: True)
+
+    def _pre_forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        result = pre_forward(self, *inputs, **kwargs)  # type: ignore[misc]
+        state = self.__dict__.get(STATS_SLOT)
+        # DDP has just computed the previous synchronising step's figures (only when this forward
+        # records grad and synchronises: the same condition DDP uses).
+        if state is not None and self.require_backward_grad_sync and grad_enabled():
+            try:
+                counted = count_step(state, state.logger._get_ddp_logging_data().ints_map, p)
+            except Exception as exc:
+                self.__dict__.pop(STATS_SLOT, None)
+                report(f"cannot read DDP's runtime statistics: {exc}")
+                counted = False
+            if counted:
+                now = clock()
+                if now >= p.comm_next_ns:
+                    p.publish_comm(now)
+        return result
 
     def register_comm_hook(self: Any, state: object, hook_fn: Callable[..., Any]) -> None:
         comm = getattr(self, DDP_SLOT, None)
+        if comm is None and mode == "stats" and callable(hook_fn):
+            # DDP's statistics time the buckets; the collectives the hook issues are not counted again.
+            return register(self, state, uncounted(hook_fn))  # type: ignore[no-any-return]
         if comm is None or comm.user_hook is not None:
             # Not ours (or a second registration: the reducer raises DDP's own error).
             return register(self, state, hook_fn)  # type: ignore[no-any-return]
@@ -514,6 +667,7 @@ def patch_ddp(module: ModuleType, p: Probe = PROBE) -> bool:
         ("__init__", __init__, init),
         ("register_comm_hook", register_comm_hook, register),
         ("_register_builtin_comm_hook", _register_builtin_comm_hook, builtin),
+        ("_pre_forward", _pre_forward, pre_forward),
     ):
         if orig is None:
             continue

@@ -42,6 +42,12 @@ def snap():
                 "bytes": PROBE.coll_bytes}
 
 
+def flush(model):
+    # A synchronising forward: DDP computes the previous step's runtime statistics here (and the
+    # probe reads them); a forward without a backward adds nothing of its own.
+    model(torch.zeros(1, 64))
+
+
 def net():
     torch.manual_seed(0)
     return torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
@@ -68,8 +74,12 @@ def run(rank, world, port, out):
     # 1. DDP with the automatic hook; in the "late" run rank 1 sleeps before every step.
     model = DDP(net(), bucket_cap_mb=0.01)
     report["hooked"] = hasattr(model, "_dam_probe_comm")
+    report["stats"] = hasattr(model, "_dam_probe_stats")
     steps(model, 8, rank, LATE if rank == 1 else 0.0)
+    flush(model)
     report["ddp"] = snap()
+    flush(model)  # again: the same figures are not counted twice
+    report["ddp_again"] = snap()
     # The gradient DDP averaged equals the mean of every rank's own gradient.
     plain = net()
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(100 + rank))
@@ -119,6 +129,7 @@ def run(rank, world, port, out):
         report["second_hook_error"] = f"{type(exc).__name__}: {exc}"
     before = snap()
     steps(model2, 3, rank)
+    flush(model2)
     report["user_hook_calls"] = len(calls)
     report["user_hook"] = snap()
     report["user_hook_before"] = before
@@ -128,8 +139,26 @@ def run(rank, world, port, out):
     model3._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     before = snap()
     steps(model3, 2, rank)
+    flush(model3)
     report["builtin_before"] = before
     report["builtin"] = snap()
+
+    # 5. Gradient accumulation: two no_sync micro-batches, then a synchronising one, three times.
+    model4 = DDP(net(), bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(model4.parameters(), lr=0.01)
+    before = snap()
+    for _ in range(3):
+        for _ in range(2):
+            with model4.no_sync():
+                model4(torch.randn(16, 64)).square().mean().backward()
+        model4(torch.randn(16, 64)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    flush(model4)
+    with torch.no_grad():
+        model4(torch.randn(16, 64))  # an evaluation forward reads nothing
+    report["accumulate_before"] = before
+    report["accumulate"] = snap()
 
     finish(report, out)
 
@@ -155,7 +184,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(tmp: Path, late: float) -> tuple[list[dict[str, Any]], Path, str]:
+def _run(tmp: Path, late: float, timing: str = "") -> tuple[list[dict[str, Any]], Path, str]:
     site = install_into(str(tmp / "site"))
     script = tmp / "train.py"
     script.write_text(TRAIN)
@@ -163,6 +192,8 @@ def _run(tmp: Path, late: float) -> tuple[list[dict[str, Any]], Path, str]:
     out = tmp / "out"
     out.mkdir()
     env = python_env(PYTHONPATH=site, DAM_PROBE_DIR=str(probes), LATE_SECONDS=str(late), OMP_NUM_THREADS="1")
+    if timing:
+        env["DAM_PROBE_DDP_TIMING"] = timing
     code = (
         f"import runpy, sys; sys.argv = ['train.py', '{_free_port()}', '{out}']; "
         f"runpy.run_path('{script}', run_name='__main__')"
@@ -173,32 +204,45 @@ def _run(tmp: Path, late: float) -> tuple[list[dict[str, Any]], Path, str]:
     return reports, probes, result.stderr
 
 
-@pytest.fixture(scope="module")
-def balanced(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path, str]:
-    return _run(tmp_path_factory.mktemp("balanced"), 0.0)
+Run = tuple[list[dict[str, Any]], Path, str]
+STATS_LINE = "dam-probe: DDP timed from DDP's runtime statistics"
+HOOK_LINE = "dam-probe: DDP timed by a communication hook (DAM_PROBE_DDP_TIMING=hook)"
+
+
+@pytest.fixture(scope="module", params=["", "hook"], ids=["ddp-statistics", "comm-hook"])
+def balanced(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(tmp_path_factory.mktemp("balanced"), 0.0, request.param)
 
 
 def _delta(report: dict[str, Any], phase: str, before: str) -> dict[str, int]:
     return {k: report[phase][k] - report[before][k] for k in report[phase]}
 
 
-def test_ddp_buckets_are_counted_and_exposed_time_stays_within_collective_time(
-    balanced: tuple[list[dict[str, Any]], Path, str],
-) -> None:
+def _hook_mode(stderr: str) -> bool:
+    return HOOK_LINE in probe_lines(stderr)
+
+
+def test_one_line_says_how_ddp_is_timed_and_the_default_keeps_ddps_own_all_reduce(balanced: Run) -> None:
     reports, _, stderr = balanced
-    assert probe_lines(stderr) == []
+    lines = probe_lines(stderr)
+    assert lines in ([STATS_LINE] * 2, [HOOK_LINE] * 2)  # one per rank process
     for r in reports:
-        assert r["hooked"] is True
+        # Statistics: no Python comm hook on the reducer (DDP keeps its C++ all-reduce).
+        assert (r["stats"], r["hooked"]) == ((False, True) if _hook_mode(stderr) else (True, False))
+
+
+def test_ddp_buckets_are_counted_and_exposed_time_stays_within_collective_time(balanced: Run) -> None:
+    reports, _, _ = balanced
+    for r in reports:
         ddp = _delta(r, "ddp", "start")
         assert ddp["count"] >= 8 * 2  # several buckets a step (bucket_cap_mb is tiny)
-        assert ddp["bytes"] >= 8 * 6 * (64 * 64 + 64) * 4  # every gradient went through once a step
+        assert ddp["bytes"] == 8 * 6 * (64 * 64 + 64) * 4  # every gradient went through once a step
         assert 0 < ddp["exposed"] <= ddp["ns"]
-        assert r["grads_match"] is True  # the hook averages exactly as DDP does
+        assert r["ddp_again"] == r["ddp"]  # a forward without a backward counts nothing again
+        assert r["grads_match"] is True  # the gradients are averaged exactly as DDP does
 
 
-def test_explicit_collectives_sync_async_and_barrier_are_counted(
-    balanced: tuple[list[dict[str, Any]], Path, str],
-) -> None:
+def test_explicit_collectives_sync_async_and_barrier_are_counted(balanced: Run) -> None:
     reports, _, _ = balanced
     for r in reports:
         d = _delta(r, "explicit", "explicit_before")
@@ -208,38 +252,47 @@ def test_explicit_collectives_sync_async_and_barrier_are_counted(
         assert r["gathered"] == [0.0, 1.0]  # the wrapped collectives still do their job
 
 
-def test_a_users_own_comm_hook_runs_and_each_bucket_is_counted_once(
-    balanced: tuple[list[dict[str, Any]], Path, str],
-) -> None:
+def test_a_users_own_comm_hook_runs_and_each_bucket_is_counted_once(balanced: Run) -> None:
     reports, _, _ = balanced
     for r in reports:
         assert r["user_hook_calls"] >= 3 * 2
         d = _delta(r, "user_hook", "user_hook_before")
         # The all_reduce inside the user's hook is not counted a second time.
         assert d["count"] == r["user_hook_calls"]
+        assert 0 < d["exposed"] <= d["ns"]
         assert r["second_hook_error"] is not None and "once" in r["second_hook_error"]
         b = _delta(r, "builtin", "builtin_before")
         assert b["count"] >= 2 * 2
+        assert b["bytes"] == 2 * 6 * (64 * 64 + 64) * 4
 
 
-def test_each_rank_writes_its_own_probe_file_with_its_identity_and_counters(
-    balanced: tuple[list[dict[str, Any]], Path, str],
-) -> None:
+def test_no_sync_accumulation_steps_count_nothing_and_the_synchronising_ones_once(balanced: Run) -> None:
+    reports, _, _ = balanced
+    for r in reports:
+        d = _delta(r, "accumulate", "accumulate_before")
+        assert d["bytes"] == 3 * 6 * (64 * 64 + 64) * 4  # three synchronising steps of nine
+        assert d["count"] >= 3
+        assert 0 < d["exposed"] <= d["ns"]
+
+
+def test_each_rank_writes_its_own_probe_file_with_its_identity_and_counters(balanced: Run) -> None:
     reports, probes, _ = balanced
     records = {read_file(p).pid: read_file(p) for p in probe_files(str(probes))}
     for r in reports:
         rec = records[r["pid"]]
         assert (rec.rank, rec.local_rank, rec.world_size) == (r["rank"], r["rank"], 2)
         assert rec.closed
-        assert rec.collectives is not None and rec.collectives >= r["builtin"]["count"]
+        assert rec.collectives is not None and rec.collectives >= r["accumulate"]["count"]
         assert rec.collective_ns is not None and rec.collective_exposed_ns is not None
         assert 0 < rec.collective_exposed_ns <= rec.collective_ns
-        assert rec.collective_bytes is not None and rec.collective_bytes >= r["builtin"]["bytes"]
+        assert rec.collective_bytes is not None and rec.collective_bytes >= r["accumulate"]["bytes"]
 
 
-def test_a_late_rank_makes_the_other_rank_wait_in_its_collectives(tmp_path: Path) -> None:
-    reports, _, _ = _run(tmp_path, 0.05)
+@pytest.mark.parametrize("timing", ["", "hook"], ids=["ddp-statistics", "comm-hook"])
+def test_a_late_rank_makes_the_other_rank_wait_in_its_collectives(tmp_path: Path, timing: str) -> None:
+    reports, _, _ = _run(tmp_path, 0.05, timing)
     prompt, late = (_delta(r, "ddp", "start") for r in reports)
     # 8 steps 50 ms late: rank 0 waits for rank 1 in its buckets; rank 1 hardly waits.
     assert prompt["ns"] - late["ns"] > 0.2e9
     assert prompt["exposed"] > late["exposed"]
+    assert 0 < late["exposed"] <= late["ns"]

@@ -260,3 +260,45 @@ def test_importing_torch_patches_collectives_and_ddp_unless_turned_off(
     assert result.returncode == 0, result.stderr
     assert probe_lines(result.stderr) == []
     assert set(json.loads(result.stdout).values()) == {patched}
+
+
+def _step(start: int, comm: int, overlap: int, buckets: int = 3) -> dict[str, int]:
+    """``DDPLoggingData.ints_map`` once DDP computed a step's figures (ns; CLOCK_REALTIME stamps)."""
+    return {
+        "iteration": 7,
+        "total_parameter_size_bytes": 4096,
+        "backward_comm_time": comm,
+        "backward_compute_comm_overlap_time": overlap,
+        "backward_comm_time_start": start,
+        "backward_comm_time_end": start + comm,
+        "num_buckets_reduced": buckets,
+    }
+
+
+def test_ddp_statistics_add_each_synchronising_step_once_with_its_exposed_part(p: Probe) -> None:
+    state = _comm.DdpStats(logger=None, nbytes=4096)
+    assert _comm.count_step(state, _step(10_000, comm=900, overlap=600), p)
+    # The next forward without a backward re-measures the same events: not counted again.
+    assert not _comm.count_step(state, _step(10_000, comm=900, overlap=600), p)
+    # Communication fully hidden by the backward pass (overlap beyond comm): nothing exposed.
+    assert _comm.count_step(state, _step(20_000, comm=500, overlap=700, buckets=2), p)
+    assert counters(p) == (5, 1400, 300, 8192)
+
+
+def test_ddp_statistics_without_timings_or_buckets_count_nothing(p: Probe) -> None:
+    state = _comm.DdpStats(logger=None, nbytes=4096)
+    first = {"iteration": 0, "total_parameter_size_bytes": 4096}  # before the first step
+    assert not _comm.count_step(state, first, p)
+    assert not _comm.count_step(state, _step(30_000, comm=400, overlap=100, buckets=0), p)
+    assert counters(p) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [(None, "stats"), ("", "stats"), ("hook", "hook"), (" HOOK ", "hook"), ("stats", "stats")],
+)
+def test_ddp_timing_defaults_to_ddps_statistics_and_hook_selects_the_comm_hook(
+    value: str | None, mode: str
+) -> None:
+    env = {} if value is None else {"DAM_PROBE_DDP_TIMING": value}
+    assert _comm.ddp_timing_by_env(env) == mode
