@@ -12,8 +12,10 @@ Prints, in one run:
 4. collectives (2 ranks, gloo, ``torch.multiprocessing.spawn``, the probe's automatic
    instrumentation installed as ``sitecustomize`` would): time added per collective, timed
    vs bare in the same run, interleaved: a synchronous ``all_reduce`` of 1 KiB, an
-   asynchronous one waited on, and a DDP step (many small buckets, little compute) with the
-   probe's communication hook against DDP built without it (its original ``__init__``);
+   asynchronous one waited on, and a DDP step (many small buckets, little compute) timed the
+   default way (DDP's own runtime statistics, sample rate 1, read once a step) and with the
+   probe's timing comm hook (``DAM_PROBE_DDP_TIMING=hook``), each against DDP built and run
+   without the probe (its original ``__init__`` and ``_pre_forward``), with an A/A control;
    plus the wrapper's own cost on a no-op "collective" (no torch, no network noise);
 
 and PASS/FAIL against the targets: probe <= 0.5 us/batch added, <= 1 MiB growth,
@@ -263,7 +265,6 @@ def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from dam_probe import _comm
-    from dam_probe._core import PROBE
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -290,16 +291,26 @@ def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
         torch.manual_seed(0)
         return torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(12)])
 
+    import types
+
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    def untimed() -> Any:  # DDP built by its original __init__: no probe hook
+    original_pre_forward: Any = getattr(DistributedDataParallel._pre_forward, "__wrapped__")  # noqa: B009
+
+    def untimed() -> Any:  # DDP built by its original __init__ and forward: nothing of the probe's
         model = DistributedDataParallel.__new__(DistributedDataParallel)
         original_init: Any = getattr(DistributedDataParallel.__init__, "__wrapped__")  # noqa: B009
         original_init(model, net(), bucket_cap_mb=0.004)
+        object.__setattr__(model, "_pre_forward", types.MethodType(original_pre_forward, model))
         return model
 
-    hooked = DistributedDataParallel(net(), bucket_cap_mb=0.004)
+    stats = DistributedDataParallel(net(), bucket_cap_mb=0.004)  # the default: DDP's own statistics
+    assert getattr(stats, _comm.STATS_SLOT, None) is not None, "DDP statistics not in use"
+    hooked = untimed()  # DAM_PROBE_DDP_TIMING=hook: the probe's timing comm hook
+    assert _comm._attach(hooked, _comm.make_ddp_hook())
+    object.__setattr__(hooked, "_pre_forward", types.MethodType(original_pre_forward, hooked))
     plain = untimed()
+    plain2 = untimed()
     stock = untimed()  # torch's own Python allreduce_hook: what any Python comm hook costs
     stock.register_comm_hook(None, default_hooks.allreduce_hook)
     batch = torch.randn(8, 32)
@@ -311,18 +322,19 @@ def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
 
         return run
 
-    for model in (hooked, plain, stock):  # warm-up: DDP rebuilds its buckets after the first step
+    for model in (stats, hooked, plain, plain2, stock):  # warm-up: DDP rebuilds its buckets
         for _ in range(5):
             step(model)()
-    c0 = PROBE.coll_count
-    step(hooked)()
-    time.sleep(0.05)
-    buckets = PROBE.coll_count - c0
-    variants["ddp_step"] = (step(plain), step(hooked))
-    variants["ddp_step_vs_python_hook"] = (step(stock), step(hooked))
+    stats(batch)  # a forward: DDP computes the last step's statistics
+    logger: Any = stats.logger
+    buckets = logger._get_ddp_logging_data().ints_map["num_buckets_reduced"]
+    variants["ddp_control"] = (step(plain), step(plain2))
+    variants["ddp_stats"] = (step(plain), step(stats))
+    variants["ddp_hook"] = (step(plain), step(hooked))
+    variants["ddp_hook_vs_python_hook"] = (step(stock), step(hooked))
     results: dict[str, Any] = {"buckets_per_step": buckets}
     for name, (bare, timed) in variants.items():
-        n = steps if name.startswith("ddp_step") else calls
+        n = steps if name.startswith("ddp") else calls
         for fn in (bare, timed):
             per_call_us(fn, max(10, n // 10))  # warm-up
         runs: dict[str, list[float]] = {"bare": [], "timed": []}
@@ -381,17 +393,20 @@ def print_collectives(c: dict[str, Any], micro_ns: dict[str, float], calls: int,
         ("control", "A/A control: bare vs bare", 1),
         ("sync", "all_reduce 1 KiB, synchronous", 1),
         ("async", "all_reduce 1 KiB, async + wait", 1),
-        ("ddp_step", f"DDP step, {buckets} buckets, vs C++", buckets),
-        ("ddp_step_vs_python_hook", "  same, vs torch's Python hook", buckets),
+        ("ddp_control", f"DDP step, {buckets} buckets, A/A", buckets),
+        ("ddp_stats", "  DDP's statistics vs C++", buckets),
+        ("ddp_hook", "  timing comm hook vs C++", buckets),
+        ("ddp_hook_vs_python_hook", "  hook vs torch's Python hook", buckets),
     ):
         r = c[name]
         added = r["paired_median"] / per
         best = (r["best_timed"] - r["best_bare"]) / per
-        if name not in ("ddp_step", "control"):  # DDP's C++ path has no Python hook: reported only
+        if name in ("sync", "async", "ddp_stats"):  # what the probe adds by default
             worst = max(worst, added)
+        per_step = f" ({r['paired_median']:+7.1f} us per step)" if name.startswith("ddp") else ""
         print(
             f"  {label:<32} bare {r['bare']:8.1f} us, timed {r['timed']:8.1f} us: "
-            f"{added:+6.2f} us per collective (paired median; best runs {best:+.2f})"
+            f"{added:+6.2f} us per collective{per_step} (paired median; best runs {best:+.2f})"
         )
     return worst
 

@@ -20,19 +20,34 @@ What is counted (``Probe.coll_*``, cumulative, published in the probe file):
   already complete), else when a later timed collective or the next publish
   finds ``is_completed()`` (no callback runs on the communication thread, so a
   fully hidden collective that nobody waits on reads as in flight until then);
-  a DDP bucket from the moment the backward pass hands it to the communication
-  hook to its future's completion (the ``then`` callback DDP's Python hooks need anyway);
+  a DDP step, from DDP's statistics, from its first bucket's launch to its last
+  bucket's completion (with the hook: each bucket from its hand-over to the hook
+  to its future's completion, the ``then`` callback Python hooks need anyway);
 - **exposed communication**: time the training thread waited for
-  communication that overlap did not hide. With DDP, from the hand-over of the
-  last bucket of the backward pass (``GradBucket.is_last()``) to the completion
-  of the last bucket of that step; a synchronous collective counts whole; an
-  asynchronous one counts the time spent in ``Work.wait()``;
+  communication that overlap did not hide. With DDP, from the end of the
+  backward pass (with the hook: the hand-over of its last bucket,
+  ``GradBucket.is_last()``) to the completion of the last bucket of that step;
+  a synchronous collective counts whole; an asynchronous one counts the time
+  spent in ``Work.wait()``;
 - **bytes**: the size of the tensors this process contributes (the reduced or
   broadcast tensor, the input of a gather, scatter or all-to-all; 0 for a
   barrier; a DDP bucket's flat buffer).
 
-DDP: ``DistributedDataParallel.__init__`` is wrapped; after the original has
-run, a communication hook that does what
+DDP: ``DistributedDataParallel.__init__`` is wrapped. By default (and unless
+``DAM_PROBE_DDP_TIMING=hook``) the probe registers no comm hook: DDP keeps its
+C++ all-reduce, and the probe reads the runtime statistics DDP's reducer
+measures itself (``logger._get_ddp_logging_data().ints_map``), with the sample
+rate set to 1 so that every iteration is recorded. DDP computes a step's
+figures in the next synchronising forward (``_pre_forward``); a wrapper of
+``_pre_forward`` reads them right after, once per synchronising forward, and
+``count_step`` adds them once: collective time += ``backward_comm_time``
+(first bucket launched to every bucket done: a span), exposed += that minus
+``backward_compute_comm_overlap_time``, collectives += ``num_buckets_reduced``,
+bytes += the gradients' size. A user's comm hook is timed by DDP like the
+default; the collectives it issues are not counted again.
+
+With ``DAM_PROBE_DDP_TIMING=hook``, or when the statistics are missing (an
+older torch, DDP's Python reducer), a communication hook that does what
 ``ddp_comm_hooks.default_hooks.allreduce_hook`` does (divide the bucket by the
 group size, all-reduce it asynchronously, hand back the first tensor) and times
 it is registered on the reducer, unless DDP registered a hook itself. A reducer
@@ -43,7 +58,7 @@ as DDP checks it, and is timed the same way; registering twice still raises
 DDP's own error. Collectives issued from inside a user's hook are not counted
 again (the bucket already is).
 
-DDP's completion callbacks run on the communication library's threads and need
+DDP's completion callbacks (hook mode) run on the communication library's threads and need
 the GIL: when the training thread is busy in Python at that moment the
 completion stamp is late by up to ``sys.getswitchinterval()`` (5 ms). During
 the backward pass (where DDP buckets complete) the training thread is in C++
