@@ -326,9 +326,12 @@ def _fields(
     fields["collective_exposed_seconds"] = exposed_s
     fields["collectives"] = counter_increase(before, after, COLLECTIVES_TOTAL)
     fields["collective_bytes"] = counter_increase(before, after, COLLECTIVE_BYTES_TOTAL)
-    if collective_s is not None and step_s:
+    # A process that ran no collective in the window (a single-process job exports the counters
+    # at 0) has no communication figures: "exposed communication 0 %" would be noise there.
+    communicated = bool(fields["collectives"]) or bool(collective_s)
+    if communicated and collective_s is not None and step_s:
         fields["collective_ratio"] = collective_s / step_s
-    if exposed_s is not None and step_s:
+    if communicated and exposed_s is not None and step_s:
         fields["exposed_communication_ratio"] = _ratio(exposed_s / step_s)
 
     # Interconnect.

@@ -208,3 +208,24 @@ def test_garbage_worker_count_is_dropped() -> None:
     before = parse_snapshot(f"{names.STEPS_TOTAL} 0\n")
     after = parse_snapshot(f"{names.STEPS_TOTAL} 100\n" + f'{names.PROCESSES}{{role="worker"}} NaN\n')
     assert observation_from_snapshots(before, after, elapsed_seconds=10.0).worker_count is None
+
+
+def test_a_process_without_collectives_has_no_communication_figures() -> None:
+    """A single-process job exports the collective counters at 0: no "exposed 0 %" evidence."""
+    from dam_operator.diagnosis.window import observation_from_snapshots
+    from dam_sidecar import names
+    from dam_sidecar.promtext import parse_snapshot
+
+    def snap(steps: float, step_s: float) -> str:
+        return (
+            f"{names.STEPS_TOTAL} {steps}\n{names.STEP_SECONDS_TOTAL} {step_s}\n"
+            f"{names.DATALOADER_WAIT_SECONDS_TOTAL} 0.1\n"
+            f"{names.COLLECTIVE_SECONDS_TOTAL} 0\n{names.COLLECTIVE_EXPOSED_SECONDS_TOTAL} 0\n"
+            f"{names.COLLECTIVES_TOTAL} 0\n"
+        )
+
+    obs = observation_from_snapshots(
+        parse_snapshot(snap(10, 1.0)), parse_snapshot(snap(110, 11.0)), elapsed_seconds=10.0
+    )
+    assert obs.steps == 100
+    assert obs.collective_ratio is None and obs.exposed_communication_ratio is None
