@@ -130,3 +130,36 @@ def test_a_single_process_run_lists_no_ranks() -> None:
     for i in range(10):
         session.add(i * 0.5, snap(i * 5, i * 0.4, i * 0.5))
     assert session.final_ranks() == []
+
+
+def test_dam_run_gpu_model_alone_gets_peak_and_bandwidth_from_the_gpu_table() -> None:
+    """`dam run --gpu-model "NVIDIA H100 80GB HBM3"` with the probe's declared FLOPs per step:
+    the table fills in peak FLOP/s and bandwidth, so the verdict has MFU and the ridge point."""
+    from dam_operator.diagnosis.model import Hardware
+    from dam_operator.local.run import _hardware, _parse_args
+
+    args = _parse_args(["--gpu-model", "NVIDIA H100 80GB HBM3", "--", "python", "train.py"])
+    hardware = _hardware(args)
+    assert hardware == Hardware(gpu_model="NVIDIA H100 80GB HBM3")
+    session = LocalSession(window_seconds=2.0, hardware=hardware)
+    t = steps = wait = step = 0.0
+    for _ in range(12):
+        session.add(
+            t,
+            Snapshot(
+                [
+                    Sample(names.STEPS_TOTAL, (), steps),
+                    Sample(names.DATALOADER_WAIT_SECONDS_TOTAL, (), wait),
+                    Sample(names.STEP_SECONDS_TOTAL, (), step),
+                    Sample(names.MODEL_FLOPS_PER_STEP, (), 1e13),
+                    Sample(names.GPU_UTILIZATION_RATIO, (("gpu", "0"),), 0.9),
+                ]
+            ),
+        )
+        t += 0.5
+        steps += 5
+        wait += 0.01
+        step += 0.5
+    metrics = session.final_verdict().metrics
+    assert metrics.ridge_point is not None and metrics.ridge_point > 100
+    assert metrics.mfu is not None and 0 < metrics.mfu < 1
