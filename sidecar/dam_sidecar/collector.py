@@ -88,7 +88,7 @@ class SourcedCounter:
 
 
 @dataclass(frozen=True)
-class Sample:
+class Tick:
     """One tick of every sampler."""
 
     probe: ProbeSample = field(default_factory=ProbeSample)
@@ -144,7 +144,7 @@ class SidecarCollector(Collector):
         self._clock = clock
         self._lock = threading.Lock()
         self._sample_lock = threading.Lock()
-        self._latest = Sample()
+        self._latest = Tick()
         self._have_sample = False
         self._families_cache: list[Family] = []
         self._text_cache = b""
@@ -157,7 +157,7 @@ class SidecarCollector(Collector):
         self._memory_source_logged: str | None = None
 
     # --- sampling -----------------------------------------------------------------
-    def sample_now(self) -> Sample:
+    def sample_now(self) -> Tick:
         """Run every sampler once (never raises) and cache the result for ``collect()``."""
         with self._sample_lock:
             durations: list[tuple[str, float]] = []
@@ -175,7 +175,7 @@ class SidecarCollector(Collector):
             attribution = self._attributor.decide(probe.device_uuids)
             container_cpu = self._container_cpu(cpu, probe)
             container_memory = self._container_memory(cpu, probe)
-            sample = Sample(
+            sample = Tick(
                 probe=probe,
                 nvml=nvml,
                 cpu=cpu,
@@ -248,7 +248,7 @@ class SidecarCollector(Collector):
             log.debug("sampler %s raised", sampler, exc_info=True)
             return fallback
 
-    def latest(self) -> Sample:
+    def latest(self) -> Tick:
         with self._lock:
             return self._latest
 
@@ -297,7 +297,7 @@ class SidecarCollector(Collector):
         with self._lock:
             if self._have_sample:
                 return self._text_cache
-        return render(self._families(Sample()))
+        return render(self._families(Tick()))
 
     def snapshot(self) -> Snapshot:
         """The latest sample in the exposition format, parsed (what a scrape would see)."""
@@ -313,10 +313,10 @@ class SidecarCollector(Collector):
         with self._lock:
             families = list(self._families_cache) if self._have_sample else None
         if families is None:
-            families = list(self._families(Sample()))
+            families = list(self._families(Tick()))
         return [f.to_metric() for f in families]
 
-    def _families(self, s: Sample) -> Iterator[Family]:
+    def _families(self, s: Tick) -> Iterator[Family]:
         have = s.timestamp_seconds > 0
         yield from self._probe_families(s.probe)
         yield from self._gpu_families(s.nvml, s.attribution)
