@@ -153,8 +153,7 @@ class SidecarCollector(Collector):
         self._last_tick_monotonic = time.monotonic()
         self._throttled = SourcedCounter()
         self._oom_kills = SourcedCounter()
-        self._cpu_source_logged: str | None = None
-        self._memory_source_logged: str | None = None
+        self._sources_logged: dict[str, str] = {}  # what → the source last logged for it
 
     # --- sampling -----------------------------------------------------------------
     def sample_now(self) -> Tick:
@@ -197,48 +196,48 @@ class SidecarCollector(Collector):
 
     def _container_cpu(self, cpu: CpuSample, probe: ProbeSample) -> ContainerCpu:
         """Prefer the cgroup the sidecar read itself; else what the probe read from inside the container."""
-        if cpu.throttled_seconds is not None:
-            source, limit = n.CPU_SOURCE_CGROUP, cpu.limit_cores
-        elif probe.cgroup_throttled_seconds is not None:
-            source, limit = n.CPU_SOURCE_PROBE, probe.cgroup_limit_cores
-        else:
-            source, limit = n.CPU_SOURCE_NONE, None
+        own, from_probe = cpu.throttled_seconds, probe.cgroup_throttled_seconds
+        source = self._source("CPU throttling and limit", own, from_probe)
+        limits = {n.CPU_SOURCE_CGROUP: cpu.limit_cores, n.CPU_SOURCE_PROBE: probe.cgroup_limit_cores}
+        limit = limits.get(source)
         throttled = self._throttled.update(
             None if source == n.CPU_SOURCE_NONE else source,
-            {n.CPU_SOURCE_CGROUP: cpu.throttled_seconds, n.CPU_SOURCE_PROBE: probe.cgroup_throttled_seconds},
+            {n.CPU_SOURCE_CGROUP: own, n.CPU_SOURCE_PROBE: from_probe},
         )
-        if source not in (self._cpu_source_logged, n.CPU_SOURCE_NONE):
-            self._cpu_source_logged = source
-            log.info(
-                "container CPU throttling and limit: %s",
-                "read from the training container's cgroup"
-                if source == n.CPU_SOURCE_CGROUP
-                else "published by the probe (the training container's cgroup is not visible here)",
-            )
         return ContainerCpu(source, throttled, limit)
 
     def _container_memory(self, cpu: CpuSample, probe: ProbeSample) -> ContainerMemory:
         """Prefer the memory cgroup the sidecar read itself; else what the probe read inside the container."""
-        usage: float | None
-        if cpu.memory_usage_bytes is not None:
-            source, usage, limit = n.CPU_SOURCE_CGROUP, cpu.memory_usage_bytes, cpu.memory_limit_bytes
-        elif probe.oom_kills is not None:
-            source, usage, limit = n.CPU_SOURCE_PROBE, probe.memory_usage_bytes, probe.memory_limit_bytes
-        else:
-            source, usage, limit = n.CPU_SOURCE_NONE, None, None
+        source = self._source("memory", cpu.memory_usage_bytes, probe.oom_kills)
+        usage, limit = {
+            n.CPU_SOURCE_CGROUP: (cpu.memory_usage_bytes, cpu.memory_limit_bytes),
+            n.CPU_SOURCE_PROBE: (probe.memory_usage_bytes, probe.memory_limit_bytes),
+        }.get(source, (None, None))
         kills = self._oom_kills.update(
             None if source == n.CPU_SOURCE_NONE else source,
             {n.CPU_SOURCE_CGROUP: cpu.oom_kills, n.CPU_SOURCE_PROBE: probe.oom_kills},
         )
-        if source not in (self._memory_source_logged, n.CPU_SOURCE_NONE):
-            self._memory_source_logged = source
+        return ContainerMemory(source, usage, limit, kills)
+
+    def _source(self, what: str, own: object, from_probe: object) -> str:
+        """The container figures' source: the sidecar's own cgroup read (``own`` known), else the
+        probe's (``from_probe`` known), else none; logs once each time it changes to a known one."""
+        if own is not None:
+            source = n.CPU_SOURCE_CGROUP
+        elif from_probe is not None:
+            source = n.CPU_SOURCE_PROBE
+        else:
+            return n.CPU_SOURCE_NONE
+        if self._sources_logged.get(what) != source:
+            self._sources_logged[what] = source
             log.info(
-                "container memory: %s",
+                "container %s: %s",
+                what,
                 "read from the training container's cgroup"
                 if source == n.CPU_SOURCE_CGROUP
                 else "published by the probe (the training container's cgroup is not visible here)",
             )
-        return ContainerMemory(source, usage, limit, kills)
+        return source
 
     def _guard(self, sampler: str, fn: Callable[[], T], fallback: T) -> T:
         try:
