@@ -560,7 +560,12 @@ def rank_observations(
         fields["ranks"] = 1
         out[RankId(pod, rank)] = _build(fields)
     if unranked:
-        out[RankId(pod, None)] = _build(_fields(views_before[None], views_after[None], **kwargs))
+        rest = _build(_fields(views_before[None], views_after[None], **kwargs))
+        # Beside ranked processes, series without a rank that made no step in the window are
+        # no rank of the job (e.g. totals carried over from a process that published before it
+        # knew its rank, or a launcher): counting them would add an empty rank to the job.
+        if rest.steps:
+            out[RankId(pod, None)] = rest
     return out
 
 

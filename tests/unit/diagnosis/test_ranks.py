@@ -367,3 +367,16 @@ def test_text_verdict_shows_the_straggler_and_the_ranks() -> None:
     text = render_text(verdict_of(one_pod(cpu_job(late_loader_ranks()))))
     assert "straggler:  rank 2 (pod trainer-0) · cause Data" in text
     assert "ranks:" in text and "trainer-0" in text
+
+
+def test_an_unranked_series_with_no_step_in_the_window_is_no_rank_of_the_job() -> None:
+    """Totals without a rank that did not move (a launcher, a process that published before it
+    knew its rank) must not add an empty rank beside the real ones."""
+    text_before, text_after = snapshot_pair(
+        cpu_job([Rank(0, collective_ratio=0.3), Rank(1, collective_ratio=0.3)])
+    )
+    idle = f"{names.STEPS_TOTAL} 10\n"
+    found = rank_observations(
+        parse_snapshot(text_before + idle), parse_snapshot(text_after + idle), pod="p", elapsed_seconds=60.0
+    )
+    assert set(found) == {RankId("p", 0), RankId("p", 1)}
