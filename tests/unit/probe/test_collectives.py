@@ -170,10 +170,10 @@ def finish(report, out):
     dist.barrier()
     dist.destroy_process_group()
     # The report is written and the group is gone. Run the exit handlers (the probe's final,
-    # closed publish is one), then leave without the rest of the interpreter's teardown: on this
-    # VM a gloo DDP process under load rarely aborts in C++ destructors at exit ("terminate
-    # called without an active exception"; cause not found yet), which would fail this test for
-    # a reason that is not what it checks.
+    # closed publish is one), then leave without the rest of the interpreter's teardown: gloo's
+    # worker thread drops the last all-reduce, which holds a Python object (the backward pass's
+    # context); when that happens after finalization began the process aborts ("terminate called
+    # without an active exception", pytorch/pytorch#190489; reproduced without the probe too).
     import atexit
 
     atexit._run_exitfuncs()
