@@ -25,8 +25,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 # but without the interpreter's teardown: gloo's worker thread drops the last all-reduce, which
 # holds a Python object (the backward pass's context), and when that happens after finalization
 # began the process aborts with "terminate called without an active exception"
-# (the race pytorch/pytorch#179291 describes, see also #190489). Seen here in 4 of 30 runs of BALANCED under load *without* the probe:
-# torch's race, not what these tests check.
+# (the race pytorch/pytorch#179291 describes, see also #190489). Seen here in 4 of 30 runs of
+# BALANCED under load *without* the probe: torch's race, not what these tests check.
 ENDING = """
 import atexit, os, sys, time, torch, torch.distributed as dist
 

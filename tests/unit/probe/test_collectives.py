@@ -173,7 +173,7 @@ def finish(report, out):
     # closed publish is one), then leave without the rest of the interpreter's teardown: gloo's
     # worker thread drops the last all-reduce, which holds a Python object (the backward pass's
     # context); when that happens after finalization began the process aborts ("terminate called
-    # without an active exception", pytorch/pytorch#179291 and #190489; reproduced without the probe too).
+    # without an active exception", pytorch/pytorch#179291 and #190489; seen without the probe too).
     import atexit
 
     atexit._run_exitfuncs()
