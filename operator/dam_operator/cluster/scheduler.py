@@ -25,6 +25,12 @@ Per profile and window (``spec.evaluation.windowSeconds``), the ``Evaluator``:
 
 A sidecar that is down, slow or returns garbage makes that pod "not reporting" for
 the window; it never fails the evaluation.
+
+An Event the API did not take (the API server or etcd restarting) is kept, at most
+``MAX_PENDING_EVENTS`` a profile, and posted again before anything else at the
+profile's next initialisation or window, with its original timestamps; its name is
+derived from its content (``kube.KubeClient.create_event``), so a POST the server
+stored although its answer was lost is not posted twice.
 """
 
 from __future__ import annotations
@@ -85,6 +91,9 @@ class PodResizeAPI(Protocol):
 
 SourceFactory = Callable[[DAMProfileSpec], MetricSource]
 
+MAX_PENDING_EVENTS = 16
+"""Events kept per profile while the API does not take them; the oldest goes first beyond this."""
+
 
 @dataclass
 class _ProfileState:
@@ -126,6 +135,8 @@ class Evaluator:
         self._instance = instance
         self._now = now
         self._state: dict[ProfileKey, _ProfileState] = {}
+        self._pending_events: dict[ProfileKey, tuple[str | None, list[dict[str, Any]]]] = {}
+        """Per profile: its uid and the Events the API did not take yet, oldest first."""
 
     # ------------------------------------------------------------ state
 
@@ -154,6 +165,9 @@ class Evaluator:
         state = self._state.get(entry.key)
         if state is not None and state.uid == entry.uid:
             del self._state[entry.key]
+        pending = self._pending_events.get(entry.key)
+        if pending is not None and pending[0] == entry.uid:
+            del self._pending_events[entry.key]
         self._metrics.forget_profile(entry.namespace, entry.name)
 
     # ------------------------------------------------------------ jobs
@@ -162,6 +176,7 @@ class Evaluator:
         """First write after (re)registration: validity, pods and conditions; a baseline
         scrape. Returns True when the profile should be evaluated every window."""
         now = st.format_time(self._now())
+        await self._post_pending(entry)
         if entry.spec is None:
             self._metrics.forget_profile(entry.namespace, entry.name)
             self._state.pop(entry.key, None)
@@ -189,6 +204,7 @@ class Evaluator:
 
     async def evaluate(self, entry: ProfileEntry) -> None:
         """One window: scrape, then the pure window step, one status patch, maybe an Event."""
+        await self._post_pending(entry)
         spec = entry.spec
         if spec is None:
             return
@@ -280,11 +296,50 @@ class Evaluator:
             now=now,
             instance=self._instance,
         )
+        pending = self._pending_events.get(entry.key)
+        if pending is not None and pending[0] == entry.uid and pending[1]:
+            self._keep_event(entry, body)  # after the ones still waiting: Events keep their order
+        elif not await self._send_event(entry, body):
+            self._keep_event(entry, body)
+
+    async def _send_event(self, entry: ProfileEntry, body: Mapping[str, Any]) -> bool:
+        """One POST; False when the API did not take it (an Event never fails the evaluation)."""
         try:
             await self._api.create_event(entry.namespace, body)
-        except Exception as exc:  # an Event is best effort; the status already says it
+        except Exception as exc:
             self._metrics.error("event-failed")
             log.warning("profile %s/%s: could not post an event: %s", entry.namespace, entry.name, exc)
+            return False
+        return True
+
+    def _keep_event(self, entry: ProfileEntry, body: dict[str, Any]) -> None:
+        uid, events = self._pending_events.get(entry.key, (entry.uid, []))
+        if uid != entry.uid:
+            uid, events = entry.uid, []  # a new object of the same name: the old one's Events go
+        events.append(body)
+        if len(events) > MAX_PENDING_EVENTS:
+            dropped = events.pop(0)
+            log.warning(
+                "profile %s/%s: more than %d Events not posted; dropped the oldest (%s)",
+                *entry.key,
+                MAX_PENDING_EVENTS,
+                dropped.get("reason"),
+            )
+        self._pending_events[entry.key] = (uid, events)
+
+    async def _post_pending(self, entry: ProfileEntry) -> None:
+        """Posts the Events the API did not take before, oldest first; stops at the first refusal."""
+        pending = self._pending_events.get(entry.key)
+        if pending is None:
+            return
+        uid, events = pending
+        if uid != entry.uid:
+            del self._pending_events[entry.key]
+            return
+        while events and await self._send_event(entry, events[0]):
+            events.pop(0)
+        if not events:
+            del self._pending_events[entry.key]
 
     async def _write(self, entry: ProfileEntry, patch: Mapping[str, Any]) -> None:
         obj = await self._api.patch_profile_status(entry.namespace, entry.name, patch)

@@ -22,7 +22,7 @@ from dam_operator.cluster import status as st
 from dam_operator.cluster.kube import ApiError, NotFoundError
 from dam_operator.cluster.opmetrics import OperatorMetrics
 from dam_operator.cluster.registry import PodInfo, ProfileEntry, Registry
-from dam_operator.cluster.scheduler import Evaluator, Scheduler
+from dam_operator.cluster.scheduler import MAX_PENDING_EVENTS, Evaluator, Scheduler
 from dam_operator.cluster.sources import ScrapeSource
 from dam_operator.cluster.spec import DAMProfileSpec, EvaluationSpec, parse_spec
 from tests.support.fake_sidecar import COMPUTE, FakeJob, FakeSidecars, pod_ip
@@ -49,6 +49,8 @@ class FakeAPI:
         self.events: list[dict[str, Any]] = []
         self.patches = 0
         self.fail_with: Exception | None = None
+        self.fail_events: Exception | None = None
+        self.refused_events = 0
 
     async def patch_profile_status(
         self, namespace: str, name: str, patch: Mapping[str, Any]
@@ -61,6 +63,9 @@ class FakeAPI:
         return {"status": dict(obj.get("status") or {})}
 
     async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        if self.fail_events is not None:
+            self.refused_events += 1
+            raise self.fail_events
         self.events.append(dict(body))
 
     def status(self, name: str = "p") -> dict[str, Any]:
@@ -292,6 +297,73 @@ def test_restart_resumes_the_verdict_without_a_duplicate_event_and_replaces_stal
             resumed = await w.window()
             assert resumed["bottleneck"]["axis"] == "Data"
             assert len(w.api.events) == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_event_the_api_refused_is_posted_at_the_next_window_in_order_with_its_own_time() -> None:
+    async def scenario() -> None:
+        async with World() as w:
+            await w.evaluator.initialize(w.entry)
+            await w.window()
+            assert len(w.api.events) == 1
+            for job in w.jobs.values():
+                job.switch(COMPUTE)
+            w.api.fail_events = aiohttp.ClientConnectionError("connect call failed")
+            for _ in range(3):
+                if (await w.window())["bottleneck"]["axis"] == "Machine":
+                    break
+            changed_at = w.clock.now()  # the window that published Machine
+            assert w.api.refused_events >= 1 and len(w.api.events) == 1
+            refused = w.api.refused_events
+            await w.window()  # the API still refuses: the Event waits, tried once
+            assert w.api.refused_events == refused + 1
+            w.api.fail_events = None
+            await w.window()
+            assert [e["reason"] for e in w.api.events] == ["BottleneckChanged"] * 2
+            assert "was Data (input-bound)" in w.api.events[1]["message"]
+            assert w.api.events[1]["firstTimestamp"] == st.format_time(changed_at)
+            await w.window()
+            assert len(w.api.events) == 2, "posted once"
+            assert w.prom.get_sample_value(
+                n.OPERATOR_EVALUATION_ERRORS_TOTAL, {"reason": "event-failed"}
+            ) == float(refused + 1)
+
+    asyncio.run(scenario())
+
+
+def test_events_the_api_refuses_are_kept_up_to_a_bound_oldest_dropped_first() -> None:
+    async def scenario() -> None:
+        async with World() as w:
+            w.api.fail_events = aiohttp.ClientConnectionError("connect call failed")
+            for generation in range(2, 2 + MAX_PENDING_EVENTS + 3):  # one InvalidSpec Event each
+                bad = w.registry.upsert_profile(
+                    "ns", "p", uid="uid-1", generation=generation, spec=None, error=f"edit {generation}"
+                )
+                bad.status = w.api.status() if ("ns", "p") in w.api.objects else {}
+                assert not await w.evaluator.initialize(bad)
+            w.api.fail_events = None
+            entry = w.registry.profile("ns", "p")
+            assert entry is not None
+            await w.evaluator.evaluate(entry)  # an invalid profile's window posts what waits
+            messages = [e["message"] for e in w.api.events]
+            assert len(messages) == MAX_PENDING_EVENTS
+            assert "edit 5" in messages[0] and f"edit {MAX_PENDING_EVENTS + 4}" in messages[-1]
+
+    asyncio.run(scenario())
+
+
+def test_a_deleted_profile_takes_its_unposted_events_with_it() -> None:
+    async def scenario() -> None:
+        async with World() as w:
+            w.api.fail_events = aiohttp.ClientConnectionError("connect call failed")
+            bad = w.registry.upsert_profile("ns", "p", uid="uid-1", generation=2, spec=None, error="bad")
+            assert not await w.evaluator.initialize(bad)
+            w.evaluator.forget(bad)
+            w.api.fail_events = None
+            again = w.registry.upsert_profile("ns", "p", uid="uid-2", generation=1, spec=w.entry.spec)
+            assert await w.evaluator.initialize(again)
+            assert w.api.events == []
 
     asyncio.run(scenario())
 
