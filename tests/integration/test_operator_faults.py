@@ -257,6 +257,37 @@ def test_api_errors_lost_answers_and_broken_watches_are_survived(
             op.close()
 
 
+def test_the_start_up_listing_comes_in_pages_and_misses_no_profile_or_pod(
+    cluster: Cluster, sidecars: FakeSidecars, tmp_path: Path
+) -> None:
+    c = cluster
+    for i in range(5):
+        c.apply(profile(f"p{i}", sidecars.port, {"app": "t"}))
+    for i in range(3):
+        c.apply(pod(f"trainer-{i}", {"app": "t"}))
+    with FaultProxy(c.cp.url, c.cp.ssl_context()) as proxy:
+        kubeconfig = proxy.kubeconfig(c.cp.kubeconfig, tmp_path / "proxy.kubeconfig")
+        op = c.operator(tmp_path, kubeconfig=kubeconfig, env={"DAM_LIST_CHUNK_SIZE": "2"}).start()
+        try:
+            for i in range(5):
+                wait_for(
+                    lambda i=i: (c.status(f"p{i}").get("pods") or {}).get("matched") == 3,  # type: ignore[misc]
+                    40,
+                    f"profile p{i} counting the 3 pods",
+                )
+            lists = [r for r in proxy.snapshot() if r.method == "GET" and not r.watch]
+            for resource in ("damprofiles", "pods"):
+                pages = [r for r in lists if r.path.endswith(f"/{resource}")]
+                assert pages and all("limit=2" in r.query for r in pages), pages
+                assert any("continue=" in r.query for r in pages), f"{resource}: a second page"
+            op.assert_alive()
+        except AssertionError:
+            print(op.log())
+            raise
+        finally:
+            op.close()
+
+
 @pytest.mark.slow
 def test_api_server_and_etcd_restarts_mid_run_lose_nothing(
     cluster: Cluster, sidecars: FakeSidecars, tmp_path: Path

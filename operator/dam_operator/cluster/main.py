@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from dam_operator.cluster.handlers import build_registry
+from dam_operator.cluster.heap import Trimmer
 from dam_operator.cluster.injection import InjectionSettings
 from dam_operator.cluster.kube import ApiError, KubeClient, default_login
 from dam_operator.cluster.opmetrics import OperatorMetrics, make_metrics_app
@@ -153,6 +154,9 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     s.watching.server_timeout = 300
     s.watching.client_timeout = 330
     s.watching.connect_timeout = 30
+    # kopf lists each watched resource before it watches; chunked (``limit``/``continue``), the
+    # start-up peak holds one page of pods, not the whole cluster's (kopf ≥ 1.38).
+    s.watching.chunk_size = settings.list_chunk_size or None
     s.networking.request_timeout = max(30.0, settings.api_timeout_seconds)
     s.peering.standalone = settings.standalone
     return s
@@ -180,13 +184,16 @@ class Running:
     scheduler_task: asyncio.Task[None]
     webhook: WebhookLifecycle | None = None
     metrics_runner: web.AppRunner | None = None
+    trim_task: asyncio.Task[None] | None = None
 
     def healthy(self) -> bool:
         return not self.scheduler_task.done()
 
     async def stop(self) -> None:
-        self.scheduler_task.cancel()
-        await asyncio.gather(self.scheduler_task, return_exceptions=True)
+        tasks = [t for t in (self.scheduler_task, self.trim_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.webhook is not None:
             await self.webhook.close()
         if self.metrics_runner is not None:
@@ -227,6 +234,10 @@ async def start_components(
         session=session,
         scheduler_task=asyncio.create_task(scheduler.run(), name="dam-scheduler"),
     )
+    if settings.heap_trim_interval_seconds > 0:
+        running.trim_task = asyncio.create_task(
+            Trimmer.for_this_process().run(settings.heap_trim_interval_seconds), name="dam-heap-trim"
+        )
     try:
         if settings.metrics_port:
             runner = web.AppRunner(make_metrics_app(metrics.registry, running.healthy), access_log=None)

@@ -73,6 +73,27 @@ class OperatorSettings(BaseSettings):
         default=0.5, gt=0, le=60, description="First retry delay; doubles per retry (Retry-After wins)."
     )
 
+    list_chunk_size: int = Field(
+        default=500,
+        ge=0,
+        le=100_000,
+        description=(
+            "Objects per page when DAMProfiles and pods are listed at start (kopf's chunked list; "
+            "0: one unpaginated list, the whole cluster's pods in one answer)."
+        ),
+    )
+
+    # --- memory --------------------------------------------------------------------
+    heap_trim_interval_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=86_400,
+        description=(
+            "Give the C heap's free memory back to the system this often (glibc malloc_trim; "
+            "0: never). The start-up listing frees far more than the steady state needs."
+        ),
+    )
+
     # --- the operator's own endpoints --------------------------------------------
     metrics_host: str = Field(default="0.0.0.0", description="Address of the operator's /metrics.")
     metrics_port: int = Field(

@@ -26,7 +26,7 @@ from dam_operator.cluster.spec import DAMProfileSpec
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Verdict
-from dam_operator.diagnosis.window import PodWindow, job_window
+from dam_operator.diagnosis.window import PodWindow, baseline, job_window
 from dam_sidecar.promtext import Snapshot
 
 Results = Mapping[str, "Snapshot | SourceError"]
@@ -196,7 +196,7 @@ def initial_step(
     return StepResult(
         patch=patch,
         counts=counts,
-        baselines=dict(scrape.answered),
+        baselines={name: baseline(snap) for name, snap in scrape.answered.items()},
         error_reasons=scrape.error_reasons,
     )
 
@@ -224,12 +224,12 @@ def window_step(
     for name, result in scrape.answered.items():
         before = baselines.get(name)
         if before is None or result.timestamp_seconds is None or before.timestamp_seconds is None:
-            new_baselines[name] = result
+            new_baselines[name] = baseline(result)
             continue
         elapsed = result.timestamp_seconds - before.timestamp_seconds
         if elapsed <= 0:
             continue  # no new sample since the last scrape (e.g. Prometheus has not scraped yet)
-        new_baselines[name] = result
+        new_baselines[name] = baseline(result)
         if elapsed > max_baseline_seconds:
             continue  # too old to difference against; this scrape is the new baseline
         windows[name] = PodWindow(

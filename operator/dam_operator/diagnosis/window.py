@@ -127,6 +127,23 @@ def counter_increase(
     return total
 
 
+def baseline(snapshot: Snapshot) -> Snapshot:
+    """The part of a scrape the next window differences against: its counters and its time.
+
+    A window reads its BEFORE snapshot only through ``counter_increase`` (every counter is
+    named ``*_total``, the metric convention) and the snapshot's timestamp; gauges come from
+    AFTER. Keeping only these holds a fraction of a real sidecar's exposition per pod
+    between windows (its per-GPU gauges, info and limits go).
+    """
+    keep = [
+        sample
+        for name in snapshot.names()
+        if name.endswith("_total") or name == names.SNAPSHOT_TIMESTAMP_SECONDS
+        for sample in snapshot.samples(name)
+    ]
+    return Snapshot(keep, snapshot.timestamp_seconds)
+
+
 def _gauge(snapshot: Snapshot, name: str) -> float | None:
     for s in snapshot.samples(name):
         v = _valid(s.value)

@@ -7,10 +7,16 @@ import math
 import pytest
 
 from dam_operator.diagnosis.model import Observation
-from dam_operator.diagnosis.window import aggregate, find_straggler, observation_from_snapshots
+from dam_operator.diagnosis.window import (
+    aggregate,
+    baseline,
+    find_straggler,
+    observation_from_snapshots,
+    rank_observations,
+)
 from dam_sidecar import names
 from dam_sidecar.promtext import parse_snapshot
-from tests.unit.diagnosis.snapshots import Job, exposition, snapshot_pair
+from tests.unit.diagnosis.snapshots import Job, Rank, exposition, snapshot_pair
 
 
 def window(job: Job, **kwargs: object) -> Observation:
@@ -229,3 +235,47 @@ def test_a_process_without_collectives_has_no_communication_figures() -> None:
     )
     assert obs.steps == 100
     assert obs.collective_ratio is None and obs.exposed_communication_ratio is None
+
+
+RICH_JOBS = {
+    "one process, GPUs, CPU, memory": Job(
+        wait_ratio=0.3,
+        gpus=[{"util": 0.5, "sm": 0.4, "dram": 0.2, "mem_used": 1e9, "mem_total": 8e10}] * 2,
+        gpu_uuids=["GPU-a", "GPU-b"],
+        main_cpu_cores=1.5,
+        worker_cpu_cores=3.0,
+        throttled_ratio=0.2,
+        cpu_limit_cores=4.0,
+        batch_size=32,
+        nvml_up=True,
+        attribution="probe",
+        container_memory_bytes=3e9,
+        container_memory_limit_bytes=4e9,
+        oom_kills=1,
+        nvlink_bytes_per_second=1e9,
+    ),
+    "ranks with collectives": Job(
+        ranks=[
+            Rank(0, wait_ratio=0.01, collective_ratio=0.45, exposed_ratio=0.42, collectives_per_step=4),
+            Rank(1, wait_ratio=0.40, collective_ratio=0.05, exposed_ratio=0.02, collectives_per_step=4),
+        ],
+        nvml_up=True,
+        attribution="probe",
+        main_cpu_cores=2.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("job", RICH_JOBS.values(), ids=RICH_JOBS.keys())
+def test_the_kept_baseline_gives_the_same_window_as_the_whole_scrape(job: Job) -> None:
+    before_text, after_text = snapshot_pair(job)
+    before, after = parse_snapshot(before_text), parse_snapshot(after_text)
+    kept = baseline(before)
+    assert len(kept) < len(before), "gauges are not kept"
+    assert kept.timestamp_seconds == before.timestamp_seconds
+    for uuids in (None, set(job.gpu_uuids or [])):
+        whole = rank_observations(before, after, pod="p", gpu_uuids=uuids)
+        assert rank_observations(kept, after, pod="p", gpu_uuids=uuids) == whole
+        assert observation_from_snapshots(kept, after, gpu_uuids=uuids) == observation_from_snapshots(
+            before, after, gpu_uuids=uuids
+        )

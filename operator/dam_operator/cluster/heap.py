@@ -1,0 +1,68 @@
+"""Give the C heap's free memory back to the system, now and then.
+
+The operator's memory has a start-up peak: kopf lists every DAMProfile and pod, a
+per-object worker holds each body until it is handled, and each first scrape parses a
+whole exposition. Python frees those objects, but glibc's malloc keeps the freed pages
+(in its arenas and at the top of the heap) for later allocations, so the resident size
+stays near the peak for the life of the process. ``malloc_trim(0)`` returns every free
+page it can (glibc ≥ 2.8 also releases whole free pages inside the heap, not only its
+top). It takes milliseconds and needs no lock of ours; elsewhere than glibc (musl,
+macOS) there is nothing to call and ``Trimmer.available`` is False.
+
+Nothing is loaded on import: the C library is looked up when a ``Trimmer`` is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger("dam_operator.cluster.heap")
+
+
+def _glibc_malloc_trim() -> Callable[[int], int] | None:
+    """``malloc_trim`` of the process's C library, or None where it has none."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+class Trimmer:
+    """Calls ``malloc_trim(0)`` when asked, or every ``interval_seconds`` from ``run``."""
+
+    def __init__(self, trim: Callable[[int], int] | None) -> None:
+        self._trim = trim
+        self.trims = 0
+
+    @classmethod
+    def for_this_process(cls) -> Trimmer:
+        """The trimmer of the process's C library (one that does nothing without glibc)."""
+        return cls(_glibc_malloc_trim())
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def trim(self) -> bool:
+        """One trim; True when memory was given back (False: none to give, or no glibc)."""
+        if self._trim is None:
+            return False
+        self.trims += 1
+        return bool(self._trim(0))
+
+    async def run(self, interval_seconds: float) -> None:
+        """Trims every ``interval_seconds`` until cancelled (returns at once without glibc)."""
+        if self._trim is None:
+            log.info("no glibc malloc_trim here: the heap is not trimmed")
+            return
+        while True:
+            await asyncio.sleep(interval_seconds)
+            self.trim()
