@@ -143,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---------------------------------------------------------------- wiring
 
 
+KOPF_WORKER_IDLE_SECONDS = 0.5
+
+
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     s = kopf.OperatorSettings()
     s.posting.level = logging.WARNING  # no "handler succeeded" Event per profile
@@ -157,6 +160,13 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     # kopf lists each watched resource before it watches; chunked (``limit``/``continue``), the
     # start-up peak holds one page of pods, not the whole cluster's (kopf ≥ 1.38).
     s.watching.chunk_size = settings.list_chunk_size or None
+    # kopf hands each object's events to a worker of its own, which lives on for
+    # ``idle_timeout`` (5 s by default) after its last event, holding that object's last body.
+    # Every status write comes back as a watch event of its profile, so at thousands of profiles
+    # thousands of workers would idle with a body each: 0.5 s cut the operator's RSS by a
+    # quarter at 1,500 profiles (benchmarks/operator_scale.py). A later event of the same object
+    # starts a new worker (kopf ≥ 1.45 batches no events by time, so nothing waits on it).
+    s.queueing.idle_timeout = KOPF_WORKER_IDLE_SECONDS
     s.networking.request_timeout = max(30.0, settings.api_timeout_seconds)
     s.peering.standalone = settings.standalone
     return s

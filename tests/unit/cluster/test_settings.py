@@ -67,6 +67,9 @@ def test_kopf_and_injection_settings_follow_the_operator_settings() -> None:
     assert k.peering.standalone is True
     assert k.posting.level == logging.WARNING  # no "handler succeeded" Event per profile
     assert k.networking.request_timeout == 30.0
+    assert k.watching.chunk_size == 500  # the start-up listing in pages
+    assert 0 < k.queueing.idle_timeout < 1.0  # kopf's idle per-object workers go soon
+    assert kopf_settings(OperatorSettings(list_chunk_size=0)).watching.chunk_size is None
     k = kopf_settings(OperatorSettings(standalone=False, api_timeout_seconds=100))
     assert k.peering.standalone is False
     assert k.networking.request_timeout == 100.0
