@@ -6,7 +6,8 @@
 - DAMProfile gone (the DELETED watch event, or a deletion kopf sees in progress):
   unregister (the scheduler drops its state and metric series). No finalizer: the
   operator holds nothing that must be cleaned up before the object goes.
-- Pods: every watch event updates the registry's compact pod index.
+- Pods are not kopf's: ``podwatch.PodWatcher`` feeds the registry's compact pod index
+  (kopf's per-object records cost more than the index itself at 10,000 pods).
 - Login: the same credentials as the operator's own Kubernetes adapter.
 
 Handlers are ``async`` so that kopf runs them on the event loop (sync handlers run in a
@@ -23,8 +24,7 @@ from typing import Any
 import kopf
 
 from dam_operator.cluster import status as st
-from dam_operator.cluster.injection import is_instrumented
-from dam_operator.cluster.registry import PodInfo, Registry
+from dam_operator.cluster.registry import Registry
 from dam_operator.cluster.spec import SpecError, parse_spec
 
 PROFILE = (st.GROUP, st.VERSION, st.PLURAL)
@@ -68,12 +68,5 @@ def build_registry(
     async def profile_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
         if type == "DELETED":
             registry.remove_profile(namespace or "", name)
-
-    @kopf.on.event("", "v1", "pods", registry=kopf_registry, id="pod-index")
-    async def pod_event(type: str, body: kopf.Body, name: str, namespace: str | None, **_: Any) -> None:
-        if type == "DELETED":
-            registry.remove_pod(namespace or "", name)
-        else:
-            registry.upsert_pod(PodInfo.from_body(body, is_instrumented(body)))
 
     return kopf_registry

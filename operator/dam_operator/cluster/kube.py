@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -60,6 +60,10 @@ class NotFoundError(ApiError):
 
 class ConflictError(ApiError):
     """409: a stale write or an object that already exists."""
+
+
+class GoneError(ApiError):
+    """410: a resourceVersion or a list's continue token the server no longer has: list again."""
 
 
 Login = Callable[[], kopf.ConnectionInfo | None]
@@ -171,6 +175,8 @@ class KubeClient:
                         raise NotFoundError(404, message)
                     if resp.status == 409:
                         raise ConflictError(409, message)
+                    if resp.status == 410:
+                        raise GoneError(410, message)
                     if resp.status not in RETRYABLE or attempt >= self._retries:
                         raise ApiError(resp.status, message)
                     delay = _retry_after(resp.headers)
@@ -182,6 +188,43 @@ class KubeClient:
                 delay = self._backoff * (2**attempt) * (0.5 + random.random() / 2)
             attempt += 1
             await self._sleep(delay)
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], *, read_timeout_seconds: float
+    ) -> AsyncIterator[Mapping[str, Any]]:
+        """The events of one watch request (``?watch=1``), decoded, until the server ends it.
+
+        One attempt, no retries: the caller resumes from the last resourceVersion it saw.
+        Raises ``ApiError`` (``GoneError`` for 410) when the server refuses the watch or a
+        connection fails, and ``ApiError(0, ...)`` when nothing (not even a bookmark) arrives
+        for ``read_timeout_seconds``. Lines are split here, not by aiohttp's ``readline``,
+        whose line limit a large object would exceed.
+        """
+        session = self._session or self._open()
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._timeout.total, sock_read=read_timeout_seconds
+        )
+        self.requests += 1
+        try:
+            async with session.get(
+                self._server + path, params={**params, "watch": "1"}, timeout=timeout
+            ) as resp:
+                if resp.status >= 400:
+                    message = _message(await resp.text())
+                    if resp.status == 401:
+                        await self._relogin()
+                    raise (GoneError if resp.status == 410 else ApiError)(resp.status, message)
+                buffer = b""
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            event = json.loads(line)
+                            if isinstance(event, Mapping):
+                                yield event
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ApiError(0, f"watch {path}: {type(exc).__name__}: {exc}") from None
 
     # ------------------------------------------------------------ DAMProfiles
 

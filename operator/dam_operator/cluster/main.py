@@ -29,6 +29,7 @@ from dam_operator.cluster.heap import Trimmer
 from dam_operator.cluster.injection import InjectionSettings
 from dam_operator.cluster.kube import ApiError, KubeClient, default_login
 from dam_operator.cluster.opmetrics import OperatorMetrics, make_metrics_app
+from dam_operator.cluster.podwatch import PodWatcher
 from dam_operator.cluster.registry import Registry
 from dam_operator.cluster.scheduler import Evaluator, Scheduler
 from dam_operator.cluster.settings import OperatorSettings
@@ -43,6 +44,8 @@ WEBHOOK_RETRY_FIRST_SECONDS = 5.0
 WEBHOOK_RETRY_MAX_SECONDS = 300.0
 CERT_RENEW_CHECK_SECONDS = 6 * 3600.0
 CERT_FILES_CHECK_SECONDS = 60.0
+POD_SYNC_WAIT_SECONDS = 120.0
+"""How long kopf (and with it the first evaluations) waits for the first list of pods."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,15 +195,35 @@ class Running:
     kube: KubeClient
     session: aiohttp.ClientSession
     scheduler_task: asyncio.Task[None]
+    pod_watcher: PodWatcher
+    pod_task: asyncio.Task[None]
     webhook: WebhookLifecycle | None = None
     metrics_runner: web.AppRunner | None = None
     trim_task: asyncio.Task[None] | None = None
 
     def healthy(self) -> bool:
-        return not self.scheduler_task.done()
+        return not self.scheduler_task.done() and not self.pod_task.done()
+
+    async def pods_synced(self, timeout_seconds: float) -> None:
+        """Waits for the first list of pods (at most ``timeout_seconds``, then goes on: the
+        watcher keeps trying); raises what ended the watcher (e.g. ``kopf.LoginError``)."""
+        synced = asyncio.ensure_future(self.pod_watcher.synced.wait())
+        try:
+            await asyncio.wait(
+                {synced, self.pod_task}, timeout=timeout_seconds, return_when="FIRST_COMPLETED"
+            )
+        finally:
+            synced.cancel()
+        if self.pod_task.done():
+            self.pod_task.result()  # raises what ended it
+            raise RuntimeError("the pod watcher ended")
+        if not self.pod_watcher.synced.is_set():
+            log.warning(
+                "pods not listed after %.0f s; starting anyway (the watcher keeps trying)", timeout_seconds
+            )
 
     async def stop(self) -> None:
-        tasks = [t for t in (self.scheduler_task, self.trim_task) if t is not None]
+        tasks = [t for t in (self.scheduler_task, self.pod_task, self.trim_task) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -236,6 +259,7 @@ async def start_components(
     )
     scheduler = Scheduler(registry, evaluator, metrics, concurrency=settings.evaluation_concurrency)
     registry.subscribe(scheduler.on_change)
+    pod_watcher = PodWatcher(kube, registry, namespace=settings.namespace, page_size=settings.list_chunk_size)
     running = Running(
         registry=registry,
         metrics=metrics,
@@ -243,6 +267,8 @@ async def start_components(
         kube=kube,
         session=session,
         scheduler_task=asyncio.create_task(scheduler.run(), name="dam-scheduler"),
+        pod_watcher=pod_watcher,
+        pod_task=asyncio.create_task(pod_watcher.run(), name="dam-pod-watch"),
     )
     if settings.heap_trim_interval_seconds > 0:
         running.trim_task = asyncio.create_task(
@@ -272,9 +298,10 @@ async def run_operator(
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
 ) -> None:
-    """Run until a signal or ``stop_flag``: components first, then kopf."""
+    """Run until a signal or ``stop_flag``: components first, the pods listed, then kopf."""
     running = await start_components(settings, login)
     try:
+        await running.pods_synced(POD_SYNC_WAIT_SECONDS)
         namespaces = [] if settings.namespace is None else [settings.namespace]
         await kopf.operator(
             registry=build_registry(running.registry, login),

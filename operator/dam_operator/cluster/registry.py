@@ -8,8 +8,9 @@ profile's selector never scans every pod of a namespace.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -41,7 +42,7 @@ def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
     return latest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     """What the operator needs of a pod; built from the pod body by the handler."""
 
@@ -93,7 +94,12 @@ class PodInfo:
         )
 
 
-@dataclass
+def encode_status(status: Mapping[str, Any]) -> bytes:
+    """A status as compact JSON: what the registry keeps between windows."""
+    return json.dumps(status, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(slots=True)
 class ProfileEntry:
     """One DAMProfile as the operator knows it. ``spec`` is None when the spec is invalid."""
 
@@ -103,10 +109,22 @@ class ProfileEntry:
     generation: int | None
     spec: DAMProfileSpec | None
     error: str | None = None
-    status: dict[str, Any] = field(default_factory=dict)
-    """The last status known (read from the object on resume, then what we wrote)."""
+    status_json: bytes = b"{}"
+    """The last status known (read from the object on resume, then what we wrote), as compact
+    JSON: a profile's status is read once or twice a window and kept for the rest of it, and
+    as decoded objects it took 2.6 times the memory (8 KB a profile; docs/performance.md)."""
     revision: int = 0
     """Bumped on each (re)registration; lets the scheduler drop stale work."""
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The last status known, decoded (a new dict each time: changing it changes nothing)."""
+        value = json.loads(self.status_json)
+        return value if isinstance(value, dict) else {}
+
+    @status.setter
+    def status(self, value: Mapping[str, Any]) -> None:
+        self.status_json = encode_status(value)
 
     @property
     def key(self) -> ProfileKey:
@@ -164,7 +182,7 @@ class Registry:
             generation=generation,
             spec=spec,
             error=error,
-            status=dict(old.status) if old is not None else dict(status or {}),
+            status_json=old.status_json if old is not None else encode_status(status or {}),
             revision=self._revision,
         )
         self._profiles[entry.key] = entry
@@ -229,6 +247,10 @@ class Registry:
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return self._pods.get(namespace, {}).get(name)
+
+    def pod_keys(self) -> list[ProfileKey]:
+        """(namespace, name) of every pod in the index."""
+        return [(ns, name) for ns, pods in self._pods.items() for name in pods]
 
     def pod_count(self) -> int:
         return sum(len(p) for p in self._pods.values())

@@ -211,9 +211,10 @@ class Evaluator:
         state = self._state_for(entry, spec)
         when = self._now()
         pods = self._registry.pods_for(entry)
+        status = entry.status
         result = window_step(
             spec=spec,
-            status=entry.status,
+            status=status,
             generation=entry.generation,
             pods=pods,
             results=await self._scrape(spec, pods),
@@ -228,12 +229,13 @@ class Evaluator:
         self._record(entry, result)
         if result.resizes:
             await self._resize(entry, result, st.format_time(when))
-        if st.changes_status(entry.status, result.patch):
+        if st.changes_status(status, result.patch):
             await self._write(entry, result.patch)
+            status = entry.status
         state.published = result.published
         if result.verdict is not None:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
-        self._metrics.observe_actions(entry.namespace, entry.name, entry.status.get("actions"))
+        self._metrics.observe_actions(entry.namespace, entry.name, status.get("actions"))
         self._metrics.evaluation(ok=True)
         for event in result.events:
             if event.reason in EVENT_OUTCOMES:
@@ -346,9 +348,9 @@ class Evaluator:
         new_status = obj.get("status") if isinstance(obj, Mapping) else None
         current = self._registry.profile(entry.namespace, entry.name)
         if isinstance(new_status, Mapping):
-            entry.status = dict(new_status)
+            entry.status = new_status
             if current is not None and current is not entry and current.uid == entry.uid:
-                current.status = dict(new_status)
+                current.status_json = entry.status_json
 
 
 def _bottleneck_from(raw: Any) -> Bottleneck | None:

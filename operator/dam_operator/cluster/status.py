@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dam_operator.diagnosis.engine import without_sample_size
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Bottleneck, Straggler
 
@@ -326,8 +327,15 @@ def invalid_patch(
     return {"status": status}
 
 
-FIGURE_TOLERANCE = 1e-9
-"""Relative: figures closer than this are the same figure (floating-point rounding of a steady job)."""
+FIGURE_TOLERANCE = 0.01
+"""Relative: figures closer than this are the same figure. A window's figures are measurements
+(steps over seconds, busy time over wall time): a steady job's move by a fraction of a percent
+from window to window, and the scheduling of the scrapes alone moves them that much. The status
+keeps the last figure written until one moves by more than this from it, so what it shows is
+never further than this from the truth, and a steady job costs no API write a window."""
+
+FIGURE_ABS_TOLERANCE = 0.001
+"""Absolute, for figures near zero (a data-wait ratio of 0.0002 after one of 0: no change)."""
 
 
 def _apply_merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -348,13 +356,15 @@ def _number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
-def _same(a: Any, b: Any, rel_tol: float) -> bool:
+def _same(a: Any, b: Any, rel_tol: float, abs_tol: float) -> bool:
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_same(a[k], b[k], rel_tol) for k in a)
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rel_tol, abs_tol) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y, rel_tol) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_same(x, y, rel_tol, abs_tol) for x, y in zip(a, b, strict=True))
     if _number(a) and _number(b):
-        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=0.0)
+        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
+    if isinstance(a, str) and isinstance(b, str):
+        return a == b or without_sample_size(a) == without_sample_size(b)
     return bool(a == b)
 
 
@@ -363,19 +373,23 @@ def changes_status(
     patch: Mapping[str, Any],
     *,
     rel_tol: float = FIGURE_TOLERANCE,
+    abs_tol: float = FIGURE_ABS_TOLERANCE,
 ) -> bool:
     """Whether writing ``patch`` (``{"status": {...}}``) would change anything a reader can use.
 
     ``lastEvaluationTime`` alone is not a change, nor a figure that moved by less than
-    ``rel_tol`` (relative). The operator skips such a write, so a profile whose job and pods
-    do not change costs the API server no write (and its watchers no event) per window;
-    ``lastEvaluationTime`` is then the time of the evaluation that last changed the status.
+    ``rel_tol`` (relative) or ``abs_tol`` (absolute), nor an evidence sentence whose only
+    difference is the window's sample size ("(240 steps in 30 s)": a window stretched by an
+    operator under load finds the same thing). Text, order, keys added or removed are changes.
+    The operator skips such a write, so a profile whose job and pods do not change costs the
+    API server no write (and its watchers no event) per window; ``lastEvaluationTime`` is then
+    the time of the evaluation that last changed the status.
     """
     before = dict(previous_status or {})
     after = _apply_merge_patch(before, patch.get("status") or {})
     before.pop("lastEvaluationTime", None)
     after.pop("lastEvaluationTime", None)
-    return not _same(before, after, rel_tol)
+    return not _same(before, after, rel_tol, abs_tol)
 
 
 def verdict_key(bottleneck: Mapping[str, Any] | Bottleneck | None) -> tuple[str, str] | None:

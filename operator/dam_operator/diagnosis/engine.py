@@ -41,6 +41,7 @@ Every absent corroborating signal lowers the confidence and is named in ``missin
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -83,6 +84,19 @@ NODE_CPU_BUSY = 0.90
 
 MIN_CONFIDENCE = 0.05
 MAX_CONFIDENCE = 0.99
+
+_SAMPLE_SIZE = re.compile(r" \(\d+ steps in \d+ s\)")
+"""The sample-size clause of the steps/s evidence line (``Finding.context``)."""
+
+
+def without_sample_size(sentence: str) -> str:
+    """``sentence`` without the window's sample size ("(240 steps in 30 s)").
+
+    The size of the sample says how much evidence a window had, not what it found: a window
+    that ran 33 s instead of 30 s (an operator under load) finds the same thing. The cluster
+    side compares evidence through this to decide whether a status changed.
+    """
+    return _SAMPLE_SIZE.sub("", sentence)
 
 
 def _pct(x: float) -> str:
@@ -834,7 +848,7 @@ class _Rules:
         if d.steps_per_second is not None:
             text = f"{d.steps_per_second:.2f} steps/s"
             if o.steps is not None and o.window_seconds is not None:
-                text += f" ({o.steps:.0f} steps in {o.window_seconds:.0f} s)"
+                text += f" ({o.steps:.0f} steps in {o.window_seconds:.0f} s)"  # without_sample_size
             f.evidence.append(text)
         if o.steps is None and f.regime is not Regime.UNKNOWN:
             f.confidence -= 0.05

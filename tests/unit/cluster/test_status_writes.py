@@ -37,14 +37,35 @@ def test_a_new_evaluation_time_alone_is_no_change() -> None:
     assert not st.changes_status(PREVIOUS, _patch(metrics={"dataWaitRatio": 0.7}, observedGeneration=1))
 
 
-def test_figures_that_differ_only_by_floating_point_rounding_are_no_change() -> None:
+def test_figures_within_measurement_noise_are_no_change() -> None:
     noisy = {"dataWaitRatio": 0.7000000000000001, "stepsPerSecond": 7.999999999999999}
     assert not st.changes_status(PREVIOUS, _patch(metrics=noisy))
+    jitter = {"dataWaitRatio": 0.7 * 1.009, "stepsPerSecond": 8.0 * 0.992}  # under 1 %
+    assert not st.changes_status(PREVIOUS, _patch(metrics=jitter))
+    near_zero = {"cpuThrottledRatio": 0.0}
+    assert not st.changes_status(
+        {**PREVIOUS, "metrics": {**PREVIOUS["metrics"], **near_zero}},
+        _patch(metrics={"cpuThrottledRatio": 0.0004}),
+    )
 
 
 def test_a_figure_that_really_moved_is_a_change() -> None:
-    assert st.changes_status(PREVIOUS, _patch(metrics={"stepsPerSecond": 8.001}))
+    assert st.changes_status(PREVIOUS, _patch(metrics={"stepsPerSecond": 8.0 * 1.011}))
+    assert st.changes_status(PREVIOUS, _patch(metrics={"stepsPerSecond": 8.0 * 0.989}))
     assert st.changes_status(PREVIOUS, _patch(metrics={"dataWaitRatio": 0.0}))
+
+
+def test_an_evidence_line_that_differs_only_in_its_sample_size_is_no_change() -> None:
+    before = {
+        **PREVIOUS,
+        "bottleneck": {"evidence": ["70% of step time waiting", "8.00 steps/s (240 steps in 30 s)"]},
+    }
+    stretched = {"evidence": ["70% of step time waiting", "8.00 steps/s (264 steps in 33 s)"]}
+    assert not st.changes_status(before, _patch(bottleneck=stretched))
+    faster = {"evidence": ["70% of step time waiting", "8.80 steps/s (264 steps in 30 s)"]}
+    assert st.changes_status(before, _patch(bottleneck=faster))
+    reworded = {"evidence": ["71% of step time waiting", "8.00 steps/s (240 steps in 30 s)"]}
+    assert st.changes_status(before, _patch(bottleneck=reworded))
 
 
 def test_text_order_removal_and_addition_are_changes() -> None:
@@ -77,8 +98,9 @@ def test_a_steady_job_is_written_once_then_not_until_it_changes() -> None:
             first = await w.window()
             assert first["bottleneck"]["axis"] == "Data"
             writes = w.api.patches
-            # Windows a fraction of a millisecond apart: the figures differ in their last bits.
-            for seconds in (30.0004, 29.9997, 30.0, 30.0011):
+            # Windows a fraction of a millisecond apart (the figures differ in their last bits),
+            # and windows an operator under load stretched or shortened by seconds.
+            for seconds in (30.0004, 29.9997, 30.0, 30.0011, 33.0, 27.5):
                 assert await w.window(seconds) == first
             assert w.api.patches == writes
             for job in w.jobs.values():
