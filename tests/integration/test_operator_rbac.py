@@ -139,6 +139,9 @@ def test_single_namespace_install_serves_its_namespace_with_the_charts_rbac(
                 "dam.mlsys.dev",
                 "damprofiles/status",
             ) in used
+            # kopf runs only event handlers: nothing writes the DAMProfile object itself.
+            object_verbs = {v[0] for v in used if v[1:] == ("dam.mlsys.dev", "damprofiles")}
+            assert object_verbs == {"list", "watch"}, object_verbs
         except AssertionError:
             print(op.log())
             raise

@@ -1,11 +1,21 @@
 """kopf handlers: thin. Parse, hand over to the registry, return.
 
-- DAMProfile create/update/resume: parse the spec (an invalid one is registered
-  with its error; the scheduler writes the ``SpecValid=False`` condition that names
-  the field and the fix; nothing is raised, so kopf never retries a bad spec).
-- DAMProfile gone (the DELETED watch event, or a deletion kopf sees in progress):
+- DAMProfile events (one ``on.event`` handler: the start-up listing, ADDED, MODIFIED):
+  a profile the registry does not know at this uid and ``metadata.generation`` is parsed
+  and registered (an invalid spec is registered with its error; the scheduler writes the
+  ``SpecValid=False`` condition that names the field and the fix; nothing is raised, so
+  kopf never retries a bad spec). Everything else is dropped unparsed: with the status
+  subresource the API server bumps ``generation`` on every spec change and on nothing
+  else, so the operator's own status writes and metadata edits, which come back as
+  MODIFIED events, cost one comparison.
+- DAMProfile gone (DELETED, or a ``deletionTimestamp`` while another finalizer holds it):
   unregister (the scheduler drops its state and metric series). No finalizer: the
   operator holds nothing that must be cleaned up before the object goes.
+
+Why not kopf's create/update/resume handlers: they keep their state in the object (an
+annotation with the last handled spec, patched on every profile at start) and diff the
+whole object on every event; at 5,000 profiles that was 5,000 metadata PATCHes at each
+start, each coming back as one more event (docs/performance.md).
 - Pods are not kopf's: ``podwatch.PodWatcher`` feeds the registry's compact pod index
   (kopf's per-object records cost more than the index itself at 10,000 pods).
 - Login: the same credentials as the operator's own Kubernetes adapter.
@@ -40,33 +50,29 @@ def build_registry(
     def login_handler(**_: Any) -> kopf.ConnectionInfo | None:
         return login()
 
-    @kopf.on.resume(*PROFILE, registry=kopf_registry, id="register")
-    @kopf.on.create(*PROFILE, registry=kopf_registry, id="register")
-    @kopf.on.update(*PROFILE, registry=kopf_registry, id="register")
-    async def register_profile(body: kopf.Body, **_: Any) -> None:
+    @kopf.on.event(*PROFILE, registry=kopf_registry, id="profile")
+    async def profile_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         meta = body.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        if type == "DELETED" or meta.get("deletionTimestamp"):
+            registry.remove_profile(namespace, name)
+            return
+        uid, generation = str(meta.get("uid") or ""), meta.get("generation")
+        if registry.knows(namespace, name, uid=uid, generation=generation):
+            return
         spec, error = None, None
         try:
             spec = parse_spec(body.get("spec"))
         except SpecError as exc:
             error = str(exc)
         registry.upsert_profile(
-            meta.get("namespace", ""),
-            meta.get("name", ""),
-            uid=meta.get("uid", ""),
-            generation=meta.get("generation"),
+            namespace,
+            name,
+            uid=uid,
+            generation=generation,
             spec=spec,
             error=error,
             status=body.get("status"),
         )
-
-    @kopf.on.delete(*PROFILE, registry=kopf_registry, optional=True, id="unregister")
-    async def deleting_profile(name: str, namespace: str | None, **_: Any) -> None:
-        registry.remove_profile(namespace or "", name)
-
-    @kopf.on.event(*PROFILE, registry=kopf_registry, id="profile-gone")
-    async def profile_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
-        if type == "DELETED":
-            registry.remove_profile(namespace or "", name)
 
     return kopf_registry

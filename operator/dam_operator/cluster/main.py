@@ -152,11 +152,8 @@ KOPF_WORKER_IDLE_SECONDS = 0.5
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     s = kopf.OperatorSettings()
     s.posting.level = logging.WARNING  # no "handler succeeded" Event per profile
-    s.persistence.finalizer = "dam.mlsys.dev/finalizer"
-    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="dam.mlsys.dev")
-    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="dam.mlsys.dev", key="last-handled-configuration"
-    )
+    # Only event handlers (handlers.py): kopf stores nothing in the objects (no progress or
+    # diff-base annotations, no finalizer), so the operator never patches a DAMProfile.
     s.watching.server_timeout = 300
     s.watching.client_timeout = 330
     s.watching.connect_timeout = 30

@@ -203,6 +203,11 @@ class Registry:
             listener("remove", entry)
         return entry
 
+    def knows(self, namespace: str, name: str, *, uid: str, generation: int | None) -> bool:
+        """Whether this object (uid) at this spec generation is the registered profile."""
+        entry = self._profiles.get((namespace, name))
+        return entry is not None and entry.uid == uid and entry.generation == generation
+
     def profile(self, namespace: str, name: str) -> ProfileEntry | None:
         return self._profiles.get((namespace, name))
 

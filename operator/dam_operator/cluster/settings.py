@@ -78,8 +78,9 @@ class OperatorSettings(BaseSettings):
         ge=0,
         le=100_000,
         description=(
-            "Objects per page when DAMProfiles and pods are listed at start (kopf's chunked list; "
-            "0: one unpaginated list, the whole cluster's pods in one answer)."
+            "Objects per page when DAMProfiles (kopf's chunked list) and pods (the operator's "
+            "pod watcher) are listed, at start and after a 410 Gone; 0: one unpaginated list, "
+            "the whole cluster's pods in one answer."
         ),
     )
 
