@@ -11,14 +11,14 @@
 - DAMProfile gone (DELETED, or a ``deletionTimestamp`` while another finalizer holds it):
   unregister (the scheduler drops its state and metric series). No finalizer: the
   operator holds nothing that must be cleaned up before the object goes.
+- Pods are not kopf's: ``podwatch.PodWatcher`` feeds the registry's compact pod index
+  (kopf's per-object records cost more than the index itself at 10,000 pods).
+- Login: the same credentials as the operator's own Kubernetes adapter.
 
 Why not kopf's create/update/resume handlers: they keep their state in the object (an
 annotation with the last handled spec, patched on every profile at start) and diff the
 whole object on every event; at 5,000 profiles that was 5,000 metadata PATCHes at each
 start, each coming back as one more event (docs/performance.md).
-- Pods are not kopf's: ``podwatch.PodWatcher`` feeds the registry's compact pod index
-  (kopf's per-object records cost more than the index itself at 10,000 pods).
-- Login: the same credentials as the operator's own Kubernetes adapter.
 
 Handlers are ``async`` so that kopf runs them on the event loop (sync handlers run in a
 thread pool, and the registry and scheduler are single-threaded by design).

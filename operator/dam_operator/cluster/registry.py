@@ -1,7 +1,7 @@
 """The operator's in-memory view: DAMProfiles (parsed) and pods (a compact index).
 
-kopf handlers feed it (profiles on create/update/resume/delete, pods on every watch
-event); the scheduler and the webhook read it. Single event loop, no locks needed.
+kopf's profile event handler and the pod watcher (``podwatch``) feed it; the scheduler
+and the webhook read it. Single event loop, no locks needed.
 Pods are indexed by (namespace, label key, label value) so that matching a
 profile's selector never scans every pod of a namespace.
 """
@@ -44,7 +44,7 @@ def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
-    """What the operator needs of a pod; built from the pod body by the handler."""
+    """What the operator needs of a pod; built from the pod body by the pod watcher."""
 
     namespace: str
     name: str

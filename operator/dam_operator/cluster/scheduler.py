@@ -211,7 +211,7 @@ class Evaluator:
         state = self._state_for(entry, spec)
         when = self._now()
         pods = self._registry.pods_for(entry)
-        status = entry.status
+        status: Mapping[str, Any] = entry.status
         result = window_step(
             spec=spec,
             status=status,
@@ -230,8 +230,9 @@ class Evaluator:
         if result.resizes:
             await self._resize(entry, result, st.format_time(when))
         if st.changes_status(status, result.patch):
-            await self._write(entry, result.patch)
-            status = entry.status
+            written = await self._write(entry, result.patch)
+            if written is not None:
+                status = written
         state.published = result.published
         if result.verdict is not None:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
@@ -343,14 +344,17 @@ class Evaluator:
         if not events:
             del self._pending_events[entry.key]
 
-    async def _write(self, entry: ProfileEntry, patch: Mapping[str, Any]) -> None:
+    async def _write(self, entry: ProfileEntry, patch: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Patches the status; keeps and returns the status the API answered with (None: none)."""
         obj = await self._api.patch_profile_status(entry.namespace, entry.name, patch)
         new_status = obj.get("status") if isinstance(obj, Mapping) else None
+        if not isinstance(new_status, Mapping):
+            return None
+        entry.status = new_status
         current = self._registry.profile(entry.namespace, entry.name)
-        if isinstance(new_status, Mapping):
-            entry.status = new_status
-            if current is not None and current is not entry and current.uid == entry.uid:
-                current.status_json = entry.status_json
+        if current is not None and current is not entry and current.uid == entry.uid:
+            current.status_json = entry.status_json
+        return new_status
 
 
 def _bottleneck_from(raw: Any) -> Bottleneck | None:
