@@ -245,6 +245,16 @@ async def apiserver_requests(client: httpx.AsyncClient) -> Counter[tuple[str, st
 # ---------------------------------------------------------------- processes
 
 
+def delay_buckets(metrics_text: str) -> dict[str, float]:
+    """``dam_operator_evaluation_delay_seconds`` buckets (cumulative counts by ``le``)."""
+    out: dict[str, float] = {}
+    for m in re.finditer(
+        r'^dam_operator_evaluation_delay_seconds_bucket\{le="([^"]+)"\} (\S+)$', metrics_text, re.M
+    ):
+        out[m.group(1)] = float(m.group(2))
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
@@ -556,13 +566,17 @@ class Run:
                 print(f"measured {a.duration:g} s of running jobs", flush=True)
 
                 # The switch: every job becomes compute-bound at once.
+                delays_before = delay_buckets(self.operator_metrics())
                 watch.switch_at = time.monotonic()
                 assert sidecars.command("compute") == "ok"
                 with contextlib.suppress(AssertionError):
                     await _wait(lambda: len(watch.switched) == n, 4 * window + 60, "every profile: Machine")
                 s2 = await self.snapshot(api, watch, sidecars)
                 f["switch"] = self.phase(s1, s2)
+                after = delay_buckets(self.operator_metrics())
+                f["switch_delays"] = {le: after.get(le, 0.0) - delays_before.get(le, 0.0) for le in after}
                 lags = list(watch.switched.values())
+                f["lag_p90_s"] = _percentile(lags, 0.90)
                 f["lag_p50_s"] = _percentile(lags, 0.50)
                 f["lag_p99_s"] = _percentile(lags, 0.99)
                 f["lag_max_s"] = max(lags, default=float("nan"))
@@ -689,6 +703,15 @@ def _phase_lines(name: str, ph: dict[str, Any]) -> list[str]:
     ]
 
 
+def _delay_line(buckets: dict[str, float]) -> str:
+    """Share of the phase's evaluations that waited longer than 1 s and 5 s for a worker."""
+    total = buckets.get("+Inf", 0.0)
+    if not total:
+        return "-"
+    late = {le: 1 - buckets.get(le, 0.0) / total for le in ("1.0", "5.0")}
+    return f"{late['1.0']:.1%} > 1 s, {late['5.0']:.1%} > 5 s of {total:.0f}"
+
+
 def report(args: argparse.Namespace, f: dict[str, Any], rss_peak: float) -> bool:
     n, m, w, i = args.profiles, args.pods_per_profile, args.window_seconds, args.interval_seconds
     target = w + i + 2.0
@@ -718,7 +741,9 @@ def report(args: argparse.Namespace, f: dict[str, Any], rss_peak: float) -> bool
         f"operator CPU (running jobs)   {running['operator_cpu_percent']:.1f} % of one core",
         f"operator RSS                  {f['rss_running_mib']:.1f} MiB running, peak {rss_peak:.1f} MiB   "
         f"target <= {RSS_TARGET_MIB:.0f}   {verdict(rss_ok)}",
-        f"lag metrics->status p50       {f['lag_p50_s']:.1f} s (max {f['lag_max_s']:.1f} s)",
+        f"lag metrics->status p50, p90  {f['lag_p50_s']:.1f} s, {f['lag_p90_s']:.1f} s "
+        f"(max {f['lag_max_s']:.1f} s)",
+        f"evaluations started late      {_delay_line(f['switch_delays'])} (switch)",
         f"lag metrics->status p99       {f['lag_p99_s']:.1f} s   target <= {target:.1f}   {verdict(lag_ok)}"
         + (f" ({f['missing']} profiles never switched)" if f["missing"] else ""),
         f"status writes, running jobs   {running['writes_per_profile_window']:.3f} per profile per window   "

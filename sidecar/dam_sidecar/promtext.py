@@ -31,7 +31,7 @@ class PromParseError(ValueError):
 Labels = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     name: str
     labels: Labels
@@ -48,9 +48,12 @@ class Snapshot:
     """All samples of one scrape, indexed by metric name."""
 
     def __init__(self, samples: Iterable[Sample], timestamp_seconds: float | None = None) -> None:
-        self._by_name: dict[str, list[Sample]] = {}
+        by_name: dict[str, list[Sample]] = {}
         for s in samples:
-            self._by_name.setdefault(s.name, []).append(s)
+            by_name.setdefault(s.name, []).append(s)
+        # Tuples: the operator keeps one snapshot per pod between windows (a 1-sample list
+        # takes twice the memory of a 1-tuple).
+        self._by_name: dict[str, tuple[Sample, ...]] = {k: tuple(v) for k, v in by_name.items()}
         self.timestamp_seconds = timestamp_seconds
 
     def samples(self, name: str) -> list[Sample]:

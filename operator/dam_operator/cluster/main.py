@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from dam_operator.cluster.podwatch import PodWatcher
 from dam_operator.cluster.registry import Registry
 from dam_operator.cluster.scheduler import Evaluator, Scheduler
 from dam_operator.cluster.settings import OperatorSettings
-from dam_operator.cluster.sources import SourceFactory
+from dam_operator.cluster.sources import SourceFactory, query_connector, scrape_connector
 from dam_operator.cluster.webhook_lifecycle import WebhookLifecycle
 from dam_sidecar.envcheck import known_variables, unknown_variables
 from dam_sidecar.settings import SidecarSettings
@@ -149,11 +149,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 KOPF_WORKER_IDLE_SECONDS = 0.5
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """A diff base that is never built nor stored.
+
+    kopf builds an "essence" of every event's body (a deep copy of the whole object, status
+    and ``managedFields`` included) before it looks at the handlers, kopf 1.45
+    (``_core/reactor/processing.py: _detect_causes``). Only on.create/update/resume/delete
+    handlers and daemons use it; the operator registers one ``on.event`` handler
+    (handlers.py), so the copy is thrown away. Every status write comes back as an event:
+    at the switch of 5,000 profiles these copies took 10 % of the operator's CPU (py-spy,
+    docs/performance.md).
+    """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
+    ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     s = kopf.OperatorSettings()
     s.posting.level = logging.WARNING  # no "handler succeeded" Event per profile
     # Only event handlers (handlers.py): kopf stores nothing in the objects (no progress or
     # diff-base annotations, no finalizer), so the operator never patches a DAMProfile.
+    s.persistence.diffbase_storage = NoDiffBase()
     s.watching.server_timeout = 300
     s.watching.client_timeout = 330
     s.watching.connect_timeout = 30
@@ -191,6 +216,9 @@ class Running:
     scheduler: Scheduler
     kube: KubeClient
     session: aiohttp.ClientSession
+    """Sidecar scrapes (``sources.scrape_connector``)."""
+    query_session: aiohttp.ClientSession
+    """Prometheus queries (``sources.query_connector``)."""
     scheduler_task: asyncio.Task[None]
     pod_watcher: PodWatcher
     pod_task: asyncio.Task[None]
@@ -229,6 +257,7 @@ class Running:
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
         await self.session.close()
+        await self.query_session.close()
         await self.kube.close()
 
 
@@ -243,11 +272,12 @@ async def start_components(
     )
     metrics = OperatorMetrics(CollectorRegistry())
     registry = Registry()
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=settings.scrape_concurrency))
+    session = aiohttp.ClientSession(connector=scrape_connector(settings.scrape_concurrency))
+    query_session = aiohttp.ClientSession(connector=query_connector(settings.scrape_concurrency))
     evaluator = Evaluator(
         registry,
         kube,
-        SourceFactory(session, settings),
+        SourceFactory(session, settings, query_session),
         metrics,
         scrape_concurrency=settings.scrape_concurrency,
         max_baseline_windows=settings.max_baseline_windows,
@@ -263,6 +293,7 @@ async def start_components(
         scheduler=scheduler,
         kube=kube,
         session=session,
+        query_session=query_session,
         scheduler_task=asyncio.create_task(scheduler.run(), name="dam-scheduler"),
         pod_watcher=pod_watcher,
         pod_task=asyncio.create_task(pod_watcher.run(), name="dam-pod-watch"),

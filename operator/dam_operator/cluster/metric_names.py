@@ -26,6 +26,7 @@ PROFILE_ACTION_STEPS_PER_SECOND: Final = "dam_profile_action_steps_per_second"
 OPERATOR_EVALUATIONS_TOTAL: Final = "dam_operator_evaluations_total"
 OPERATOR_EVALUATION_ERRORS_TOTAL: Final = "dam_operator_evaluation_errors_total"  # {reason}
 OPERATOR_SCRAPE_DURATION_SECONDS: Final = "dam_operator_scrape_duration_seconds"  # histogram
+OPERATOR_EVALUATION_DELAY_SECONDS: Final = "dam_operator_evaluation_delay_seconds"  # histogram
 OPERATOR_WEBHOOK_REQUESTS_TOTAL: Final = "dam_operator_webhook_requests_total"  # {result}
 OPERATOR_PROFILES: Final = "dam_operator_profiles"
 OPERATOR_ACTIONS_TOTAL: Final = "dam_operator_actions_total"  # {outcome}

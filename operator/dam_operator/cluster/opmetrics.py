@@ -24,6 +24,7 @@ from dam_operator.cluster.registry import ProfileKey
 from dam_operator.diagnosis.model import Verdict
 
 SCRAPE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,12 @@ class OperatorMetrics:
             buckets=SCRAPE_BUCKETS,
             registry=registry,
         )
+        self._delay = Histogram(
+            n.OPERATOR_EVALUATION_DELAY_SECONDS,
+            "How late an evaluation started after it was due (all evaluation workers busy).",
+            buckets=DELAY_BUCKETS,
+            registry=registry,
+        )
         self._webhook = Counter(
             n.OPERATOR_WEBHOOK_REQUESTS_TOTAL,
             "Pod admission requests by result (injected, skipped, error, ...).",
@@ -305,6 +312,9 @@ class OperatorMetrics:
 
     def scrape_duration(self, seconds: float) -> None:
         self._scrape.observe(seconds)
+
+    def evaluation_delay(self, seconds: float) -> None:
+        self._delay.observe(max(0.0, seconds))
 
     def webhook_request(self, result: str) -> None:
         self._webhook.labels(result).inc()

@@ -445,6 +445,7 @@ class Scheduler:
                     )
                     continue
                 await limit.acquire()
+                self._metrics.evaluation_delay(self._clock() - due.at)
                 self._in_flight.add(due.key)
                 task = asyncio.create_task(
                     self._work(due, entry, limit), name=f"dam-eval-{due.key[0]}/{due.key[1]}"

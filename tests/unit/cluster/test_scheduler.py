@@ -429,6 +429,28 @@ def test_one_loop_evaluates_every_profile_each_window_within_the_concurrency_bou
     assert fake.max_running <= 4
 
 
+def test_evaluations_that_wait_for_a_busy_worker_show_in_the_delay_histogram() -> None:
+    """One worker, windows of 20 ms of work, ten profiles due at once: the tenth waits ~0.18 s."""
+
+    async def scenario() -> CollectorRegistry:
+        reg = Registry()
+        prom = CollectorRegistry()
+        sched = Scheduler(reg, FakeEvaluator(), OperatorMetrics(prom), concurrency=1)  # type: ignore[arg-type]
+        reg.subscribe(sched.on_change)
+        for i in range(10):
+            reg.upsert_profile("ns", f"p{i}", uid=str(i), generation=1, spec=_fast_spec(0.1))
+        await _run_for(sched, 0.32)  # ten (instant) inits, then ten windows due together
+        return prom
+
+    prom = asyncio.run(scenario())
+    count = prom.get_sample_value(n.OPERATOR_EVALUATION_DELAY_SECONDS + "_count")
+    total = prom.get_sample_value(n.OPERATOR_EVALUATION_DELAY_SECONDS + "_sum")
+    late = prom.get_sample_value(n.OPERATOR_EVALUATION_DELAY_SECONDS + "_bucket", {"le": "0.1"})
+    assert count is not None and count >= 20
+    assert total is not None and total >= 0.5  # 0 + 20 + 40 + ... + 180 ms in the first round alone
+    assert late is not None and late < count  # some waited longer than 0.1 s
+
+
 def test_deleted_and_replaced_profiles_drop_their_old_work() -> None:
     async def scenario() -> FakeEvaluator:
         reg = Registry()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import kopf
 import pytest
 from pydantic import ValidationError
 
@@ -91,3 +92,21 @@ def test_settings_tables_in_the_docs_are_generated_from_the_settings_classes() -
         check=False,
     )
     assert check.returncode == 0, check.stderr
+
+
+def test_kopf_builds_no_diff_base_and_stores_none_in_the_object() -> None:
+    """kopf's default diff base deep-copies every event's body (status and managedFields too)
+    for handlers the operator does not use; ours costs nothing and writes nothing."""
+    storage = kopf_settings(OperatorSettings()).persistence.diffbase_storage
+    body = kopf.Body(
+        {
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}, "managedFields": [{}] * 50},
+            "spec": {"selector": {"matchLabels": {"app": "x"}}},
+            "status": {"bottleneck": {"axis": "Data"}},
+        }
+    )
+    assert storage.build(body=body) == {}
+    assert storage.fetch(body=body) is None
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=kopf.BodyEssence({"spec": {}}))
+    assert not patch  # no diff-base annotation is ever patched into a profile

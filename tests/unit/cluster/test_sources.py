@@ -303,3 +303,45 @@ def test_prometheus_source_reads_what_a_real_prometheus_scraped() -> None:
     assert snap.samples(names.STEPS_TOTAL)[0].value >= 100.0
     assert snap.samples(names.STEPS_TOTAL)[0].labels == ()  # namespace/pod/instance/job stripped
     assert snap.timestamp_seconds > 0
+
+
+def test_sidecar_scrapes_keep_no_connection_and_prometheus_queries_reuse_one() -> None:
+    """A pod is scraped once a window: a kept-alive connection would never be reused, only held
+    (10,000 pods held 6,363 sockets). Prometheus is asked many times a window: keep it alive."""
+    peers: dict[str, list[int]] = {"/metrics": [], "/api/v1/query": []}
+    job = FakeJob(clock=lambda: 1.0)
+
+    async def handler(request: web.Request) -> web.Response:
+        peername = request.transport.get_extra_info("peername") if request.transport else None
+        peers[request.path].append(int(peername[1]))
+        if request.path == "/metrics":
+            return web.Response(text=job.exposition())
+        target = {"namespace": "ns", "pod": "pod-a"}
+        return web.json_response(_vector(({"__name__": names.STEPS_TOTAL, **target}, 1.0, 1.0)))
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        app.router.add_post("/api/v1/query", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = int(runner.addresses[0][1])
+        scrape = aiohttp.ClientSession(connector=src.scrape_connector(4))
+        query = aiohttp.ClientSession(connector=src.query_connector(4))
+        try:
+            sidecar = ScrapeSource(scrape)
+            prometheus = PrometheusSource(query, f"http://127.0.0.1:{port}/")
+            for _ in range(3):
+                await sidecar.fetch(_pod(port))
+                await prometheus.fetch(_pod(9450))
+        finally:
+            await scrape.close()
+            await query.close()
+            await runner.cleanup()
+
+    run(scenario())
+    assert len(peers["/metrics"]) == len(set(peers["/metrics"])) == 3  # a new connection per scrape
+    assert len(peers["/api/v1/query"]) == 3
+    assert len(set(peers["/api/v1/query"])) == 1  # one connection, kept alive
