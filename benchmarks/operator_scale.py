@@ -419,6 +419,9 @@ class Run:
         self.operator: subprocess.Popen[bytes] | None = None
         self.rss_peak = 0.0
         self.rss_samples: list[float] = []
+        self.phase_now = "start-up"
+        self.rss_max_phase: tuple[float, str] = (0.0, "-")
+        """The largest RSS sampled (every 2 s) and the phase it was sampled in."""
 
     def client(self, concurrency: int = 8) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -516,6 +519,7 @@ class Run:
                 now, peak = rss_mib(self.operator_pid)
                 self.rss_samples.append(now)
                 self.rss_peak = max(self.rss_peak, peak)
+                self.rss_max_phase = max(self.rss_max_phase, (now, self.phase_now))
             await asyncio.sleep(2.0)
 
     async def snapshot(
@@ -557,6 +561,7 @@ class Run:
                 f["startup_requests"] = (await apiserver_requests(api)) - before_operator
 
                 # Running: one window to settle, then --duration seconds of jobs that do not change.
+                self.phase_now = "running"
                 await asyncio.sleep(window)
                 s0 = await self.snapshot(api, watch, sidecars)
                 await asyncio.sleep(a.duration)
@@ -567,6 +572,7 @@ class Run:
 
                 # The switch: every job becomes compute-bound at once.
                 delays_before = delay_buckets(self.operator_metrics())
+                self.phase_now = "switch"
                 watch.switch_at = time.monotonic()
                 assert sidecars.command("compute") == "ok"
                 with contextlib.suppress(AssertionError):
@@ -585,6 +591,7 @@ class Run:
 
                 # Quiet: the jobs end (their pods are deleted). Once every profile has settled
                 # (no pods; the verdict Unknown after its hold), nothing changes any more.
+                self.phase_now = "quiet"
                 await self.delete_pods(api)
 
                 def settled() -> bool:
@@ -603,6 +610,7 @@ class Run:
                 f["operator_metrics"] = self.operator_metrics()
                 (self.workdir / "operator-metrics.txt").write_text(f["operator_metrics"])
                 f["watch_reconnects"] = watch.reconnects
+                f["rss_max_sampled"] = self.rss_max_phase
             finally:
                 rss_task.cancel()
                 watch_task.cancel()
@@ -741,6 +749,7 @@ def report(args: argparse.Namespace, f: dict[str, Any], rss_peak: float) -> bool
         f"operator CPU (running jobs)   {running['operator_cpu_percent']:.1f} % of one core",
         f"operator RSS                  {f['rss_running_mib']:.1f} MiB running, peak {rss_peak:.1f} MiB   "
         f"target <= {RSS_TARGET_MIB:.0f}   {verdict(rss_ok)}",
+        f"largest RSS sampled           {f['rss_max_sampled'][0]:.1f} MiB, during {f['rss_max_sampled'][1]}",
         f"lag metrics->status p50, p90  {f['lag_p50_s']:.1f} s, {f['lag_p90_s']:.1f} s "
         f"(max {f['lag_max_s']:.1f} s)",
         f"evaluations started late      {_delay_line(f['switch_delays'])} (switch)",

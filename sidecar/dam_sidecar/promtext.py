@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -48,12 +49,9 @@ class Snapshot:
     """All samples of one scrape, indexed by metric name."""
 
     def __init__(self, samples: Iterable[Sample], timestamp_seconds: float | None = None) -> None:
-        by_name: dict[str, list[Sample]] = {}
+        self._by_name: dict[str, list[Sample]] = {}
         for s in samples:
-            by_name.setdefault(s.name, []).append(s)
-        # Tuples: the operator keeps one snapshot per pod between windows (a 1-sample list
-        # takes twice the memory of a 1-tuple).
-        self._by_name: dict[str, tuple[Sample, ...]] = {k: tuple(v) for k, v in by_name.items()}
+            self._by_name.setdefault(s.name, []).append(s)
         self.timestamp_seconds = timestamp_seconds
 
     def samples(self, name: str) -> list[Sample]:
@@ -67,6 +65,50 @@ class Snapshot:
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_name.values())
+
+
+_MAX_INTERNED_LAYOUTS = 1024
+_layouts: dict[tuple[tuple[str, Labels], ...], tuple[tuple[str, Labels], ...]] = {}
+"""Series layouts (names and labels, in order) shared by compact snapshots; pods of one job export
+the same layout, so thousands of snapshots share a handful. Bounded: past the limit a layout is
+simply not shared."""
+
+
+class CompactSnapshot(Snapshot):
+    """The same samples as a ``Snapshot``, held as a shared series layout and an array of floats.
+
+    For what is kept for a long time, e.g. the operator's previous scrape of every pod (10,000
+    pods at 5,000 profiles): about 0.3 KB a pod instead of 1.5 KB of ``Sample`` objects and
+    lists. Reads build their answers on the fly.
+    """
+
+    def __init__(self, samples: Iterable[Sample], timestamp_seconds: float | None = None) -> None:
+        items = list(samples)
+        layout = tuple((s.name, s.labels) for s in items)
+        shared = _layouts.get(layout)
+        if shared is None:
+            shared = layout
+            if len(_layouts) < _MAX_INTERNED_LAYOUTS:
+                _layouts[layout] = layout
+        self._layout = shared
+        self._values = array("d", (s.value for s in items))
+        self.timestamp_seconds = timestamp_seconds
+
+    def samples(self, name: str) -> list[Sample]:
+        return [
+            Sample(n, labels, v)
+            for (n, labels), v in zip(self._layout, self._values, strict=True)
+            if n == name
+        ]
+
+    def names(self) -> set[str]:
+        return {n for n, _ in self._layout}
+
+    def series(self, name: str) -> dict[Labels, float]:
+        return {labels: v for (n, labels), v in zip(self._layout, self._values, strict=True) if n == name}
+
+    def __len__(self) -> int:
+        return len(self._values)
 
 
 def _unescape(v: str) -> str:

@@ -284,7 +284,13 @@ async def start_components(
         webhook_enabled=settings.webhook_enabled,
         instance=os.environ.get("HOSTNAME", "dam-operator"),
     )
-    scheduler = Scheduler(registry, evaluator, metrics, concurrency=settings.evaluation_concurrency)
+    scheduler = Scheduler(
+        registry,
+        evaluator,
+        metrics,
+        concurrency=settings.evaluation_concurrency,
+        event_concurrency=settings.event_concurrency,
+    )
     registry.subscribe(scheduler.on_change)
     pod_watcher = PodWatcher(kube, registry, namespace=settings.namespace, page_size=settings.list_chunk_size)
     running = Running(

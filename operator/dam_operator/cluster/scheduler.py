@@ -23,6 +23,10 @@ Per profile and window (``spec.evaluation.windowSeconds``), the ``Evaluator``:
    running pods (``pods/resize``) before the patch; the API's refusal is recorded in the
    action (never retried: the next pod created gets the raise through the webhook).
 
+The scheduler posts a window's Events after the worker is free, ``event_concurrency`` at a
+time (``Evaluator.evaluate_window`` then ``Evaluator.post_events``): when thousands of
+profiles change in one window, their status writes reach the API server before the Events.
+
 A sidecar that is down, slow or returns garbage makes that pod "not reporting" for
 the window; it never fails the evaluation.
 
@@ -204,10 +208,23 @@ class Evaluator:
 
     async def evaluate(self, entry: ProfileEntry) -> None:
         """One window: scrape, then the pure window step, one status patch, maybe an Event."""
+        await self.post_events(entry, await self.evaluate_window(entry))
+
+    async def post_events(self, entry: ProfileEntry, events: list[tuple[st.EventSpec, str]]) -> None:
+        """Posts a window's Events (``evaluate_window``), in order, after any still waiting."""
+        for event, now in events:
+            await self._post(entry, event, now)
+
+    async def evaluate_window(self, entry: ProfileEntry) -> list[tuple[st.EventSpec, str]]:
+        """``evaluate`` up to the status write; returns the Events to post, each with its time.
+
+        The scheduler posts them after it has freed the evaluation worker: at a switch of
+        thousands of profiles the status writes, which automation waits for, go first.
+        """
         await self._post_pending(entry)
         spec = entry.spec
         if spec is None:
-            return
+            return []
         state = self._state_for(entry, spec)
         when = self._now()
         pods = self._registry.pods_for(entry)
@@ -238,10 +255,11 @@ class Evaluator:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
         self._metrics.observe_actions(entry.namespace, entry.name, status.get("actions"))
         self._metrics.evaluation(ok=True)
+        at = st.format_time(when)
         for event in result.events:
             if event.reason in EVENT_OUTCOMES:
                 self._metrics.action(EVENT_OUTCOMES[event.reason])
-            await self._post(entry, event, st.format_time(when))
+        return [(event, at) for event in result.events]
 
     async def _resize(self, entry: ProfileEntry, result: StepResult, now: str) -> None:
         """Send the in-place CPU raises; record what was resized and what the API refused."""
@@ -393,6 +411,7 @@ class Scheduler:
         metrics: OperatorMetrics,
         *,
         concurrency: int = 32,
+        event_concurrency: int = 4,
         clock: Callable[[], float] = time.monotonic,
         retry_seconds: float = 5.0,
     ) -> None:
@@ -400,6 +419,7 @@ class Scheduler:
         self._evaluator = evaluator
         self._metrics = metrics
         self._concurrency = concurrency
+        self._event_limit = asyncio.Semaphore(event_concurrency)
         self._clock = clock
         self._retry_seconds = retry_seconds
         self._heap: list[_Due] = []
@@ -461,13 +481,14 @@ class Scheduler:
     async def _work(self, due: _Due, entry: ProfileEntry, limit: asyncio.Semaphore) -> None:
         next_job: Job | None = "evaluate"
         next_at: float | None = None
+        events: list[tuple[st.EventSpec, str]] = []
         try:
             window = entry.spec.evaluation.window_seconds if entry.spec else 0.0
             if due.job == "init":
                 next_job = "evaluate" if await self._evaluator.initialize(entry) else None
                 next_at = self._clock() + window
             else:
-                await self._evaluator.evaluate(entry)
+                events = await self._evaluator.evaluate_window(entry)
                 next_at = due.at + window
                 now = self._clock()
                 if next_at <= now:  # overran: skip the missed slots, keep the phase
@@ -490,8 +511,18 @@ class Scheduler:
             log.exception("profile %s/%s: %s failed; retrying", due.key[0], due.key[1], due.job)
             next_at, next_job = self._clock() + self._retry_delay(entry), due.job
         finally:
-            self._in_flight.discard(due.key)
             limit.release()
+            if not events:
+                self._in_flight.discard(due.key)
+        if events:
+            # Off the evaluation worker, a few at a time: at a switch of thousands of profiles
+            # the status writes go first. The profile stays in flight, so that its next window
+            # waits for its Events and they keep their order.
+            try:
+                async with self._event_limit:
+                    await self._evaluator.post_events(entry, events)
+            finally:
+                self._in_flight.discard(due.key)
         if next_job is not None and next_at is not None and self._same(entry):
             self._push(next_at, entry, next_job)
 

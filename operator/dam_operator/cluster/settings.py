@@ -44,6 +44,15 @@ class OperatorSettings(BaseSettings):
     evaluation_concurrency: int = Field(
         default=32, ge=1, le=1024, description="Profiles evaluated at the same time, at most."
     )
+    event_concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description=(
+            "Events posted at the same time, at most. Events are posted after the window's status "
+            "write, off the evaluation workers: when many profiles change at once the status goes first."
+        ),
+    )
     scrape_concurrency: int = Field(
         default=128, ge=1, le=4096, description="Sidecar scrapes (or Prometheus queries) in flight, at most."
     )

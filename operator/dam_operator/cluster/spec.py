@@ -549,9 +549,40 @@ def parse_spec(raw: Mapping[str, Any] | None) -> DAMProfileSpec:
     if not isinstance(raw, Mapping):
         raise SpecError([SpecProblem(path="spec", message="must be an object (a mapping of fields)")])
     try:
-        return DAMProfileSpec.model_validate(dict(raw), by_alias=True)
+        spec = DAMProfileSpec.model_validate(dict(raw), by_alias=True)
     except ValidationError as exc:
         raise SpecError(_problems(exc)) from None
+    return _share_parts(spec)
+
+
+_MAX_SHARED_PARTS = 4096
+_shared_parts: dict[_Spec, _Spec] = {}
+"""One instance of each distinct spec part (``sampling``, ``evaluation``, ``sidecar``,
+``actions``...). Bounded: past the limit a part is simply not shared."""
+
+
+def _share_parts(spec: DAMProfileSpec) -> DAMProfileSpec:
+    """``spec`` with each of its parts replaced by an equal one already parsed, if any.
+
+    Profiles written from one template differ in their selector and little else; the parts are
+    frozen, so one instance can serve them all: a parsed spec took 3.4 KB, 17 MiB at 5,000
+    profiles (docs/performance.md). A part holding a dict or a list is not hashable and stays
+    the profile's own.
+    """
+    update: dict[str, Any] = {}
+    for name, value in spec.__dict__.items():
+        if not isinstance(value, _Spec):
+            continue
+        try:
+            shared = _shared_parts.get(value)
+        except TypeError:
+            continue
+        if shared is None:
+            if len(_shared_parts) < _MAX_SHARED_PARTS:
+                _shared_parts[value] = value
+        elif shared is not value:
+            update[name] = shared
+    return spec.model_copy(update=update) if update else spec
 
 
 # ---------------------------------------------------------------- selectors

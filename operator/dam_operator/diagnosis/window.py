@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from dam_operator.diagnosis import ranks as rank_rules
 from dam_operator.diagnosis.model import Observation, RankId
 from dam_sidecar import names
-from dam_sidecar.promtext import Labels, Sample, Snapshot
+from dam_sidecar.promtext import CompactSnapshot, Labels, Sample, Snapshot
 
 # Series of docs/architecture.md (metric names) for distributed jobs and memory.
 COLLECTIVE_SECONDS_TOTAL = names.COLLECTIVE_SECONDS_TOTAL
@@ -127,21 +127,22 @@ def counter_increase(
     return total
 
 
-def baseline(snapshot: Snapshot) -> Snapshot:
+def baseline(snapshot: Snapshot) -> CompactSnapshot:
     """The part of a scrape the next window differences against: its counters and its time.
 
     A window reads its BEFORE snapshot only through ``counter_increase`` (every counter is
     named ``*_total``, the metric convention) and the snapshot's timestamp; gauges come from
     AFTER. Keeping only these holds a fraction of a real sidecar's exposition per pod
-    between windows (its per-GPU gauges, info and limits go).
+    between windows (its per-GPU gauges, info and limits go), and a ``CompactSnapshot`` holds
+    them in a fifth of the memory of ``Sample`` objects.
     """
     keep = [
         sample
-        for name in snapshot.names()
+        for name in sorted(snapshot.names())
         if name.endswith("_total") or name == names.SNAPSHOT_TIMESTAMP_SECONDS
         for sample in snapshot.samples(name)
     ]
-    return Snapshot(keep, snapshot.timestamp_seconds)
+    return CompactSnapshot(keep, snapshot.timestamp_seconds)
 
 
 def _gauge(snapshot: Snapshot, name: str) -> float | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as dt
+import itertools
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -383,6 +385,13 @@ class FakeEvaluator:
         self.calls.append(("init", entry.name, entry.revision))
         return entry.spec is not None
 
+    async def evaluate_window(self, entry: ProfileEntry) -> list[tuple[st.EventSpec, str]]:
+        await self.evaluate(entry)
+        return []
+
+    async def post_events(self, entry: ProfileEntry, events: list[tuple[st.EventSpec, str]]) -> None:
+        raise AssertionError("no Events here")
+
     async def evaluate(self, entry: ProfileEntry) -> None:
         self.running += 1
         self.max_running = max(self.max_running, self.running)
@@ -449,6 +458,52 @@ def test_evaluations_that_wait_for_a_busy_worker_show_in_the_delay_histogram() -
     assert count is not None and count >= 20
     assert total is not None and total >= 0.5  # 0 + 20 + 40 + ... + 180 ms in the first round alone
     assert late is not None and late < count  # some waited longer than 0.1 s
+
+
+class SlowEventsEvaluator(FakeEvaluator):
+    """Windows are instant and have one Event each; posting an Event takes 50 ms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[float, str, str]] = []
+        self.posting = 0
+        self.max_posting = 0
+
+    async def evaluate_window(self, entry: ProfileEntry) -> list[tuple[st.EventSpec, str]]:
+        self.log.append((time.monotonic(), "window", entry.name))
+        return [(st.EventSpec("BottleneckChanged", entry.name), "t")]
+
+    async def post_events(self, entry: ProfileEntry, events: list[tuple[st.EventSpec, str]]) -> None:
+        self.posting += 1
+        self.max_posting = max(self.max_posting, self.posting)
+        try:
+            await asyncio.sleep(0.05)
+            self.log.append((time.monotonic(), "posted", entry.name))
+        finally:
+            self.posting -= 1
+
+
+def test_events_are_posted_off_the_workers_a_few_at_a_time_and_in_order_per_profile() -> None:
+    async def scenario() -> SlowEventsEvaluator:
+        reg = Registry()
+        fake = SlowEventsEvaluator()
+        sched = Scheduler(reg, fake, OperatorMetrics(CollectorRegistry()), concurrency=1, event_concurrency=1)  # type: ignore[arg-type]
+        reg.subscribe(sched.on_change)
+        for i in range(6):
+            reg.upsert_profile("ns", f"p{i}", uid=str(i), generation=1, spec=_fast_spec(0.1))
+        await _run_for(sched, 0.6)
+        return fake
+
+    fake = asyncio.run(scenario())
+    windows = [t for t, what, _ in fake.log if what == "window"]
+    posted = [t for t, what, _ in fake.log if what == "posted"]
+    # Six windows on ONE worker did not wait for six Events posted one at a time (0.3 s).
+    assert windows[5] - windows[0] < 0.05
+    assert posted and posted[0] > windows[5]
+    assert fake.max_posting == 1
+    for name in {who for _, _, who in fake.log}:  # a profile's next window waits for its Events
+        mine = [what for _, what, who in fake.log if who == name]
+        assert all(a != b for a, b in itertools.pairwise(mine)), mine
 
 
 def test_deleted_and_replaced_profiles_drop_their_old_work() -> None:

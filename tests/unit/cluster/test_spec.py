@@ -212,3 +212,18 @@ def test_spec_round_trips_through_its_wire_form() -> None:
     wire = spec.model_dump(by_alias=True, exclude_none=True)
     assert parse_spec(wire) == spec
     assert isinstance(spec, DAMProfileSpec)
+
+
+def test_profiles_from_one_template_share_their_equal_parts_and_keep_their_own() -> None:
+    def raw(job: str, window: float) -> dict[str, object]:
+        return {
+            "selector": {"matchLabels": {"job": job}},
+            "evaluation": {"windowSeconds": window},
+            "sidecar": {"port": 9450, "resources": {"limits": {"cpu": "100m"}}},
+        }
+
+    a, b, c = parse_spec(raw("a", 30)), parse_spec(raw("b", 30)), parse_spec(raw("c", 60))
+    assert a.evaluation is b.evaluation and a.sampling is b.sampling  # one instance serves both
+    assert c.evaluation is not a.evaluation and c.evaluation.window_seconds == 60
+    assert a.selector.match_labels == {"job": "a"} and b.selector.match_labels == {"job": "b"}
+    assert a.sidecar == b.sidecar  # shared or not (a part holding a mapping may be unhashable), equal

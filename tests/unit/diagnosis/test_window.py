@@ -279,3 +279,16 @@ def test_the_kept_baseline_gives_the_same_window_as_the_whole_scrape(job: Job) -
         assert observation_from_snapshots(kept, after, gpu_uuids=uuids) == observation_from_snapshots(
             before, after, gpu_uuids=uuids
         )
+
+
+def test_kept_baselines_read_like_the_scrape_and_pods_of_one_job_share_their_layout() -> None:
+    job = RICH_JOBS[next(iter(RICH_JOBS))]
+    first, second = (parse_snapshot(text) for text in snapshot_pair(job))
+    a, b = baseline(first), baseline(second)
+    counters = {name for name in first.names() if name.endswith("_total")}
+    assert counters and counters <= a.names()
+    for name in counters:
+        assert a.series(name) == first.series(name)
+        assert a.samples(name) == first.samples(name)
+    assert a.series("no_such_total") == {} and a.samples("no_such_total") == []
+    assert a._layout is b._layout  # two scrapes of one exposition layout: one shared tuple
