@@ -432,6 +432,14 @@ class Run:
             timeout=120,
         )
 
+    async def apiserver_profile(self, api: httpx.AsyncClient) -> None:
+        """A Go CPU profile of kube-apiserver over the first 20 s of the switch (``--profiling``
+        is on by default; admin may read ``/debug/pprof``). Read it with ``go tool pprof -top``."""
+        r = await api.get("/debug/pprof/profile", params={"seconds": "20"}, timeout=60)
+        r.raise_for_status()
+        self.args.apiserver_profile.write_bytes(r.content)
+        print(f"kube-apiserver CPU profile of the switch: {self.args.apiserver_profile}", flush=True)
+
     # -- set-up
 
     def prepare(self) -> None:
@@ -575,10 +583,13 @@ class Run:
                 self.phase_now = "switch"
                 watch.switch_at = time.monotonic()
                 assert sidecars.command("compute") == "ok"
+                pprof = asyncio.create_task(self.apiserver_profile(api)) if a.apiserver_profile else None
                 with contextlib.suppress(AssertionError):
                     await _wait(lambda: len(watch.switched) == n, 4 * window + 60, "every profile: Machine")
                 s2 = await self.snapshot(api, watch, sidecars)
                 f["switch"] = self.phase(s1, s2)
+                if pprof is not None:
+                    await pprof
                 after = delay_buckets(self.operator_metrics())
                 f["switch_delays"] = {le: after.get(le, 0.0) - delays_before.get(le, 0.0) for le in after}
                 lags = list(watch.switched.values())
@@ -796,6 +807,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--evaluation-concurrency", type=int, default=0, help="DAM_EVALUATION_CONCURRENCY (0: its default)"
     )
+    p.add_argument(
+        "--apiserver-profile", type=Path, help="write a Go CPU profile of kube-apiserver here (the switch)"
+    )
     p.add_argument("--as-admin", action="store_true", help="operator as admin (not the ServiceAccount)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
@@ -816,7 +830,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"work directory {workdir}", flush=True)
     sidecars = SidecarProcess(args.profiles * args.pods_per_profile, workdir / "sidecars.log")
     try:
-        with ControlPlane(find_kube_binaries(), workdir / "kube") as cp:
+        # A later flag wins (pflag): the test control plane turns profiling off.
+        extra = ["--profiling=true"] if args.apiserver_profile else []
+        with ControlPlane(find_kube_binaries(), workdir / "kube", extra_apiserver_args=extra) as cp:
             run = Run(args, cp, workdir)
             run.prepare()
             figures = asyncio.run(run.main(sidecars))
