@@ -420,18 +420,30 @@ async def _run_for(scheduler: Scheduler, seconds: float) -> None:
         await task
 
 
-def test_one_loop_evaluates_every_profile_each_window_within_the_concurrency_bound() -> None:
-    async def scenario() -> FakeEvaluator:
-        reg = Registry()
-        fake = FakeEvaluator()
-        sched = Scheduler(reg, fake, OperatorMetrics(CollectorRegistry()), concurrency=4)  # type: ignore[arg-type]
-        reg.subscribe(sched.on_change)
-        for i in range(20):
-            reg.upsert_profile("ns", f"p{i}", uid=str(i), generation=1, spec=_fast_spec(0.2))
-        await _run_for(sched, 1.1)
-        return fake
+def _run_profiles(
+    evaluator: Any,
+    count: int,
+    window: float,
+    seconds: float,
+    prom: CollectorRegistry | None = None,
+    **kw: Any,
+) -> None:
+    """``count`` profiles of ``window`` s windows on one scheduler for ``seconds``."""
 
-    fake = asyncio.run(scenario())
+    async def scenario() -> None:
+        reg = Registry()
+        sched = Scheduler(reg, evaluator, OperatorMetrics(prom or CollectorRegistry()), **kw)
+        reg.subscribe(sched.on_change)
+        for i in range(count):
+            reg.upsert_profile("ns", f"p{i}", uid=str(i), generation=1, spec=_fast_spec(window))
+        await _run_for(sched, seconds)
+
+    asyncio.run(scenario())
+
+
+def test_one_loop_evaluates_every_profile_each_window_within_the_concurrency_bound() -> None:
+    fake = FakeEvaluator()
+    _run_profiles(fake, 20, 0.2, 1.1, concurrency=4)
     per_profile = [sum(1 for c in fake.calls if c[0] == "evaluate" and c[1] == f"p{i}") for i in range(20)]
     assert min(per_profile) >= 3  # ~5 windows of 0.2 s in 1.1 s, minus the init
     assert max(per_profile) <= 6
@@ -441,17 +453,8 @@ def test_one_loop_evaluates_every_profile_each_window_within_the_concurrency_bou
 def test_evaluations_that_wait_for_a_busy_worker_show_in_the_delay_histogram() -> None:
     """One worker, windows of 20 ms of work, ten profiles due at once: the tenth waits ~0.18 s."""
 
-    async def scenario() -> CollectorRegistry:
-        reg = Registry()
-        prom = CollectorRegistry()
-        sched = Scheduler(reg, FakeEvaluator(), OperatorMetrics(prom), concurrency=1)  # type: ignore[arg-type]
-        reg.subscribe(sched.on_change)
-        for i in range(10):
-            reg.upsert_profile("ns", f"p{i}", uid=str(i), generation=1, spec=_fast_spec(0.1))
-        await _run_for(sched, 0.32)  # ten (instant) inits, then ten windows due together
-        return prom
-
-    prom = asyncio.run(scenario())
+    prom = CollectorRegistry()
+    _run_profiles(FakeEvaluator(), 10, 0.1, 0.32, prom, concurrency=1)  # ten inits, then ten windows at once
     count = prom.get_sample_value(n.OPERATOR_EVALUATION_DELAY_SECONDS + "_count")
     total = prom.get_sample_value(n.OPERATOR_EVALUATION_DELAY_SECONDS + "_sum")
     late = prom.get_sample_value(n.OPERATOR_EVALUATION_DELAY_SECONDS + "_bucket", {"le": "0.1"})
@@ -484,17 +487,8 @@ class SlowEventsEvaluator(FakeEvaluator):
 
 
 def test_events_are_posted_off_the_workers_a_few_at_a_time_and_in_order_per_profile() -> None:
-    async def scenario() -> SlowEventsEvaluator:
-        reg = Registry()
-        fake = SlowEventsEvaluator()
-        sched = Scheduler(reg, fake, OperatorMetrics(CollectorRegistry()), concurrency=1, event_concurrency=1)  # type: ignore[arg-type]
-        reg.subscribe(sched.on_change)
-        for i in range(6):
-            reg.upsert_profile("ns", f"p{i}", uid=str(i), generation=1, spec=_fast_spec(0.1))
-        await _run_for(sched, 0.6)
-        return fake
-
-    fake = asyncio.run(scenario())
+    fake = SlowEventsEvaluator()
+    _run_profiles(fake, 6, 0.1, 0.6, concurrency=1, event_concurrency=1)
     windows = [t for t, what, _ in fake.log if what == "window"]
     posted = [t for t, what, _ in fake.log if what == "posted"]
     # Six windows on ONE worker did not wait for six Events posted one at a time (0.3 s).
