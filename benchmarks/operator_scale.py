@@ -731,6 +731,22 @@ def _delay_line(buckets: dict[str, float]) -> str:
     return f"{late['1.0']:.1%} > 1 s, {late['5.0']:.1%} > 5 s of {total:.0f}"
 
 
+def _api_server_line(n: int, window: float, switch: dict[str, Any]) -> str:
+    """Whether the API server kept up with the switch's writes, and if not, the p99 lag no
+    scheduling can beat: every profile's write falls due within one window, and a server that
+    completes fewer than n / window a second lands the 99th percentile at about 0.99 n / its
+    rate, or later (the target is out of reach where that is above it). The rate is measured
+    over the whole switch, a little below the server's best, so the figure is approximate."""
+    rate = switch["status_writes"] / switch["seconds"] if switch["seconds"] > 0 else 0.0
+    due = n / window
+    if rate <= 0 or rate >= 0.95 * due:
+        return f"API server kept up           {rate:.0f} status writes/s in the switch ({due:.0f}/s due)"
+    return (
+        f"lag p99 the API server allows about {0.99 * n / rate:.1f} s = 0.99 x {n} writes / its {rate:.0f} "
+        f"status writes/s in the switch ({due:.0f}/s due)"
+    )
+
+
 def report(args: argparse.Namespace, f: dict[str, Any], rss_peak: float) -> bool:
     n, m, w, i = args.profiles, args.pods_per_profile, args.window_seconds, args.interval_seconds
     target = w + i + 2.0
@@ -766,6 +782,7 @@ def report(args: argparse.Namespace, f: dict[str, Any], rss_peak: float) -> bool
         f"evaluations started late      {_delay_line(f['switch_delays'])} (switch)",
         f"lag metrics->status p99       {f['lag_p99_s']:.1f} s   target <= {target:.1f}   {verdict(lag_ok)}"
         + (f" ({f['missing']} profiles never switched)" if f["missing"] else ""),
+        _api_server_line(n, w, f["switch"]),
         f"status writes, running jobs   {running['writes_per_profile_window']:.3f} per profile per window   "
         f"target <= 1   {verdict(writes_ok)}",
         f"status writes, nothing changed  {quiet['status_writes']} in {quiet['windows']:.1f} windows "
