@@ -521,6 +521,11 @@ class Scheduler:
             try:
                 async with self._event_limit:
                     await self._evaluator.post_events(entry, events)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # an Event never stops the profile's evaluations
+                self._metrics.error("event-failed")
+                log.exception("profile %s/%s: posting its Events failed", *due.key)
             finally:
                 self._in_flight.discard(due.key)
         if next_job is not None and next_at is not None and self._same(entry):

@@ -500,6 +500,21 @@ def test_events_are_posted_off_the_workers_a_few_at_a_time_and_in_order_per_prof
         assert all(a != b for a, b in itertools.pairwise(mine)), mine
 
 
+class FailingEventsEvaluator(SlowEventsEvaluator):
+    async def post_events(self, entry: ProfileEntry, events: list[tuple[st.EventSpec, str]]) -> None:
+        raise RuntimeError("a bug while posting")
+
+
+def test_a_failure_while_posting_events_is_counted_and_the_profile_keeps_its_windows() -> None:
+    fake = FailingEventsEvaluator()
+    prom = CollectorRegistry()
+    _run_profiles(fake, 1, 0.1, 0.45, prom, concurrency=1)
+    windows = [t for t, what, _ in fake.log if what == "window"]
+    assert len(windows) >= 3  # ~4 windows of 0.1 s after the init; none stopped by the failure
+    errors = prom.get_sample_value(n.OPERATOR_EVALUATION_ERRORS_TOTAL, {"reason": "event-failed"})
+    assert errors == len(windows)
+
+
 def test_deleted_and_replaced_profiles_drop_their_old_work() -> None:
     async def scenario() -> FakeEvaluator:
         reg = Registry()
