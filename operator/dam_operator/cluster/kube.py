@@ -3,8 +3,8 @@
 kopf watches (DAMProfiles, pods) and keeps its own API session; the scheduler's
 status patches, Events, the webhook certificate Secret and the webhook
 configuration go through ``KubeClient``, an aiohttp session built from kopf's own
-``ConnectionInfo`` (``kopf.login_with_service_account`` / ``login_with_kubeconfig``:
-the same credentials kopf uses, without the kubernetes client library).
+``ConnectionInfo`` (``login_with_service_account`` here, in a Pod, else kopf's
+``login_with_kubeconfig``: the same credentials kopf uses, without the kubernetes client library).
 
 Every call retries 429, 5xx and connection errors with exponential backoff
 (``Retry-After`` wins), re-reads the credentials once on 401, and raises
@@ -18,8 +18,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -69,10 +71,74 @@ class GoneError(ApiError):
 Login = Callable[[], kopf.ConnectionInfo | None]
 
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where the kubelet mounts a Pod's service account token, CA and namespace."""
+FALLBACK_SERVER = "https://kubernetes.default.svc"
+
+
+def in_cluster_server(environ: Mapping[str, str]) -> str | None:
+    """``https://HOST:PORT`` of the API server from ``KUBERNETES_SERVICE_HOST``/``_PORT``; None without them.
+
+    The kubelet sets both in every container for the ``kubernetes`` Service of the
+    ``default`` namespace, even with ``enableServiceLinks: false`` (kubelet_pods.go: "we
+    always want to add environment variables for master services"); client-go's
+    ``rest.InClusterConfig`` builds its host from the same two variables. An IPv6 address
+    is bracketed.
+    """
+    host = environ.get("KUBERNETES_SERVICE_HOST", "").strip()
+    port = environ.get("KUBERNETES_SERVICE_PORT", "").strip()
+    if not host or not port:
+        return None
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"https://{host}:{port}"
+
+
+def login_with_service_account(
+    *,
+    trust_env: bool = False,
+    directory: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> kopf.ConnectionInfo | None:
+    """The Pod's service account, addressed without cluster DNS; None outside a Pod.
+
+    kopf's ``login_with_service_account`` (kopf 1.45, ``_core/intents/piggybacking.py``)
+    always names ``https://kubernetes.default.svc``, which needs cluster DNS. This one reads
+    the same token, CA and namespace files and addresses the API server as client-go does,
+    by ``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT`` (the serving certificate of
+    the API server covers the Service's cluster IP); without them it falls back to kopf's name.
+    The token is read on every call: bound tokens are rotated by the kubelet, and the
+    client logs in again on 401.
+    """
+    env = os.environ if environ is None else environ
+    folder = Path(SERVICE_ACCOUNT_DIR if directory is None else directory)
+    token_file = folder / "token"
+    if not token_file.is_file():
+        return None
+    token = token_file.read_text(encoding="utf-8").strip()
+    ns_file, ca_file = folder / "namespace", folder / "ca.crt"
+    namespace = ns_file.read_text(encoding="utf-8").strip() if ns_file.is_file() else ""
+    server = in_cluster_server(env)
+    if server is None:
+        log.warning(
+            "KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set; using %s (needs cluster DNS)",
+            FALLBACK_SERVER,
+        )
+    return kopf.ConnectionInfo(
+        server=server or FALLBACK_SERVER,
+        ca_path=str(ca_file) if ca_file.is_file() else None,
+        token=token or None,
+        default_namespace=namespace or None,
+        trust_env=trust_env,
+    )
+
+
 def default_login() -> kopf.ConnectionInfo:
     """The in-cluster service account, else the kubeconfig (as kopf's own fallbacks)."""
     settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    info = login_with_service_account(trust_env=settings.networking.trust_env) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
     if info is None:
         raise kopf.LoginError(
             "No Kubernetes credentials: neither a service account nor a kubeconfig was found."
