@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,9 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
         self.requests = 0
+        self.last_success: float | None = None
+        """``time.monotonic()`` of the latest answer below 400 (a request, a watch opened or an
+        event of it): what readiness calls "the API server is reachable"."""
 
     # ------------------------------------------------------------ session
 
@@ -230,6 +234,7 @@ class KubeClient:
                 ) as resp:
                     text = await resp.text()
                     if resp.status < 400:
+                        self.last_success = time.monotonic()
                         return json.loads(text) if text else None
                     message = _message(text)
                     if resp.status == 401 and not relogged:
@@ -280,8 +285,10 @@ class KubeClient:
                     if resp.status == 401:
                         await self._relogin()
                     raise (GoneError if resp.status == 410 else ApiError)(resp.status, message)
+                self.last_success = time.monotonic()
                 buffer = b""
                 async for chunk in resp.content.iter_any():
+                    self.last_success = time.monotonic()
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
@@ -291,6 +298,27 @@ class KubeClient:
                                 yield event
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise ApiError(0, f"watch {path}: {type(exc).__name__}: {exc}") from None
+
+    async def ping(self, timeout_seconds: float) -> None:
+        """One ``GET /version`` with no retries (readiness); raises ``ApiError`` when it fails.
+
+        ``/version`` is readable by every client (the ``system:public-info-viewer`` role), so
+        the check needs no RBAC of its own.
+        """
+        session = self._session or self._open()
+        self.requests += 1
+        try:
+            async with session.get(
+                self._server + "/version", timeout=aiohttp.ClientTimeout(total=timeout_seconds)
+            ) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    if resp.status == 401:
+                        await self._relogin()
+                    raise ApiError(resp.status, _message(text))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ApiError(0, f"GET /version: {type(exc).__name__}: {exc}") from None
+        self.last_success = time.monotonic()
 
     # ------------------------------------------------------------ DAMProfiles
 

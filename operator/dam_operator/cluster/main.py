@@ -2,8 +2,9 @@
 servers, then kopf.
 
 Everything is built once here and passed in; nothing registers itself on import.
-The scheduler, the webhook and the metrics server start before kopf and stop after
-it; kopf's signal handling (SIGTERM, SIGINT) ends the whole process.
+The scheduler, the webhook and the metrics server (``/metrics``, ``/healthz`` for
+liveness, ``/readyz`` for readiness: readiness.py) start before kopf and stop after it;
+kopf's signal handling (SIGTERM, SIGINT) ends the whole process.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dam_operator.cluster.injection import InjectionSettings
 from dam_operator.cluster.kube import ApiError, KubeClient, default_login
 from dam_operator.cluster.opmetrics import OperatorMetrics, make_metrics_app
 from dam_operator.cluster.podwatch import PodWatcher
+from dam_operator.cluster.readiness import Readiness
 from dam_operator.cluster.registry import Registry
 from dam_operator.cluster.scheduler import Evaluator, Scheduler
 from dam_operator.cluster.settings import OperatorSettings
@@ -225,9 +227,18 @@ class Running:
     webhook: WebhookLifecycle | None = None
     metrics_runner: web.AppRunner | None = None
     trim_task: asyncio.Task[None] | None = None
+    readiness: Readiness | None = None
+    """``/readyz`` on the metrics server (readiness.py)."""
 
     def healthy(self) -> bool:
+        """Liveness: the scheduler and the pod watcher still run."""
         return not self.scheduler_task.done() and not self.pod_task.done()
+
+    async def webhook_problem(self, timeout_seconds: float) -> str | None:
+        """Readiness of the webhook (``WebhookLifecycle.serving_problem``)."""
+        if self.webhook is None:
+            return "the pod webhook is not started"
+        return await self.webhook.serving_problem(timeout_seconds)
 
     async def pods_synced(self, timeout_seconds: float) -> None:
         """Waits for the first list of pods (at most ``timeout_seconds``, then goes on: the
@@ -308,9 +319,14 @@ async def start_components(
         running.trim_task = asyncio.create_task(
             Trimmer.for_this_process().run(settings.heap_trim_interval_seconds), name="dam-heap-trim"
         )
+    running.readiness = Readiness(
+        kube, pod_watcher.synced.is_set, running.webhook_problem if settings.webhook_enabled else None
+    )
     try:
         if settings.metrics_port:
-            runner = web.AppRunner(make_metrics_app(metrics.registry, running.healthy), access_log=None)
+            app = make_metrics_app(metrics.registry, running.healthy)
+            app.router.add_get("/readyz", running.readiness.handle)
+            runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, settings.metrics_host, settings.metrics_port).start()
             running.metrics_runner = runner

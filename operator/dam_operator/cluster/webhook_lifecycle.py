@@ -12,10 +12,13 @@ serves what cert-manager mounts and reloads it when the files change.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import ipaddress
 import logging
 import os
 import shutil
+import ssl
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +32,7 @@ from dam_operator.cluster.registry import Registry
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.webhook import (
     MUTATE_PATH,
+    WEBHOOK_NAME,
     ProfileRef,
     WebhookServer,
     make_webhook_app,
@@ -116,6 +120,69 @@ class WebhookLifecycle:
             return True
         self._tasks.append(asyncio.create_task(self._retry(), name="dam-webhook-retry"))
         return False
+
+    def expected_server_name(self) -> str:
+        """The name the API server checks the serving certificate against: the URL's host, or
+        the Service's ``NAME.NAMESPACE.svc`` (what ``clientConfig.service`` is called by)."""
+        settings = self._settings
+        if settings.webhook_url:
+            return urlsplit(settings.webhook_url).hostname or "localhost"
+        return f"{settings.webhook_service_name}.{settings.operator_namespace}.svc"
+
+    async def serving_problem(self, timeout_seconds: float) -> str | None:
+        """None when the webhook serves with a certificate that the registered caBundle verifies;
+        else why not (readiness).
+
+        Reads the MutatingWebhookConfiguration (``get`` on it is in the chart's RBAC), then makes
+        a TLS handshake with the local server as the API server would: trusting only the
+        ``caBundle`` of our webhook entry and checking the name it calls. So an empty caBundle
+        (cert-manager's CA injector not done yet), a stale one, a server that is not listening or
+        serves another certificate all read as not ready. The check never goes through the
+        Service, whose endpoints are the ready Pods only: a readiness that needed the Service
+        would never become true.
+        """
+        if self.server is None:
+            return "the pod webhook is not serving yet (see the log for why; it is retried)"
+        settings = self._settings
+        try:
+            current = await self._kube.get_webhook_configuration(settings.webhook_configuration_name)
+        except Exception as exc:
+            return f"cannot read MutatingWebhookConfiguration {settings.webhook_configuration_name}: {exc}"
+        if current is None:
+            return f"MutatingWebhookConfiguration {settings.webhook_configuration_name} does not exist"
+        hooks = [h for h in current.get("webhooks") or () if isinstance(h, dict)]
+        ours = [h for h in hooks if h.get("name") == WEBHOOK_NAME] or hooks
+        encoded = str(((ours[0] if ours else {}).get("clientConfig") or {}).get("caBundle") or "")
+        if not encoded:
+            return (
+                f"MutatingWebhookConfiguration {settings.webhook_configuration_name} has no caBundle: "
+                "the API server cannot call the webhook"
+            )
+        try:
+            ca_pem = base64.b64decode(encoded).decode("ascii")
+            context = ssl.create_default_context(cadata=ca_pem)
+        except (ValueError, ssl.SSLError) as exc:
+            return f"the caBundle of {settings.webhook_configuration_name} is not a CA certificate: {exc}"
+        host = settings.webhook_host if settings.webhook_host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        name = self.expected_server_name()
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, settings.webhook_port, ssl=context, server_hostname=name),
+                timeout_seconds,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            return (
+                f"the webhook's serving certificate does not verify against the caBundle of "
+                f"{settings.webhook_configuration_name} for {name}: {exc.verify_message}"
+            )
+        except (OSError, TimeoutError) as exc:
+            return (
+                f"the webhook does not answer on {host}:{settings.webhook_port}: {type(exc).__name__}: {exc}"
+            )
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
+        return None
 
     async def close(self) -> None:
         for task in self._tasks:

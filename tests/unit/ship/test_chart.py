@@ -273,7 +273,7 @@ def test_operator_pod_is_restricted_and_unprivileged(chart: Any, values: dict[st
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
         assert not [p for p in container.get("ports", []) if "hostPort" in p]
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-        assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"  # serves, not only lives
         assert "resources" not in container  # left to the user (operator.resources)
 
 
