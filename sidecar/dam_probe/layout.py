@@ -65,9 +65,11 @@ Standard library only: this module is imported inside training processes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import mmap
 import os
+import stat
 import struct
 import time
 from dataclasses import dataclass, field
@@ -101,6 +103,58 @@ _I32_MAX: Final = 2**31 - 1
 
 class ProbeFormatError(ValueError):
     """The file is not a readable probe file (wrong magic, version, size, or torn)."""
+
+
+class NotRegularFileError(ProbeFormatError):
+    """A name in the probe directory is not a regular file (FIFO, socket, device, directory, link)."""
+
+
+# Only regular files are read, and opening never blocks or follows a link: the probe directory is shared
+# with the training container, so anything may lie there. The name is checked with lstat first, so a
+# device is never opened (opening one can have side effects). Linux open(2), for a name swapped after that
+# check: a FIFO opened O_RDONLY without O_NONBLOCK waits for a writer forever, with O_NONBLOCK it returns at
+# once (and O_NONBLOCK is ignored for regular files); O_NOFOLLOW makes a symbolic link fail with ELOOP; a
+# UNIX socket fails with ENXIO. What did open is checked again with fstat.
+_OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_KINDS: Final = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+def _not_regular(path: str, mode: int) -> NotRegularFileError:
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+    return NotRegularFileError(f"{path}: {kind}, not a probe file; skipped")
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file ``path``; never blocks, never follows a link.
+
+    Raises ``NotRegularFileError`` (naming what the path is) for anything else,
+    and ``OSError`` when the file cannot be opened.
+    """
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode)
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise NotRegularFileError(f"{path}: replaced by something not a regular file; skipped") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, mode)
+    return fd
 
 
 @dataclass(frozen=True)
@@ -338,8 +392,12 @@ def read_file(path: str, retries: int = 50) -> ProbeRecord:
     fast string moves), so the sequence inside it cannot vouch for the rest.
     The payload is only validated once the reads agree, so a record caught
     mid-update is retried instead of being reported as corrupt.
+
+    Only a regular file is read (``open_regular``: a FIFO, socket, device,
+    directory or symbolic link raises ``NotRegularFileError`` at once), and
+    never more than ``FILE_SIZE`` bytes of it, however large it is.
     """
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         for _ in range(max(1, retries)):
             before = os.pread(fd, _SEQ.size, _SEQ_OFFSET)

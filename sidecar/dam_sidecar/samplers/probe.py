@@ -29,12 +29,20 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
-from dam_probe.layout import FILE_PREFIX, FILE_SUFFIX, ProbeFormatError, ProbeRecord, read_file
+from dam_probe.layout import (
+    FILE_PREFIX,
+    FILE_SUFFIX,
+    NotRegularFileError,
+    ProbeFormatError,
+    ProbeRecord,
+    read_file,
+)
 from dam_sidecar.errors import ErrorLog
 
 SAMPLER = "probe"
@@ -96,6 +104,8 @@ class ProbeSample:
     memory_usage_bytes: float | None = None  # live cgroups, summed over distinct cgroups
     memory_limit_bytes: float | None = None  # None when one of them is unlimited or unknown
     oom_kills: float | None = None  # monotonic, summed over distinct cgroups
+    # The live processes' latest records, by pid (their CPU and memory figures, PID namespace).
+    records: tuple[ProbeRecord, ...] = ()
 
 
 class ProbeSource(Protocol):
@@ -140,6 +150,8 @@ class _Totals:
 
 def classify(error: ProbeFormatError) -> str:
     """A bounded ``reason`` label for a probe file that cannot be read."""
+    if isinstance(error, NotRegularFileError):
+        return "not_regular_file"
     text = str(error)
     if "truncated" in text:
         return "truncated"
@@ -351,6 +363,7 @@ class ProbeReader:
             memory_usage_bytes=memory_usage,
             memory_limit_bytes=memory_limit,
             oom_kills=oom_kills,
+            records=tuple(sorted(current.values(), key=lambda r: (r.pid, r.start_time_ns))),
         )
 
     def _rank_samples(self, current: dict[Key, ProbeRecord]) -> tuple[RankSample, ...]:
@@ -385,10 +398,19 @@ class ProbeReader:
         return tuple(out)
 
     def _remove(self, path: str) -> None:
-        """Delete a finished process's file; on a read-only directory stop trying (one error)."""
+        """Delete a finished process's file; on a read-only directory stop trying (one error).
+
+        Only a regular file is removed: if the name now holds something else (a
+        directory, a link, a FIFO put there after the read), it is left alone.
+        """
         if not self.cleanup:
             return
         try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                self.errors.record(
+                    SAMPLER, "not_regular_file", f"{path}: no longer a regular file; not removed"
+                )
+                return
             self.remove(path)
         except FileNotFoundError:
             pass

@@ -160,9 +160,14 @@ def test_read_only_directory_does_not_double_count_finished_processes(tmp_path: 
     assert errors.count("probe", "read_only_dir") == 1
 
 
-def test_disk_error_on_read_is_counted_as_io(tmp_path: Path) -> None:
+def test_disk_error_on_read_is_counted_as_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     r, errors = reader(tmp_path)
-    (tmp_path / "probe" / "probe-77.bin").mkdir()  # reading a directory fails with an OSError
+    write_probe(tmp_path / "probe", pid=77, steps=1)
+
+    def failing_pread(fd: int, n: int, offset: int) -> bytes:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))  # what a failing disk gives; root reads any mode
+
+    monkeypatch.setattr("dam_probe.layout.os.pread", failing_pread)
     assert not r.sample().up
     assert errors.count("probe", "io") == 1
 
