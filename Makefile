@@ -19,16 +19,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# promtool and prometheus come from Debian's `prometheus` package.
+# From Debian, each only where it is missing: prometheus (promtool, prometheus) for the metric tests;
+# containerd, runc and the CNI plugins for the node (tools/node); buildah to build the image from the
+# Dockerfile with no Docker engine (tools/image; `--isolation chroot` needs neither fuse-overlayfs nor
+# slirp4netns); gcc and libc6-dev (libc.a) for the static pause binary.
+SYSTEM_DEPS = promtool:prometheus prometheus:prometheus containerd:containerd ctr:containerd runc:runc \
+  /usr/lib/cni/bridge:containernetworking-plugins /usr/lib/cni/host-local:containernetworking-plugins \
+  /usr/lib/cni/loopback:containernetworking-plugins buildah:buildah gcc:gcc \
+  /usr/lib/$(shell uname -m)-linux-gnu/libc.a:libc6-dev
 system-deps:
-	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
-	  echo "installing Debian's prometheus package (promtool, prometheus)"; \
+	@missing=""; for pair in $(SYSTEM_DEPS); do what=$${pair%%:*}; pkg=$${pair##*:}; \
+	  if [[ "$$what" == /* ]]; then [[ -e "$$what" ]] && continue; else command -v "$$what" >/dev/null 2>&1 && continue; fi; \
+	  [[ " $$missing " == *" $$pkg "* ]] || missing="$$missing $$pkg"; done; \
+	if [[ -n "$$missing" ]]; then \
+	  echo "system-deps: installing Debian's$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
 
-# kube-apiserver + etcd built from source (tools/kube-bin), cached outside the repo
-# (~/.cache/dam-operator/kube-bin); prints their directory as its last line.
-# KUBEBUILDER_ASSETS=DIR uses binaries you already have and builds nothing.
+# kube-apiserver + etcd (the control plane) and kubelet, kube-controller-manager, kube-scheduler (the
+# node) built from source (tools/kube-bin), cached outside the repo (~/.cache/dam-operator/kube-bin);
+# prints their directory as its last line. KUBEBUILDER_ASSETS=DIR: the binaries it holds are used.
 KUBE_BIN_OR_SKIP = @tools/kube-bin/build.sh || { [ "$${CI:-}" != true ] && echo "kube-bin: NO CONTROL-PLANE BINARIES: the real-Kubernetes tests will be skipped (make kube-bin says why)"; }
 
 kube-bin:
