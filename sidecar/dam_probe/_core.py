@@ -4,7 +4,8 @@ Hot path (once per batch): two clock reads, three counter updates and one
 integer compare against the next publish deadline (the step time is derived
 from the first and latest delivery of each uninterrupted run of batches). Everything else (opening
 the file, the CUDA device query, the batch size, the cgroup reads (at most once
-a second, ``dam_probe.cgroup``), the rank identity, the mmap write) happens at
+a second, ``dam_probe.cgroup``), the process's CPU time and memory and its workers' (at most
+once a second, ``dam_probe.process``), the rank identity, the mmap write) happens at
 publish time, at most every ``interval_ns``.
 
 Collectives (``dam_probe._comm``) add to the ``coll_*`` counters under
@@ -31,6 +32,7 @@ from typing import Any, Final
 
 from dam_probe.cgroup import CgroupReader, MemoryReader
 from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
+from dam_probe.process import ProcessReader
 
 ENV_DIR: Final = "DAM_PROBE_DIR"
 ENV_DISABLE: Final = "DAM_PROBE_DISABLE"
@@ -179,6 +181,7 @@ class Probe:
         "memory",
         "next_publish_ns",
         "path",
+        "process",
         "publish_lock",
         "reported",
         "steps",
@@ -204,6 +207,9 @@ class Probe:
         self._next_devices_ns = 0
         self.cgroup = CgroupReader()  # this process's own cgroup: CPU throttling and limit
         self.memory = MemoryReader()  # ... and its memory usage, limit and OOM kills
+        # Its CPU time and RSS and its workers', for a sidecar in another PID namespace (a Pod that keeps
+        # shareProcessNamespace: false): /proc/self and its children, at most once a second.
+        self.process = ProcessReader()
         # Collectives (dam_probe._comm): cumulative, updated under comm_lock.
         self.comm_on = False  # the collective instrumentation is installed (flag bit 3 of the file)
         self.comm_sweep: Callable[[int], None] | None = None  # ends finished async collectives (_comm)
@@ -361,6 +367,7 @@ class Probe:
                 world_size=world_size,
                 collectives=collectives,
                 memory=self.memory.read(now_ns),
+                process=self.process.read(now_ns),
             )
             return True
         except Exception as exc:
@@ -397,6 +404,7 @@ class Probe:
         self._next_devices_ns = 0
         self.cgroup.reset()
         self.memory.reset()
+        self.process.reset()
         # Locks held by another thread at fork time would stay held in the child forever.
         self.comm_lock = threading.Lock()
         self.publish_lock = threading.Lock()

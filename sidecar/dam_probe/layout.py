@@ -24,7 +24,8 @@ offset size   type    field
 92     4      u32     flags (bit 0: the writer closed the file cleanly;
                       bit 1: the three cgroup CPU fields at 96..120 are valid;
                       bit 2: the memory fields at 560..592 are valid (v2);
-                      bit 3: the collective counters at 528..560 are valid (v2))
+                      bit 3: the collective counters at 528..560 are valid (v2);
+                      bit 4: the process figures at 592..632 are valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
 104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
@@ -44,7 +45,13 @@ offset size   type    field
 568    8      u64     memory limit of that cgroup, bytes (0 = no limit)
 576    8      u64     OOM kills in that cgroup, cumulative as the kernel reports it
 584    8      u64     id of that memory cgroup: inode of its directory (0 = unknown)
-592    432    -       reserved, zero
+592    8      u64     CPU time of the process itself, ns, cumulative (flag bit 4)
+600    8      u64     CPU time of its descendants (DataLoader workers), live and ended, ns
+608    8      u64     resident memory of the process, bytes
+616    8      u64     resident memory of its live descendants, bytes
+624    4      u32     live descendants (workers)
+628    4      u32     inode of the writer's PID namespace (0 = unknown)
+632    392    -       reserved, zero
 ====== ====== ======= ==========================================================
 
 Seqlock protocol: the writer increments ``sequence`` to an odd value, writes
@@ -55,7 +62,7 @@ the file as busy. Counters are cumulative, so a missed sample never loses time.
 
 Unknown is never zero: a version-1 file, or a field whose flag bit is clear,
 reads as ``None`` in ``ProbeRecord`` (rank, local rank, world size, the
-collective counters, the memory fields), whatever the bytes hold. The cgroup
+collective counters, the memory fields, the process figures), whatever the bytes hold. The cgroup
 CPU fields (offsets 96..120) were reserved zero bytes before they were
 defined and carry their own flag bit, so version-1 files may have them too.
 
@@ -86,6 +93,7 @@ FLAG_CLOSED: Final = 1
 FLAG_CGROUP: Final = 2  # the cgroup CPU fields are valid
 FLAG_MEMORY: Final = 4  # the cgroup memory fields are valid (version 2)
 FLAG_COLLECTIVES: Final = 8  # the collective counters are valid (version 2)
+FLAG_PROCESS: Final = 16  # the process CPU / memory figures are valid (version 2)
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
 UNKNOWN_RANK: Final = -1
@@ -98,7 +106,10 @@ _SEQ_OFFSET: Final = 16
 _PAYLOAD_OFFSET: Final = 24
 _DEVICES_OFFSET: Final = 128
 _V2_OFFSET: Final = 512
+_PROCESS = struct.Struct("<QQQQII")  # main CPU ns .. PID namespace (offset 592..632, flag bit 4)
+_PROCESS_OFFSET: Final = 592
 _I32_MAX: Final = 2**31 - 1
+_U32_MAX: Final = 2**32 - 1
 
 
 class ProbeFormatError(ValueError):
@@ -189,6 +200,14 @@ class ProbeRecord:
     memory_limit_bytes: int | None = None  # 0: no limit
     oom_kills: int | None = None
     memory_cgroup_id: int | None = None  # 0: unknown
+    # Version 2, flag bit 4: the process's own CPU and memory figures (dam_probe.process), for a
+    # reader that cannot see it in its /proc (another PID namespace); all None when unknown.
+    process_cpu_ns: int | None = None
+    worker_cpu_ns: int | None = None  # its descendants, live and ended
+    process_rss_bytes: int | None = None
+    worker_rss_bytes: int | None = None
+    workers: int | None = None  # live descendants
+    pid_namespace: int | None = None  # inode of the writer's PID namespace; 0: unknown
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
@@ -201,6 +220,9 @@ class ProbeRecord:
         memory = (self.memory_limit_bytes, self.oom_kills, self.memory_cgroup_id)
         if self.memory_usage_bytes is None and any(v is not None for v in memory):
             raise ValueError("memory_limit_bytes, oom_kills and memory_cgroup_id need memory_usage_bytes")
+        process = (self.worker_cpu_ns, self.process_rss_bytes, self.worker_rss_bytes, self.workers)
+        if self.process_cpu_ns is None and any(v is not None for v in (*process, self.pid_namespace)):
+            raise ValueError("worker_cpu_ns, the RSS fields, workers and pid_namespace need process_cpu_ns")
         for name in ("rank", "local_rank", "world_size"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= _I32_MAX:
@@ -264,6 +286,7 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         flags |= (0 if record.memory_usage_bytes is None else FLAG_MEMORY) | (
             0 if record.collectives is None else FLAG_COLLECTIVES
         )
+        flags |= 0 if record.process_cpu_ns is None else FLAG_PROCESS
     _PAYLOAD.pack_into(
         buf,
         _PAYLOAD_OFFSET,
@@ -302,6 +325,23 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
             record.oom_kills or 0,
             record.memory_cgroup_id or 0,
         )
+        _PROCESS.pack_into(
+            buf,
+            _PROCESS_OFFSET,
+            record.process_cpu_ns or 0,
+            record.worker_cpu_ns or 0,
+            record.process_rss_bytes or 0,
+            record.worker_rss_bytes or 0,
+            min(record.workers or 0, _U32_MAX),
+            (record.pid_namespace or 0) & _U32_MAX,
+        )
+
+
+def _process_fields(process: tuple[int, int, int, int, int, int] | None) -> dict[str, int]:
+    if process is None:
+        return {}
+    names = ("process_cpu_ns", "worker_cpu_ns", "process_rss_bytes", "worker_rss_bytes", "workers")
+    return {**dict(zip(names, process[:5], strict=True)), "pid_namespace": process[5]}
 
 
 def _rank_or_none(value: int) -> int | None:
@@ -343,6 +383,18 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         if flags & FLAG_MEMORY:
             extra.update(
                 memory_usage_bytes=mem, memory_limit_bytes=mem_limit, oom_kills=ooms, memory_cgroup_id=mem_id
+            )
+        if flags & FLAG_PROCESS:
+            main_cpu, worker_cpu, main_rss, worker_rss, workers, pid_ns = _PROCESS.unpack_from(
+                data, _PROCESS_OFFSET
+            )
+            extra.update(
+                process_cpu_ns=main_cpu,
+                worker_cpu_ns=worker_cpu,
+                process_rss_bytes=main_rss,
+                worker_rss_bytes=worker_rss,
+                workers=workers,
+                pid_namespace=pid_ns,
             )
     return sequence, ProbeRecord(
         pid=pid,
@@ -523,9 +575,11 @@ class ProbeWriter:
         world_size: int | None = None,
         collectives: tuple[int, int, int, int] | None = None,
         memory: tuple[int, int, int, int] | None = None,
+        process: tuple[int, int, int, int, int, int] | None = None,
     ) -> None:
         """Publishes one update; ``collectives`` is ``(count, ns, exposed ns, bytes)``,
-        ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``; None = unknown."""
+        ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``, ``process`` is
+        ``(main CPU ns, worker CPU ns, main RSS, worker RSS, workers, PID namespace)``; None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy)
         # window covers one memory copy only.
         scratch = self._scratch
@@ -559,6 +613,7 @@ class ProbeWriter:
                 memory_limit_bytes=limit,
                 oom_kills=ooms,
                 memory_cgroup_id=memory_id,
+                **_process_fields(process),
             ),
         )
         mm = self._mm

@@ -33,7 +33,7 @@ from dam_sidecar.catalog import BY_NAME
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.exposition import Family, render
 from dam_sidecar.promtext import Snapshot, parse_snapshot
-from dam_sidecar.samplers.cpu import CpuSample, CpuSampler, CpuSource
+from dam_sidecar.samplers.cpu import CpuSample, CpuSampler, CpuSource, PublishedCpu, with_published
 from dam_sidecar.samplers.nvml import NoNvml, NvmlSample, NvmlSampler, NvmlSource, Watchdog
 from dam_sidecar.samplers.probe import ProbeReader, ProbeSample, ProbeSource, RankSample
 from dam_sidecar.settings import SidecarSettings
@@ -133,8 +133,10 @@ class SidecarCollector(Collector):
         interval_seconds: float = 1.0,
         extra_pids: Iterable[int] = (),
         clock: Callable[[], float] = time.time,
+        published: PublishedCpu | None = None,
     ) -> None:
         self.errors = errors
+        self._published = published if published is not None else PublishedCpu()
         self._probe = probe
         self._nvml = nvml
         self._cpu = cpu
@@ -167,8 +169,16 @@ class SidecarCollector(Collector):
             t1 = time.perf_counter()
             nvml = self._guard("nvml", self._nvml.sample, NvmlSample(up=False))
             t2 = time.perf_counter()
-            pids = sorted(set(probe.live_pids) | set(self._extra_pids))
-            cpu = self._guard("cpu", lambda: self._cpu.sample(pids), previous.cpu)
+            # A pid of another PID namespace (no shareProcessNamespace) is not read here: it may
+            # name another process in this /proc. Its probe publishes its figures instead.
+            foreign = self._published.foreign(probe.records)
+            hidden = {r.pid for r in foreign}
+            pids = sorted((set(probe.live_pids) - hidden) | set(self._extra_pids))
+            cpu = self._guard(
+                "cpu",
+                lambda: with_published(self._cpu.sample(pids), self._published.sample(foreign)),
+                previous.cpu,
+            )
             t3 = time.perf_counter()
             durations = [("probe", t1 - t0), ("nvml", t2 - t1), ("cpu", t3 - t2)]
             attribution = self._attributor.decide(probe.device_uuids)

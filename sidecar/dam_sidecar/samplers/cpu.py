@@ -8,16 +8,25 @@ Resident memory (``/proc/<pid>/statm``) is a gauge per role: the training
 processes (``main``) and their descendants, the DataLoader workers (``worker``).
 The container's memory (usage, limit, OOM kills) comes from the training
 process's memory cgroup, resolved like its CPU cgroup (``dam_probe.cgroup``).
+
+A training process in another PID namespace (a Pod that keeps ``shareProcessNamespace:
+false``) is not in this ``/proc``; worse, its pid may name another process here (the
+sidecar's own pid 1). Its probe publishes its PID namespace and the same figures, read from
+inside (``dam_probe.process``, flag bit 4 of the probe file): ``PublishedCpu`` turns those
+into the same monotonic counters, and the collector never reads ``/proc/<pid>`` for a pid of
+another namespace (``in_other_namespace``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from dam_probe import cgroup
+from dam_probe.layout import ProbeRecord
+from dam_probe.process import pid_namespace
 from dam_sidecar.errors import ErrorLog
 
 SAMPLER = "cpu"
@@ -357,3 +366,68 @@ class CpuSampler:
             memory_limit_bytes=memory_limit,
             oom_kills=kills,
         )
+
+
+# --- figures the probes publish (training processes in another PID namespace) ---------------
+
+
+def in_other_namespace(record: ProbeRecord, own_namespace: int) -> bool:
+    """Whether ``record``'s pid belongs to another PID namespace than this sidecar's.
+
+    Unknown on either side (an older probe, a ``/proc`` without ``ns/pid``) counts as the same
+    namespace: the sidecar reads ``/proc/<pid>`` as it always did.
+    """
+    return bool(own_namespace and record.pid_namespace and record.pid_namespace != own_namespace)
+
+
+@dataclass
+class PublishedCpu:
+    """CPU time and resident memory of the training processes as their probes publish them.
+
+    Counters stay monotonic as in ``CpuSampler``: a process that ended (its record gone) keeps
+    what it counted, keyed by (pid, probe start time).
+    """
+
+    own_namespace: int = field(default_factory=lambda: pid_namespace("/proc"))
+    _main: _Monotonic = field(default_factory=_Monotonic)
+    _worker: _Monotonic = field(default_factory=_Monotonic)
+
+    def foreign(self, records: Iterable[ProbeRecord]) -> list[ProbeRecord]:
+        """The records of processes this sidecar cannot see in its ``/proc``."""
+        return [r for r in records if in_other_namespace(r, self.own_namespace)]
+
+    def sample(self, records: Iterable[ProbeRecord]) -> CpuSample | None:
+        """The figures of ``records`` that publish them; None before any ever did."""
+        known = [r for r in records if r.process_cpu_ns is not None]
+        main = self._main.update({(r.pid, r.start_time_ns): (r.process_cpu_ns or 0) / 1e9 for r in known})
+        worker = self._worker.update({(r.pid, r.start_time_ns): (r.worker_cpu_ns or 0) / 1e9 for r in known})
+        if not known and not self._main.carried:
+            return None
+        return CpuSample(
+            main_cpu_seconds=main,
+            worker_cpu_seconds=worker,
+            main_processes=len(known),
+            worker_processes=sum(r.workers or 0 for r in known),
+            main_rss_bytes=float(sum(r.process_rss_bytes or 0 for r in known)),
+            worker_rss_bytes=float(sum(r.worker_rss_bytes or 0 for r in known)),
+        )
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0.0) + (b or 0.0)
+
+
+def with_published(own: CpuSample, published: CpuSample | None) -> CpuSample:
+    """``own`` (what this sidecar read in its ``/proc`` and cgroup) plus the processes it cannot
+    see, as their probes publish them (other processes: the figures add up)."""
+    if published is None:
+        return own
+    return replace(
+        own,
+        main_cpu_seconds=_add(own.main_cpu_seconds, published.main_cpu_seconds),
+        worker_cpu_seconds=_add(own.worker_cpu_seconds, published.worker_cpu_seconds),
+        main_processes=own.main_processes + published.main_processes,
+        worker_processes=own.worker_processes + published.worker_processes,
+        main_rss_bytes=_add(own.main_rss_bytes, published.main_rss_bytes),
+        worker_rss_bytes=_add(own.worker_rss_bytes, published.worker_rss_bytes),
+    )

@@ -1,0 +1,111 @@
+"""Training processes in another PID namespace: their CPU and memory come from their probe files.
+
+A Pod that keeps ``shareProcessNamespace: false`` runs the sidecar in its own PID namespace: the
+trainer's pid in its probe file means nothing in the sidecar's ``/proc`` (pid 1 there is the
+sidecar itself). The probe publishes its PID namespace and its figures (flag bit 4); the
+collector reads ``/proc`` only for pids of its own namespace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dam_sidecar import names as n
+from dam_sidecar.attribution import Attributor
+from dam_sidecar.collector import SidecarCollector
+from dam_sidecar.errors import ErrorLog
+from dam_sidecar.promtext import labels_of
+from dam_sidecar.samplers.cpu import CpuSampler, PublishedCpu
+from dam_sidecar.samplers.nvml import NoNvml
+from dam_sidecar.samplers.probe import ProbeReader
+
+from .conftest import remove_proc, touch_dir, write_children, write_probe, write_proc_stat
+
+OWN_NS, OTHER_NS = 4026531836, 4026532999
+GIB = 2**30
+
+
+def _collector(tmp_path: Path) -> tuple[SidecarCollector, Path, Path]:
+    probes, proc, cg = touch_dir(tmp_path / "probes"), touch_dir(tmp_path / "proc"), touch_dir(tmp_path / "cg")
+    errors = ErrorLog()
+    collector = SidecarCollector(
+        probe=ProbeReader(str(probes), errors, proc_root=str(proc)),
+        nvml=NoNvml(),
+        cpu=CpuSampler(errors, proc_root=str(proc), cgroup_root=str(cg), clock_ticks_per_second=100),
+        errors=errors,
+        attributor=Attributor("visible_devices", None),
+        published=PublishedCpu(own_namespace=OWN_NS),
+    )
+    return collector, probes, proc
+
+
+def _published(probes: Path, pid: int, ns: int, main_s: float, worker_s: float, **more: object) -> None:
+    write_probe(
+        probes,
+        pid=pid,
+        steps=5,
+        process_cpu_ns=int(main_s * 1e9),
+        worker_cpu_ns=int(worker_s * 1e9),
+        process_rss_bytes=more.pop("rss", 2 * GIB),
+        worker_rss_bytes=more.pop("worker_rss", GIB),
+        workers=more.pop("workers", 4),
+        pid_namespace=ns,
+        **more,
+    )
+
+
+def _cpu(collector: SidecarCollector) -> dict[str, float]:
+    collector.sample_now()
+    snap = collector.snapshot()
+    series = snap.series(n.PROCESS_CPU_SECONDS_TOTAL)
+    return {role: series[labels_of({"role": role})] for role in (n.ROLE_MAIN, n.ROLE_WORKER)}
+
+
+def test_a_trainer_of_another_pid_namespace_is_reported_from_its_probe_not_from_this_proc(
+    tmp_path: Path,
+) -> None:
+    collector, probes, proc = _collector(tmp_path)
+    # pid 1 in the sidecar's /proc is the sidecar itself (3 s of CPU); the trainer is pid 1 in its own.
+    write_proc_stat(proc, 1, 0, utime=200, stime=100)
+    _published(probes, 1, OTHER_NS, main_s=40.0, worker_s=90.0)
+    assert _cpu(collector) == {n.ROLE_MAIN: 40.0, n.ROLE_WORKER: 90.0}
+    snap = collector.snapshot()
+    assert snap.series(n.PROCESS_RESIDENT_MEMORY_BYTES)[labels_of({"role": n.ROLE_MAIN})] == 2 * GIB
+    assert snap.series(n.PROCESSES)[labels_of({"role": n.ROLE_WORKER})] == 4
+    _published(probes, 1, OTHER_NS, main_s=41.0, worker_s=95.5)
+    assert _cpu(collector) == {n.ROLE_MAIN: 41.0, n.ROLE_WORKER: 95.5}
+
+
+def test_a_trainer_of_this_pid_namespace_is_still_read_from_proc(tmp_path: Path) -> None:
+    collector, probes, proc = _collector(tmp_path)
+    write_proc_stat(proc, 7, 1, utime=150, stime=50)
+    write_proc_stat(proc, 8, 7, utime=300, stime=0)
+    write_children(proc, 7, [8])
+    _published(probes, 7, OWN_NS, main_s=999.0, worker_s=999.0)
+    assert _cpu(collector) == {n.ROLE_MAIN: 2.0, n.ROLE_WORKER: 3.0}
+
+
+def test_an_older_probe_without_a_namespace_is_read_from_proc_as_before(tmp_path: Path) -> None:
+    collector, probes, proc = _collector(tmp_path)
+    write_proc_stat(proc, 7, 1, utime=100, stime=0)
+    write_probe(probes, pid=7)
+    assert _cpu(collector)[n.ROLE_MAIN] == 1.0
+
+
+def test_published_cpu_never_goes_down_when_a_trainer_restarts(tmp_path: Path) -> None:
+    collector, probes, proc = _collector(tmp_path)
+    write_proc_stat(proc, 1, 0, utime=1, stime=0)
+    _published(probes, 1, OTHER_NS, main_s=40.0, worker_s=90.0)
+    assert _cpu(collector)[n.ROLE_WORKER] == 90.0
+    # The container restarted: a new trainer, pid 1 again, from zero.
+    _published(probes, 1, OTHER_NS, main_s=1.0, worker_s=2.0, start_time_ns=99_000)
+    assert _cpu(collector) == {n.ROLE_MAIN: 41.0, n.ROLE_WORKER: 92.0}
+    remove_proc(proc, 1)
+
+
+def test_visible_and_hidden_trainers_add_up(tmp_path: Path) -> None:
+    collector, probes, proc = _collector(tmp_path)
+    write_proc_stat(proc, 7, 1, utime=100, stime=0)
+    write_probe(probes, pid=7, pid_namespace=OWN_NS, process_cpu_ns=5 * 10**9)
+    _published(probes, 9, OTHER_NS, main_s=4.0, worker_s=6.0)
+    assert _cpu(collector) == {n.ROLE_MAIN: 5.0, n.ROLE_WORKER: 6.0}
