@@ -11,7 +11,9 @@ table that is already imported is patched at once.
 - ``torch.utils.data.dataloader``: ``_BaseDataLoaderIter.__next__`` is
   replaced by a timed version. Every ``DataLoader`` iterator (single- and
   multi-process) inherits it, so any training loop is measured without code
-  changes. A failure disables the probe.
+  changes. A failure disables the probe. DataLoader's error for a dead worker ("worker
+  (pid N) is killed by signal: Killed", raised in ``next()`` or, from PyTorch's SIGCHLD
+  handler, wherever the main thread is: ``sys.excepthook``) is counted in the probe file.
 - ``torch.distributed.distributed_c10d`` and ``torch.nn.parallel.distributed``:
   collectives and DDP gradient buckets are timed (``dam_probe._comm``). A
   failure leaves torch untouched and prints one line; the probe stays on.
@@ -49,6 +51,9 @@ def timed_next(orig: Callable[[Any], Any], p: Probe = PROBE) -> Callable[[Any], 
             item = orig(self)
         except StopIteration:
             p.stop(t0)
+            raise
+        except RuntimeError as exc:  # "DataLoader worker (pid N) is killed by signal: Killed."
+            p.worker_failed(exc, self)
             raise
         t1 = clock()
         if p.steps == s0:
@@ -177,6 +182,29 @@ class DataLoaderHook:
             return None
 
 
+def _excepthook(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """``sys.excepthook`` that counts a DataLoader worker death first, then calls ``previous``.
+
+    PyTorch's SIGCHLD handler raises "DataLoader worker (pid N) is killed by signal: Killed."
+    wherever the main thread is when the worker dies, often outside ``next()`` (in the
+    forward pass): the exception then reaches the top uncaught, and passes here before the
+    interpreter's exit handlers publish the probe's last record.
+    """
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> Any:
+        PROBE.worker_failed(exc)
+        return previous(exc_type, exc, tb)
+
+    setattr(hook, MARK, True)
+    return hook
+
+
+def install_excepthook() -> None:
+    """Idempotent; keeps whatever hook was there before (called after ours)."""
+    if not getattr(sys.excepthook, MARK, False):
+        sys.excepthook = _excepthook(sys.excepthook)
+
+
 def installed() -> bool:
     return any(getattr(f, "dam_probe_hook", False) for f in sys.meta_path)
 
@@ -187,6 +215,7 @@ def install() -> None:
     Idempotent; never imports torch: the modules already imported are patched
     at once, the finder waits for the others.
     """
+    install_excepthook()
     for name in PATCHES:
         module = sys.modules.get(name)
         if module is not None and name not in _done:

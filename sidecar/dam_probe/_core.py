@@ -24,6 +24,8 @@ import atexit
 import contextlib
 import math
 import os
+import re
+import signal
 import sys
 import threading
 import time
@@ -111,6 +113,54 @@ def cuda_device_uuids() -> tuple[str, ...] | None:
         return None
 
 
+SEEN_MARK: Final = "_dam_probe_counted"
+# PyTorch's messages (torch 2.x): the SIGCHLD handler's (torch/csrc/DataLoader.cpp) and the
+# iterator's own check (torch/utils/data/dataloader.py, ``_try_get_data``).
+_KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)\.")
+_EXITED_CODE = re.compile(r"DataLoader worker \(pid (\d+)\) exited unexpectedly with exit code (-?\d+)")
+_EXITED = re.compile(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly")
+
+
+def _signal_numbers() -> dict[str, int]:
+    """``strsignal`` text (what the SIGCHLD handler prints: "Killed") and names → signal numbers."""
+    out: dict[str, int] = {}
+    for sig in signal.Signals:
+        out[sig.name] = int(sig)
+        with contextlib.suppress(ValueError):
+            text = signal.strsignal(sig)
+            if text:
+                out.setdefault(text, int(sig))
+    return out
+
+
+def _worker_exit_signal(iterator: object, pid: int) -> int:
+    """The signal that ended worker ``pid`` of a multi-process iterator (its ``exitcode`` is
+    ``-signal`` for a killed process, ``multiprocessing.Process``); 0 when not known."""
+    for worker in getattr(iterator, "_workers", None) or ():
+        if getattr(worker, "pid", None) == pid:
+            code = getattr(worker, "exitcode", None)
+            return -code if isinstance(code, int) and code < 0 else 0
+    return 0
+
+
+def dataloader_worker_deaths(message: str, iterator: object = None) -> list[tuple[int, int]]:
+    """``(pid, signal)`` of each DataLoader worker an error message says died (signal 0: not known)."""
+    found: dict[int, int] = {}
+    numbers: dict[str, int] | None = None
+    for m in _KILLED.finditer(message):
+        numbers = numbers or _signal_numbers()
+        found[int(m.group(1))] = numbers.get(m.group(2).strip(), 0)
+    for m in _EXITED_CODE.finditer(message):
+        code = int(m.group(2))
+        found.setdefault(int(m.group(1)), -code if code < 0 else 0)
+    for m in _EXITED.finditer(message):
+        for part in m.group(1).split(","):
+            if part.strip().isdigit():
+                pid = int(part.strip())
+                found[pid] = found.get(pid) or _worker_exit_signal(iterator, pid)
+    return sorted(found.items())
+
+
 RankIdentity = tuple[int | None, int | None, int | None]  # (rank, local rank, world size)
 _I32_MAX: Final = 2**31 - 1
 
@@ -177,6 +227,8 @@ class Probe:
         "flops_per_step",
         "in_stream",
         "interval_ns",
+        "killed_workers",
+        "last_kill_signal",
         "last_ns",
         "memory",
         "next_publish_ns",
@@ -210,6 +262,9 @@ class Probe:
         # Its CPU time and RSS and its workers', for a sidecar in another PID namespace (a Pod that keeps
         # shareProcessNamespace: false): /proc/self and its children, at most once a second.
         self.process = ProcessReader()
+        # DataLoader workers that died, as DataLoader's own error says (``worker_failed``): their pids.
+        self.killed_workers: set[int] = set()
+        self.last_kill_signal = 0
         # Collectives (dam_probe._comm): cumulative, updated under comm_lock.
         self.comm_on = False  # the collective instrumentation is installed (flag bit 3 of the file)
         self.comm_sweep: Callable[[int], None] | None = None  # ends finished async collectives (_comm)
@@ -281,6 +336,30 @@ class Probe:
             self.in_stream = True
             self.stream_start_ns = t0_ns  # the first batch's step is its own wait
         self.publish(t1_ns, batch)
+
+    def worker_failed(self, exc: BaseException, iterator: object = None) -> None:
+        """Counts the DataLoader workers that ``exc`` (DataLoader's own error) says died; never raises.
+
+        Called where the probe sees the exception: ``next()`` on a DataLoader iterator, and the
+        uncaught-exception hook (PyTorch's SIGCHLD handler raises it wherever the main thread
+        is). Publishes at once: a process killed right after still leaves the count behind.
+        """
+        try:
+            if getattr(exc, SEEN_MARK, False):
+                return
+            found = dataloader_worker_deaths(str(exc), iterator)
+            if not found:
+                return
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(exc, SEEN_MARK, True)
+            for pid, signum in found:
+                self.killed_workers.add(pid)
+                if signum:
+                    self.last_kill_signal = signum
+            if self.active():
+                self.publish(time.perf_counter_ns())
+        except Exception:
+            pass
 
     # -- publishing ------------------------------------------------------------
 
@@ -368,6 +447,7 @@ class Probe:
                 collectives=collectives,
                 memory=self.memory.read(now_ns),
                 process=self.process.read(now_ns),
+                loader_kills=(len(self.killed_workers), self.last_kill_signal),
             )
             return True
         except Exception as exc:
@@ -405,6 +485,8 @@ class Probe:
         self.cgroup.reset()
         self.memory.reset()
         self.process.reset()
+        self.killed_workers = set()
+        self.last_kill_signal = 0
         # Locks held by another thread at fork time would stay held in the child forever.
         self.comm_lock = threading.Lock()
         self.publish_lock = threading.Lock()

@@ -25,7 +25,8 @@ offset size   type    field
                       bit 1: the three cgroup CPU fields at 96..120 are valid;
                       bit 2: the memory fields at 560..592 are valid (v2);
                       bit 3: the collective counters at 528..560 are valid (v2);
-                      bit 4: the process figures at 592..632 are valid (v2))
+                      bit 4: the process figures at 592..632 are valid (v2);
+                      bit 6: the DataLoader worker kills at 648..656 are valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
 104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
@@ -51,7 +52,13 @@ offset size   type    field
 616    8      u64     resident memory of its live descendants, bytes
 624    4      u32     live descendants (workers)
 628    4      u32     inode of the writer's PID namespace (0 = unknown)
-632    392    -       reserved, zero
+632    16     -       reserved, zero
+648    4      u32     DataLoader workers that died under this process, cumulative: seen in
+                      DataLoader's own error ("worker (pid N) is killed by signal: Killed",
+                      "worker (pid(s) N) exited unexpectedly"), one per pid (flag bit 6)
+652    4      u32     the signal that ended the latest of them (9 = SIGKILL, the OOM killer's;
+                      0 = not known)
+656    368    -       reserved, zero
 ====== ====== ======= ==========================================================
 
 Seqlock protocol: the writer increments ``sequence`` to an odd value, writes
@@ -94,6 +101,7 @@ FLAG_CGROUP: Final = 2  # the cgroup CPU fields are valid
 FLAG_MEMORY: Final = 4  # the cgroup memory fields are valid (version 2)
 FLAG_COLLECTIVES: Final = 8  # the collective counters are valid (version 2)
 FLAG_PROCESS: Final = 16  # the process CPU / memory figures are valid (version 2)
+FLAG_LOADER_KILLS: Final = 64  # the DataLoader worker kill fields are valid (version 2)
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
 UNKNOWN_RANK: Final = -1
@@ -108,6 +116,8 @@ _DEVICES_OFFSET: Final = 128
 _V2_OFFSET: Final = 512
 _PROCESS = struct.Struct("<QQQQII")  # main CPU ns .. PID namespace (offset 592..632, flag bit 4)
 _PROCESS_OFFSET: Final = 592
+_LOADER_KILLS = struct.Struct("<II")  # workers killed, last signal (offset 648..656, flag bit 6)
+_LOADER_KILLS_OFFSET: Final = 648
 _I32_MAX: Final = 2**31 - 1
 _U32_MAX: Final = 2**32 - 1
 
@@ -208,6 +218,9 @@ class ProbeRecord:
     worker_rss_bytes: int | None = None
     workers: int | None = None  # live descendants
     pid_namespace: int | None = None  # inode of the writer's PID namespace; 0: unknown
+    # Version 2, flag bit 6: DataLoader workers that died (DataLoader's own error); None: not watched.
+    loader_worker_kills: int | None = None
+    loader_kill_signal: int | None = None  # of the latest; 0: not known
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
@@ -223,6 +236,8 @@ class ProbeRecord:
         process = (self.worker_cpu_ns, self.process_rss_bytes, self.worker_rss_bytes, self.workers)
         if self.process_cpu_ns is None and any(v is not None for v in (*process, self.pid_namespace)):
             raise ValueError("worker_cpu_ns, the RSS fields, workers and pid_namespace need process_cpu_ns")
+        if self.loader_worker_kills is None and self.loader_kill_signal is not None:
+            raise ValueError("loader_kill_signal needs loader_worker_kills")
         for name in ("rank", "local_rank", "world_size"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= _I32_MAX:
@@ -287,6 +302,7 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
             0 if record.collectives is None else FLAG_COLLECTIVES
         )
         flags |= 0 if record.process_cpu_ns is None else FLAG_PROCESS
+        flags |= 0 if record.loader_worker_kills is None else FLAG_LOADER_KILLS
     _PAYLOAD.pack_into(
         buf,
         _PAYLOAD_OFFSET,
@@ -334,6 +350,12 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
             record.worker_rss_bytes or 0,
             min(record.workers or 0, _U32_MAX),
             (record.pid_namespace or 0) & _U32_MAX,
+        )
+        _LOADER_KILLS.pack_into(
+            buf,
+            _LOADER_KILLS_OFFSET,
+            min(record.loader_worker_kills or 0, _U32_MAX),
+            min(record.loader_kill_signal or 0, _U32_MAX),
         )
 
 
@@ -396,6 +418,9 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
                 workers=workers,
                 pid_namespace=pid_ns,
             )
+        if flags & FLAG_LOADER_KILLS:
+            kills, kill_signal = _LOADER_KILLS.unpack_from(data, _LOADER_KILLS_OFFSET)
+            extra.update(loader_worker_kills=kills, loader_kill_signal=kill_signal)
     return sequence, ProbeRecord(
         pid=pid,
         start_time_ns=start,
@@ -576,10 +601,12 @@ class ProbeWriter:
         collectives: tuple[int, int, int, int] | None = None,
         memory: tuple[int, int, int, int] | None = None,
         process: tuple[int, int, int, int, int, int] | None = None,
+        loader_kills: tuple[int, int] | None = None,
     ) -> None:
         """Publishes one update; ``collectives`` is ``(count, ns, exposed ns, bytes)``,
         ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``, ``process`` is
-        ``(main CPU ns, worker CPU ns, main RSS, worker RSS, workers, PID namespace)``; None = unknown."""
+        ``(main CPU ns, worker CPU ns, main RSS, worker RSS, workers, PID namespace)``, ``loader_kills``
+        is ``(DataLoader workers killed, signal of the latest (0 = not known))``; None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy)
         # window covers one memory copy only.
         scratch = self._scratch
@@ -614,6 +641,8 @@ class ProbeWriter:
                 oom_kills=ooms,
                 memory_cgroup_id=memory_id,
                 **_process_fields(process),
+                loader_worker_kills=None if loader_kills is None else loader_kills[0],
+                loader_kill_signal=None if loader_kills is None else loader_kills[1],
             ),
         )
         mm = self._mm

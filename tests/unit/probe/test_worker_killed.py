@@ -1,0 +1,114 @@
+"""A DataLoader worker killed (the OOM killer's SIGKILL) is counted by the probe, for certain.
+
+Real torch under the automatic instrumentation: a worker kills itself with SIGKILL, as the
+kernel's OOM killer would; DataLoader raises its own error in the main process, and the probe
+file then holds the count (offset 648) and the signal (652, flag bit 6) whatever code the
+training loop was in when the error came.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from dam_probe._core import dataloader_worker_deaths
+from dam_probe.bootstrap import install_into
+from dam_probe.layout import ProbeRecord, decode, encode, probe_files, read_file
+
+from .conftest import probe_lines, python_env, run_python
+
+TRAIN = """
+import os, signal, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Samples(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        if i == 20:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
+        time.sleep(0.002)
+        return torch.zeros(4)
+
+CATCH = {catch}
+loader = DataLoader(Samples(), batch_size=4, num_workers=2)
+try:
+    for batch in loader:
+        time.sleep({work})  # the main thread is in the "step" when SIGCHLD arrives
+except RuntimeError as exc:
+    print("caught:", exc)
+    if not CATCH:
+        raise
+"""
+
+
+@pytest.fixture(scope="module")
+def site_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return install_into(str(tmp_path_factory.mktemp("site")))
+
+
+@pytest.mark.parametrize(
+    ("catch", "work"),
+    [(True, 0.0), (False, 0.05)],
+    ids=["raised-in-next", "uncaught-from-the-step"],
+)
+def test_a_worker_killed_by_sigkill_is_counted_in_the_probe_file(
+    site_dir: str, tmp_path: Path, catch: bool, work: float
+) -> None:
+    probes = tmp_path / "probes"
+    env = python_env(PYTHONPATH=site_dir, DAM_PROBE_DIR=str(probes))
+    result = run_python(TRAIN.format(catch=catch, work=work), env, timeout=120)
+    said = result.stdout + result.stderr  # either of DataLoader's two messages, as the timing falls
+    assert "killed by signal: Killed" in said or "exited unexpectedly" in said, said
+    assert result.returncode == (0 if catch else 1), result.stderr
+    assert probe_lines(result.stderr) == []
+    (path,) = probe_files(str(probes))
+    rec = read_file(path)
+    assert rec.closed
+    assert rec.loader_worker_kills == 1
+    assert rec.loader_kill_signal == signal.SIGKILL
+
+
+def test_dataloader_messages_give_the_pids_and_signals() -> None:
+    killed = "DataLoader worker (pid 4242) is killed by signal: Killed. "
+    assert dataloader_worker_deaths(killed) == [(4242, signal.SIGKILL)]
+    exited = "DataLoader worker (pid(s) 11, 12) exited unexpectedly"
+    assert dataloader_worker_deaths(exited) == [(11, 0), (12, 0)]
+
+    class Worker:
+        def __init__(self, pid: int, exitcode: int) -> None:
+            self.pid, self.exitcode = pid, exitcode
+
+    class Iterator:
+        _workers = (Worker(11, -signal.SIGKILL), Worker(12, 1))
+
+    assert dataloader_worker_deaths(exited, Iterator()) == [(11, signal.SIGKILL), (12, 0)]
+    code = "DataLoader worker (pid 7) exited unexpectedly with exit code 1. Details are lost"
+    assert dataloader_worker_deaths(code) == [(7, 0)]
+    assert dataloader_worker_deaths("CUDA out of memory") == []
+
+
+def test_worker_kill_fields_round_trip_and_read_as_unknown_without_their_flag() -> None:
+    base = ProbeRecord(
+        pid=1,
+        start_time_ns=2,
+        steps=3,
+        wait_ns=4,
+        step_ns=5,
+        last_update_ns=6,
+        batch_size=0,
+        flops_per_step=0.0,
+        closed=False,
+    )
+    _, back = decode(encode(base))
+    assert back.loader_worker_kills is None and back.loader_kill_signal is None  # unknown, not zero
+    killed = ProbeRecord(**{**base.__dict__, "loader_worker_kills": 2, "loader_kill_signal": 9})
+    image = encode(killed)
+    _, back = decode(image)
+    assert (back.loader_worker_kills, back.loader_kill_signal) == (2, 9)
+    assert int.from_bytes(image[648:652], "little") == 2
+    assert int.from_bytes(image[652:656], "little") == 9
+    assert int.from_bytes(image[92:96], "little") & 64
