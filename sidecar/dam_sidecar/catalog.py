@@ -196,6 +196,15 @@ CATALOG: tuple[MetricSpec, ...] = (
         "cpu",
     ),
     MetricSpec(
+        n.PROCESS_CPU_WAIT_SECONDS_TOTAL,
+        "counter",
+        "Time the main thread of each training process (role=main) and of each DataLoader worker "
+        "(role=worker) was runnable but waited for a CPU: the run-queue delay, /proc/<pid>/schedstat "
+        "field 2 (read by the sidecar, or published by the probe when the sidecar cannot see the process).",
+        ("role",),
+        "cpu",
+    ),
+    MetricSpec(
         n.PROCESSES,
         "gauge",
         "Live training processes (role=main) and their descendants, the DataLoader workers (role=worker).",

@@ -48,6 +48,7 @@ GPU_ATTRIBUTION: Final = "dam_gpu_attribution"
 
 # --- host CPU ----------------------------------------------------------------
 PROCESS_CPU_SECONDS_TOTAL: Final = "dam_process_cpu_seconds_total"
+PROCESS_CPU_WAIT_SECONDS_TOTAL: Final = "dam_process_cpu_wait_seconds_total"
 PROCESSES: Final = "dam_processes"
 CONTAINER_CPU_THROTTLED_SECONDS_TOTAL: Final = "dam_container_cpu_throttled_seconds_total"
 CONTAINER_CPU_LIMIT_CORES: Final = "dam_container_cpu_limit_cores"

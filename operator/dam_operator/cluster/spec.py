@@ -186,6 +186,7 @@ class ThresholdsSpec(_Spec):
     mfu_efficient: Ratio | None = None
     main_cpu_saturated_cores: Annotated[float, Field(gt=0.0, le=4.0), AfterValidator(_finite)] | None = None
     cpu_throttled_suspect: Ratio | None = None
+    cpu_wait_suspect: Ratio | None = None
     tensor_active_low: Ratio | None = None
     worker_cpu_saturated: Ratio | None = None
     min_steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = None

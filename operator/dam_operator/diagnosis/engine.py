@@ -145,8 +145,9 @@ def derive(obs: Observation, hardware: Hardware | None) -> Derived:
     if sps is None and obs.steps is not None and _positive(obs.window_seconds):
         sps = obs.steps / obs.window_seconds  # type: ignore[operator]
     step = _positive(obs.mean_step_seconds)
-    if step is None and _positive(obs.steps) and _positive(obs.window_seconds):
-        step = obs.window_seconds / obs.steps  # type: ignore[operator]
+    job_steps = obs.job_steps if obs.job_steps is not None else obs.steps
+    if step is None and _positive(job_steps) and _positive(obs.window_seconds):
+        step = obs.window_seconds / job_steps  # type: ignore[operator]
     if step is None and _positive(sps):
         step = 1.0 / sps  # type: ignore[operator]
 
@@ -258,6 +259,24 @@ class _Rules:
         limit = _thr(self.t.cpu_throttled_suspect)
         return f"container CPU-throttled {_pct(x)} of the window (suspect > {limit})"
 
+    def cpu_wait_sentence(self) -> str:
+        x = self.obs.cpu_wait_ratio
+        assert x is not None
+        return (
+            f"the main training process waited for a CPU {_pct(x)} of the window "
+            f"(run-queue delay; suspect ≥ {_thr(self.t.cpu_wait_suspect)})"
+        )
+
+    def worker_wait_sentence(self) -> str:
+        o = self.obs
+        x = o.worker_cpu_wait_ratio
+        assert x is not None
+        workers = f"the {o.worker_count} loader workers" if o.worker_count else "the loader workers"
+        return (
+            f"{workers} waited for a CPU {_pct(x)} of the window each "
+            f"(run-queue delay; suspect ≥ {_thr(self.t.cpu_wait_suspect)})"
+        )
+
     def exposed_sentence(self) -> str:
         x = self.obs.exposed_communication_ratio
         assert x is not None
@@ -295,6 +314,27 @@ class _Rules:
         x = self.obs.cpu_throttled_ratio
         return x is not None and x > self.t.cpu_throttled_suspect
 
+    def contended(self) -> bool:
+        """The main process waits for a CPU (run-queue delay) at least ``cpu_wait_suspect`` of the time."""
+        x = self.obs.cpu_wait_ratio
+        return x is not None and x >= self.t.cpu_wait_suspect
+
+    def loader_contended(self) -> str | None:
+        """Why the loader is held back by a busy node (a sentence), or None.
+
+        The workers wait for a CPU; or, with no workers, the main process (which loads the batches).
+        """
+        o, t = self.obs, self.t
+        workers_wait = o.worker_cpu_wait_ratio
+        if o.worker_count and workers_wait is not None and workers_wait >= t.cpu_wait_suspect:
+            return self.worker_wait_sentence() + ": a busy node starves the loader"
+        if o.worker_count == 0 and self.contended():
+            return (
+                self.cpu_wait_sentence()
+                + ": a busy node starves the loader (batches load in the main process)"
+            )
+        return None
+
     def main_saturated(self) -> bool:
         c = self.obs.main_cpu_cores
         return c is not None and c >= self.t.main_cpu_saturated_cores
@@ -314,17 +354,61 @@ class _Rules:
         return share >= self.t.worker_cpu_saturated, sentence
 
     # --- rules ------------------------------------------------------------------
+    def sampled_sentence(self) -> str:
+        """What the window did measure, in words (for a window without a training step)."""
+        o, d = self.obs, self.d
+        parts: list[str] = []
+        if o.main_cpu_cores is not None:
+            parts.append(f"the main process used {o.main_cpu_cores:.2f} CPU cores")
+        if o.gpu_utilization is not None:
+            parts.append(f"GPU utilization {_pct(o.gpu_utilization)}")
+        elif d.gpu_signals:
+            parts.append("GPU counters")
+        elif o.gpu_count == 0:
+            parts.append("no GPU is the job's (a CPU-only job)")
+        if o.node_cpu_utilization is not None:
+            parts.append(f"node CPU {_pct(o.node_cpu_utilization)} busy")
+        if o.container_memory_ratio is not None:
+            parts.append(f"container memory {_pct(o.container_memory_ratio)} of its limit")
+        if not parts:
+            return (
+                "nothing else was sampled: the training process is found through its probe file, "
+                "which it writes from its first batch on"
+            )
+        return "sampled in the window: " + ", ".join(parts)
+
     def insufficient(self) -> _Finding | None:
         o, t = self.obs, self.t
-        if o.steps is not None and o.steps < t.min_steps:
+        steps = o.job_steps if o.job_steps is not None else o.steps
+        nothing = o.data_wait_ratio is None and not self.d.gpu_signals and o.main_cpu_cores is None
+        if steps == 0 or (steps is None and nothing):
+            # No batch was delivered: the command never iterated a DataLoader (a custom loop, or
+            # it exited or failed before its first step). Say so, and how to measure a custom loop.
             return _Finding(
                 Regime.UNKNOWN,
                 "collect-more-evidence",
                 0.0,
-                evidence=[f"only {o.steps:.0f} steps in the window (need at least {t.min_steps})"],
+                evidence=[
+                    "no training step was seen in the window: no DataLoader was iterated (a custom "
+                    "training loop, or the command exited before its first step)",
+                    self.sampled_sentence(),
+                ],
+                missing=[
+                    "steps: a custom loop is measured by wrapping its batches, "
+                    "`for batch in dam_probe.instrument(batches):` (docs/probe.md, Explicit API)",
+                    "dataWaitRatio",
+                ],
+            )
+        if steps is not None and steps < t.min_steps:
+            per_rank = " per rank" if o.job_steps is not None else ""
+            return _Finding(
+                Regime.UNKNOWN,
+                "collect-more-evidence",
+                0.0,
+                evidence=[f"only {steps:.0f} steps{per_rank} in the window (need at least {t.min_steps})"],
                 missing=[f"steps (at least {t.min_steps} per window; a longer window or a running job)"],
             )
-        if o.data_wait_ratio is None and not self.d.gpu_signals and o.main_cpu_cores is None:
+        if nothing:
             return _Finding(
                 Regime.UNKNOWN,
                 "collect-more-evidence",
@@ -539,6 +623,10 @@ class _Rules:
             finding.lever = "raise-cpu-limit"
             finding.boundary, finding.boundary_set = Axis.MACHINE, True
             ev.append(limit_sentence)
+        elif (starved_by_node := self.loader_contended()) is not None:
+            finding.lever = "raise-cpu-request"
+            finding.boundary, finding.boundary_set = Axis.MACHINE, True
+            ev.append(starved_by_node)
         elif o.worker_count is not None and o.worker_count == 0:
             ev.append("batches are loaded in the main process (no DataLoader workers)")
         elif o.worker_count and o.worker_cpu_cores is not None and o.worker_cpu_cores / o.worker_count < 0.5:
@@ -643,6 +731,49 @@ class _Rules:
             missing.append("tensorActive or modelFlopsPerStep (to tell bf16 from a faster accelerator)")
             ev.append("tensor-core activity and MFU unknown: check bf16/TF32 first")
         return _Finding(Regime.COMPUTE_BOUND, lever, conf, evidence=ev, missing=missing)
+
+    def cpu_contention(self) -> _Finding | None:
+        """A busy node: the training process is runnable but waits for a CPU (Machine, ``raise-cpu-request``).
+
+        Not under CFS throttling: a throttled cgroup's runnable tasks also accrue run-queue delay,
+        and there the quota (``raise-cpu-limit``, the throttling rules) is the cause, not the node.
+        """
+        o, t, d = self.obs, self.t, self.d
+        if not self.contended() or self.throttled():
+            return None
+        x = o.cpu_wait_ratio
+        assert x is not None
+        ev = [self.cpu_wait_sentence() + ": it is ready to run but other processes hold the node's cores"]
+        missing: list[str] = []
+        conf = 0.85 if x >= 2 * t.cpu_wait_suspect else 0.7
+        step = d.step_seconds
+        if step is not None:
+            ev.append(
+                f"with a CPU of its own the {step * 1000:.1f} ms step would take about "
+                f"{step * (1.0 - x) * 1000:.1f} ms (the time it waited taken out)"
+            )
+        if o.main_cpu_cores is not None:
+            ev.append(self.main_cpu_sentence())
+        node = o.node_cpu_utilization
+        if node is not None:
+            ev.append(f"node CPU {_pct(node)} busy")
+        if o.gpu_utilization is not None:
+            ev.append(self.util_sentence() + ": the host cannot issue work fast enough")
+        if o.data_wait_ratio is not None:
+            ev.append(self.wait_sentence() + ": the loader is not the cause")
+        else:
+            conf -= 0.1
+            missing.append("dataWaitRatio")
+        return _Finding(
+            Regime.COMPUTE_BOUND,
+            "raise-cpu-request",
+            conf,
+            boundary=None,
+            boundary_set=True,
+            evidence=ev,
+            missing=missing,
+            also=(),
+        )
 
     def gpu_starved(self) -> _Finding | None:
         o, t = self.obs, self.t
@@ -813,7 +944,13 @@ class _Rules:
         return memory
 
     def decide_rest(self) -> _Finding:
-        for rule in (self.insufficient, self.data_or_communication, self.gpu_fed, self.gpu_starved):
+        for rule in (
+            self.insufficient,
+            self.data_or_communication,
+            self.gpu_fed,
+            self.cpu_contention,
+            self.gpu_starved,
+        ):
             found = rule()
             if found is not None:
                 return found
@@ -830,6 +967,8 @@ class _Rules:
             )
         if self.throttled() and not any("throttled" in e for e in f.evidence):
             f.evidence.append(self.throttle_sentence())
+        if self.contended() and not any("waited for a CPU" in e for e in f.evidence):
+            f.evidence.append(self.cpu_wait_sentence())
         if o.exposed_communication_ratio is not None and not any(
             e.startswith("exposed communication") for e in f.evidence
         ):
@@ -847,8 +986,11 @@ class _Rules:
                 f.evidence.append("MFU above 100%: check flops_per_step and the peak FLOP/s")
         if d.steps_per_second is not None:
             text = f"{d.steps_per_second:.2f} steps/s"
-            if o.steps is not None and o.window_seconds is not None:
-                text += f" ({o.steps:.0f} steps in {o.window_seconds:.0f} s)"  # without_sample_size
+            steps = o.job_steps if o.job_steps is not None else o.steps
+            if steps is not None and o.window_seconds is not None:
+                text += f" ({steps:.0f} steps in {o.window_seconds:.0f} s)"  # without_sample_size
+            if o.job_steps is not None:
+                text += ", each rank"
             f.evidence.append(text)
         if o.steps is None and f.regime is not Regime.UNKNOWN:
             f.confidence -= 0.05
@@ -867,6 +1009,9 @@ def _metrics(obs: Observation, d: Derived) -> WindowMetrics:
         cpu_throttled_ratio=obs.cpu_throttled_ratio,
         main_cpu_cores=obs.main_cpu_cores,
         worker_cpu_cores=obs.worker_cpu_cores,
+        worker_count=obs.worker_count,
+        cpu_wait_ratio=obs.cpu_wait_ratio,
+        worker_cpu_wait_ratio=obs.worker_cpu_wait_ratio,
         steps_per_second=d.steps_per_second,
         mfu=d.mfu,
         arithmetic_intensity=d.arithmetic_intensity,

@@ -29,6 +29,11 @@ LEVERS: Final = MappingProxyType(
         "raise-cpu-limit": (
             "Raise the container's CPU limit (or request): the job is throttled or saturates its CPU quota."
         ),
+        "raise-cpu-request": (
+            "Give the job CPUs of its own: request whole CPUs with the limit equal to the request "
+            "(Guaranteed QoS), so that the kubelet's static CPU manager policy pins the container to "
+            "exclusive cores; the node's other processes take the CPUs it is ready to use."
+        ),
         "more-loader-workers": "Add DataLoader workers.",
         # --- Data/Machine boundary: device memory ----------------------------------
         "fuse-operators": (
@@ -116,6 +121,7 @@ EFFECTIVE: Final = MappingProxyType(
             "raise-prefetch-factor",
             "use-sequential-shards",
             "raise-cpu-limit",
+            "raise-cpu-request",
         ),
         Regime.MEMORY_BOUND: (
             "fuse-operators",

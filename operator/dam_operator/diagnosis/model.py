@@ -79,7 +79,14 @@ class Observation(_Wire):
 
     window_seconds: NonNeg | None = None
     steps: NonNeg | None = None
+    """Steps counted in the window, every process together (each rank of a job counts every step)."""
     steps_per_second: NonNeg | None = None
+    """The job's rate. Several ranks of one distributed job: the median rank's rate (synchronous
+    ranks advance together, so summing them would count each step once per rank); otherwise
+    ``steps`` / window (independent processes add up)."""
+    job_steps: NonNeg | None = None
+    """Steps the job advanced in the window: the median rank's steps for several ranks of one job
+    (None otherwise: ``steps`` is the job's)."""
     data_wait_ratio: Ratio | None = None
     mean_step_seconds: NonNeg | None = None
 
@@ -94,6 +101,13 @@ class Observation(_Wire):
     main_cpu_cores: NonNeg | None = None
     worker_cpu_cores: NonNeg | None = None
     worker_count: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    """DataLoader workers seen in the window (the most any sample of it saw, not the count at its
+    end: a run's last sample, taken after the command exited, sees none)."""
+    cpu_wait_ratio: Ratio | None = None
+    """Run-queue delay of the main training process (its main thread: time runnable but waiting
+    for a CPU, ``/proc/<pid>/schedstat`` field 2) / wall time of the window."""
+    worker_cpu_wait_ratio: Ratio | None = None
+    """The same for the DataLoader workers, per worker: their run-queue delay / (wall time × workers)."""
     cpu_throttled_ratio: Ratio | None = None
     cpu_limit_cores: NonNeg | None = None
     node_cpu_utilization: Ratio | None = None
@@ -170,6 +184,9 @@ class Thresholds(_Wire):
     mfu_efficient: Ratio = 0.50
     main_cpu_saturated_cores: Annotated[float, Field(gt=0.0, le=4.0)] = 0.90
     cpu_throttled_suspect: Ratio = 0.10
+    cpu_wait_suspect: Ratio = 0.20
+    """The training process runnable but waiting for a CPU (run-queue delay) at least this share of
+    the wall time: a busy node holds it back (the step would be 1 / (1 - share) times shorter)."""
     tensor_active_low: Ratio = 0.20
     """Tensor pipes busier than this count as "tensor cores in use" (compute-bound lever choice)."""
     worker_cpu_saturated: Ratio = 0.90
@@ -219,7 +236,14 @@ class WindowMetrics(_Wire):
     cpu_throttled_ratio: float | None = None
     main_cpu_cores: float | None = None
     worker_cpu_cores: float | None = None
+    worker_count: int | None = None
+    """DataLoader workers seen in the window (the most at any sample)."""
+    cpu_wait_ratio: float | None = None
+    """Run-queue delay of the main training process / wall time."""
+    worker_cpu_wait_ratio: float | None = None
+    """Run-queue delay of the loader workers / (wall time × workers)."""
     steps_per_second: float | None = None
+    """The job's rate (the median rank's for a distributed job; each rank's under ``ranks``)."""
     mfu: float | None = None
     arithmetic_intensity: float | None = None
     ridge_point: float | None = None

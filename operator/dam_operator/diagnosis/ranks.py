@@ -137,6 +137,25 @@ def cross_rank(ranks: Mapping[RankId, Observation]) -> CrossRank:
     )
 
 
+def job_rate(ranks: Mapping[RankId, Observation]) -> tuple[float, float | None] | None:
+    """The job's rate and steps for two or more ranks of one job: the median rank's figures.
+
+    Every rank counts every step of a synchronous job, so the sum over ranks would be the rate
+    times the world size. The ranks advance together; their counters differ only by when each
+    probe last published before the scrape (up to a step either way). The median is that common
+    rate, robust to one rank caught early or late — the minimum or maximum of several noisy
+    readings would lean low or high. Processes without a rank (``rank`` None) are not ranks of
+    one job: None then, and the caller keeps the sum (independent processes add up).
+    """
+    ranked = [o for k, o in ranks.items() if k.rank is not None]
+    if len(ranked) < 2 or len(ranked) != len(ranks):
+        return None
+    rate = _median(o.steps_per_second for o in ranked)
+    if rate is None:
+        return None
+    return rate, _median(o.steps for o in ranked)
+
+
 def is_synchronous(ranks: Mapping[RankId, Observation]) -> bool:
     """Two or more ranks report collective time, and some of it is above zero."""
     timed = [o.collective_seconds for o in ranks.values() if collective_per_step(o) is not None]
@@ -239,6 +258,19 @@ def _cause(
             return Axis.MACHINE, ev
     else:
         missing.append("its container CPU throttling")
+    wait = o.cpu_wait_ratio
+    peer_wait = _median(p.cpu_wait_ratio for p in peers)
+    if (
+        wait is not None
+        and wait >= t.cpu_wait_suspect
+        and (peer_wait is None or wait >= peer_wait + UTIL_GAP)
+    ):
+        peers_text = "" if peer_wait is None else f" vs a median of {_pct(peer_wait)} for its peers"
+        ev.append(
+            f"it waited for a CPU {_pct(wait)} of the window{peers_text} (run-queue delay): "
+            "a busy node holds it back"
+        )
+        return Axis.MACHINE, ev
     node = o.node_cpu_utilization
     peer_node = _median(p.node_cpu_utilization for p in peers)
     if node is not None and node >= NODE_CPU_BUSY and (peer_node is None or peer_node < NODE_CPU_BUSY):

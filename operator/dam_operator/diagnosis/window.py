@@ -66,7 +66,12 @@ PROBE_SERIES: frozenset[str] = frozenset(
 )
 """Series the in-process probe writes: one per rank process (label ``rank``)."""
 POD_TOTALS: frozenset[str] = frozenset(
-    {names.PROCESS_CPU_SECONDS_TOTAL, names.PROCESSES, PROCESS_RESIDENT_MEMORY_BYTES}
+    {
+        names.PROCESS_CPU_SECONDS_TOTAL,
+        names.PROCESS_CPU_WAIT_SECONDS_TOTAL,
+        names.PROCESSES,
+        PROCESS_RESIDENT_MEMORY_BYTES,
+    }
 )
 """Pod-wide sums over processes: not given to one rank of a pod that holds several."""
 BENIGN_CLOCK_REASONS: frozenset[str] = frozenset(
@@ -139,10 +144,25 @@ def baseline(snapshot: Snapshot) -> CompactSnapshot:
     keep = [
         sample
         for name in sorted(snapshot.names())
-        if name.endswith("_total") or name == names.SNAPSHOT_TIMESTAMP_SECONDS
+        if name.endswith("_total") or name in _BASELINE_GAUGES
         for sample in snapshot.samples(name)
     ]
     return CompactSnapshot(keep, snapshot.timestamp_seconds)
+
+
+_BASELINE_GAUGES = frozenset({names.SNAPSHOT_TIMESTAMP_SECONDS, names.PROCESSES})
+"""Gauges a baseline keeps: its time, and the process counts (the window's worker count is the
+most either end saw: the last scrape of a finished job sees no workers)."""
+
+
+def _role_count(snapshot: Snapshot, role: str) -> float | None:
+    """``dam_processes{role}`` summed over its series; None when absent or garbage."""
+    total: float | None = None
+    for s in snapshot.samples(names.PROCESSES):
+        count = _valid(s.value)
+        if _label(s.labels, "role") == role and count is not None and count <= 100_000:
+            total = count if total is None else total + count
+    return total
 
 
 def _gauge(snapshot: Snapshot, name: str) -> float | None:
@@ -310,10 +330,32 @@ def _fields(
     limit = _gauge(after, names.CONTAINER_CPU_LIMIT_CORES)
     if limit:
         fields["cpu_limit_cores"] = limit
-    for s in after.samples(names.PROCESSES):
-        count = _valid(s.value)
-        if _label(s.labels, "role") == names.ROLE_WORKER and count is not None and count <= 100_000:
-            fields["worker_count"] = round(count)
+    # Processes seen in the window: the most at either end (``dam run`` gives AFTER the most any
+    # sample of the window saw). A run's last sample, taken after the command exited, sees no
+    # loader workers, and a window that ends there still had them.
+    counts: dict[str, float] = {}
+    for role in (names.ROLE_MAIN, names.ROLE_WORKER):
+        seen = _known((_role_count(before, role), _role_count(after, role)))
+        if seen:
+            counts[role] = max(seen)
+    if names.ROLE_WORKER in counts:
+        fields["worker_count"] = round(counts[names.ROLE_WORKER])
+    # Run-queue delay (time runnable but waiting for a CPU) per process and wall second.
+    if elapsed:
+        for field_name, role in (
+            ("cpu_wait_ratio", names.ROLE_MAIN),
+            ("worker_cpu_wait_ratio", names.ROLE_WORKER),
+        ):
+            waited = counter_increase(
+                before,
+                after,
+                names.PROCESS_CPU_WAIT_SECONDS_TOTAL,
+                lambda labels, r=role: _label(labels, "role") == r,  # type: ignore[misc]
+            )
+            processes = counts.get(role, 1.0 if role == names.ROLE_MAIN else 0.0)
+            if waited is not None and processes >= 1:
+                # One thread waits at most the wall time: above it (jitter) is clamped to 1.
+                fields[field_name] = min(1.0, waited / (elapsed * processes))
     node = _gauge(after, names.NODE_CPU_UTILIZATION_RATIO)
     if node is not None:
         fields["node_cpu_utilization"] = _ratio(node)
@@ -590,6 +632,9 @@ def rank_observations(
 def _cross_rank_fields(per_rank: Mapping[RankId, Observation]) -> dict[str, Any]:
     cr = rank_rules.cross_rank(per_rank)
     out: dict[str, Any] = {}
+    rate = rank_rules.job_rate(per_rank)
+    if rate is not None:
+        out["steps_per_second"], out["job_steps"] = rate
     if cr.exposed_ratio is not None:
         out["exposed_communication_ratio"] = cr.exposed_ratio
     if cr.skew is not None:
@@ -611,6 +656,11 @@ def _fsum(values: Iterable[float]) -> float | None:
     except OverflowError:
         return None
     return total if math.isfinite(total) else None
+
+
+def _median(values: Iterable[float | int | None]) -> float | None:
+    known = _known(values)
+    return statistics.median(known) if known else None
 
 
 def _sum(values: Iterable[float | int | None]) -> float | None:
@@ -686,6 +736,11 @@ def aggregate(
         "bytes_per_step": _weighted((o.bytes_per_step, w) for o, w in zip(pods, steps_weights, strict=True)),
         "gpu_model": _common(o.gpu_model for o in pods),
     }
+    if all(o.ranks for o in pods):
+        # Pods of one distributed job (without the ranks' own figures): the ranks advance together.
+        rates = _known(o.steps_per_second for o in pods)
+        fields["steps_per_second"] = statistics.median(rates) if rates else None
+        fields["job_steps"] = _median(o.job_steps if o.job_steps is not None else o.steps for o in pods)
     counts = _known(o.gpu_count for o in pods)
     fields["gpu_count"] = round(math.fsum(counts)) if counts else None
     workers = _known(o.worker_count for o in pods)
@@ -720,6 +775,9 @@ def aggregate(
     if ranks is not None:
         fields.update(_cross_rank_fields(ranks))
     fields["gpu_memory_used_ratio"] = max(_known(o.gpu_memory_used_ratio for o in pods), default=None)
+    # The most contended pod's run-queue delay: a synchronous job runs at its slowest pod's pace.
+    fields["cpu_wait_ratio"] = max(_known(o.cpu_wait_ratio for o in pods), default=None)
+    fields["worker_cpu_wait_ratio"] = max(_known(o.worker_cpu_wait_ratio for o in pods), default=None)
     fullest = max(
         (o for o in pods if o.container_memory_ratio is not None),
         key=lambda o: o.container_memory_ratio or 0.0,

@@ -8,6 +8,14 @@ An OOM kill is decisive evidence wherever it happens in the run: the final verdi
 window always contains it (``final_span``), and its memory figures are the peaks seen
 during the run (``with_memory_peaks``): the processes that held the memory are gone by
 the last snapshot.
+
+Every verdict's loader worker count is the most workers any snapshot of its window saw
+(``with_peaks`` over ``dam_processes``): the last snapshot of a run is taken after the
+command exited, when its workers are gone.
+
+Slow steps: a live window that holds fewer than ``min_steps`` steps grows back over earlier
+snapshots until it holds them, up to ``MAX_WINDOW_GROWTH`` windows and never before the first
+step (``window_start``), so a job at 0.2 steps/s gets a verdict instead of "only 2 steps".
 """
 
 from __future__ import annotations
@@ -36,6 +44,12 @@ MAX_ANCHORS = 256
 
 WARMUP_FRACTION = 0.2
 """The final verdict skips this share of the run (at most one window): worker start-up, autotuning."""
+
+MAX_WINDOW_GROWTH = 6
+"""A live window with too few steps grows back to at most this many windows (10 s → 60 s)."""
+
+MAX_HISTORY = 4096
+"""Snapshots kept for the live window at most (a short interval with a long window)."""
 
 MAX_LISTED_RANKS = 64
 """``dam run --json`` lists at most this many ranks (the worst ones, in rank order)."""
@@ -71,6 +85,40 @@ def update_peaks(peaks: Peaks, snap: Snapshot) -> None:
             key = (name, s.labels)
             if s.value == s.value and s.value > peaks.get(key, float("-inf")):  # NaN never
                 peaks[key] = s.value
+
+
+def with_peaks(snap: Snapshot, peaks: Peaks, series: frozenset[str]) -> Snapshot:
+    """``snap`` with the ``series`` gauges replaced by their ``peaks`` where these are higher."""
+    chosen = {key: v for key, v in peaks.items() if key[0] in series}
+    if not chosen:
+        return snap
+    samples = [
+        s
+        for name in sorted(snap.names())
+        for s in snap.samples(name)
+        if (name, s.labels) not in chosen or not chosen[(name, s.labels)] > s.value
+    ]
+    for (name, labels), value in sorted(chosen.items()):
+        current = next((s.value for s in snap.samples(name) if s.labels == labels), None)
+        if current is None or value > current:
+            samples.append(Sample(name, labels, value))
+    return Snapshot(samples, snap.timestamp_seconds)
+
+
+def peaks_of(snaps: list[Timed], series: frozenset[str]) -> Peaks:
+    """The highest value of each ``series`` gauge over ``snaps``."""
+    peaks: Peaks = {}
+    for _, snap in snaps:
+        for name in series:
+            for s in snap.samples(name):
+                key = (name, s.labels)
+                if s.value == s.value and s.value > peaks.get(key, float("-inf")):  # NaN never
+                    peaks[key] = s.value
+    return peaks
+
+
+WINDOW_PEAK_SERIES: frozenset[str] = frozenset({names.PROCESSES})
+"""Gauges a verdict reads as the most its window saw, not their value at its end."""
 
 
 def with_memory_peaks(snap: Snapshot, peaks: Peaks) -> Snapshot:
@@ -145,8 +193,10 @@ class LocalSession:
             self.anchors.append((t, snap))
             if len(self.anchors) > MAX_ANCHORS:
                 self.anchors = self.anchors[::2]
-        # Keep one snapshot older than the window so that a full window is always available.
-        while len(self.history) > 2 and self.history[1][0] <= t - self.window_seconds:
+        # Keep one snapshot older than the longest window (a window grows for slow steps, see
+        # ``window_start``) so that a full window is always available.
+        horizon = t - self.window_seconds * MAX_WINDOW_GROWTH
+        while len(self.history) > 2 and (self.history[1][0] <= horizon or len(self.history) > MAX_HISTORY):
             self.history.popleft()
 
     # -- progress ---------------------------------------------------------------------------
@@ -162,28 +212,62 @@ class LocalSession:
         return self.anchors[0][0] if self.anchors else None
 
     def warming_up(self) -> bool:
-        """True until one full window has passed since the first step.
+        """True until one full window has passed since the first step (and ``min_steps`` were made).
 
         Before that a window verdict would mix interpreter start-up, imports and worker
         start-up into the figures, so ``dam run`` shows progress instead of a verdict.
         """
         first = self.first_step_time
-        return first is None or not self.history or self.history[-1][0] - first < self.window_seconds
+        if first is None or not self.history or self.history[-1][0] - first < self.window_seconds:
+            return True
+        # Slow steps: not before the run holds the fewest steps a verdict needs (the window grows).
+        return self.steps < self.thresholds.min_steps
 
     # -- verdicts ---------------------------------------------------------------------------
 
     def verdict_of(self, before: Timed, after: Timed, oom_killed: bool | None = None) -> Verdict:
-        """The raw verdict (no hysteresis) of the window between two snapshots."""
+        """The raw verdict (no hysteresis) of the window between two snapshots.
+
+        The window's worker count is the most any kept snapshot in it saw (``WINDOW_PEAK_SERIES``).
+        """
         elapsed = max(after[0] - before[0], 0.0)
+        inside = [x for x in (*self._kept(after), *self.history) if before[0] <= x[0] <= after[0]]
+        snap = with_peaks(after[1], peaks_of(inside, WINDOW_PEAK_SERIES), WINDOW_PEAK_SERIES)
         return verdict_between(
-            before[1], after[1], elapsed or None, self.thresholds, self.hardware, oom_killed=oom_killed
+            before[1], snap, elapsed or None, self.thresholds, self.hardware, oom_killed=oom_killed
         )
+
+    def window_start(self) -> Timed:
+        """The start of the live window ending at the latest snapshot.
+
+        One window back, or further back when that holds fewer than ``thresholds.min_steps``
+        steps (of the furthest rank): the window grows over earlier snapshots until it holds
+        them, up to ``MAX_WINDOW_GROWTH`` windows, and never starts before the last snapshot
+        without a step (start-up is not part of the training loop).
+        """
+        last = self.history[-1]
+        earlier = list(self.history)[:-1]
+        floor = self.baseline[0] if self.baseline is not None else float("-inf")
+        start = next((x for x in reversed(earlier) if x[0] <= last[0] - self.window_seconds), earlier[0])
+        need = self.thresholds.min_steps
+        done = progress_steps(last[1])
+        if done - progress_steps(start[1]) >= need:
+            return start
+        for item in reversed(earlier):
+            if item[0] >= start[0]:
+                continue
+            if item[0] < floor:
+                break
+            start = item
+            if done - progress_steps(item[1]) >= need:
+                break
+        return start
 
     def window_verdict(self) -> Verdict | None:
         """The stabilised verdict of the latest window (None until two snapshots exist)."""
         if len(self.history) < 2:
             return None
-        raw = self.verdict_of(self.history[0], self.history[-1])
+        raw = self.verdict_of(self.window_start(), self.history[-1])
         return self.stabilizer.update(raw, self.now())
 
     def final_span(self) -> tuple[Timed, Timed] | None:
@@ -221,6 +305,10 @@ class LocalSession:
             # before the first snapshot that shows one. The probe's counters start at zero
             # with the process, so the last snapshot before any batch is an exact baseline.
             start = self.baseline or self.first
+        if start[0] >= last[0] and not self.anchors:
+            # No step at all (the command never iterated a DataLoader, or exited before its
+            # first batch): the whole run, so that the verdict keeps what was sampled.
+            start = self.first
         if start[0] >= last[0]:
             return None
         return start, last

@@ -1,0 +1,151 @@
+"""A busy node: the training process is runnable but waits for a CPU (run-queue delay).
+
+Axis Machine, lever ``raise-cpu-request``, the wait ratio in the evidence; never ``unknown``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dam_operator.diagnosis.engine import diagnose
+from dam_operator.diagnosis.model import Axis, Observation, RankId, Regime, Thresholds
+from dam_operator.diagnosis.ranks import find_straggler
+from dam_operator.diagnosis.window import aggregate, baseline, observation_from_snapshots
+from dam_sidecar import names
+from dam_sidecar.promtext import Sample, Snapshot
+
+# The issue's run: a single-thread CPU job that gets 0.79 cores while other processes take the CPU.
+CPU_JOB: dict[str, Any] = {
+    "gpu_count": 0,
+    "steps": 40,
+    "window_seconds": 10.0,
+    "mean_step_seconds": 0.25,
+    "data_wait_ratio": 0.002,
+    "main_cpu_cores": 0.79,
+    "worker_count": 0,
+}
+
+
+def test_a_cpu_job_that_waits_for_a_cpu_is_machine_raise_cpu_request() -> None:
+    b = diagnose(Observation(**CPU_JOB, cpu_wait_ratio=0.21)).bottleneck
+    assert (b.axis, b.regime, b.lever) == (Axis.MACHINE, Regime.COMPUTE_BOUND, "raise-cpu-request")
+    assert b.confidence >= 0.6
+    assert any("waited for a CPU 21.0% of the window" in e for e in b.evidence), b.evidence
+    assert "Guaranteed QoS" in b.lever_detail and "static CPU manager" in b.lever_detail
+
+
+def test_without_the_run_queue_delay_the_same_job_stays_unknown() -> None:
+    assert diagnose(Observation(**CPU_JOB)).bottleneck.regime is Regime.UNKNOWN
+
+
+def test_a_small_run_queue_delay_does_not_blame_the_node() -> None:
+    b = diagnose(Observation(**CPU_JOB, cpu_wait_ratio=0.05)).bottleneck
+    assert b.lever != "raise-cpu-request"
+
+
+def test_the_threshold_is_overridable() -> None:
+    obs = Observation(**CPU_JOB, cpu_wait_ratio=0.12)
+    assert diagnose(obs).bottleneck.lever != "raise-cpu-request"
+    assert diagnose(obs, Thresholds(cpu_wait_suspect=0.1)).bottleneck.lever == "raise-cpu-request"
+
+
+def test_a_throttled_container_is_the_quota_not_the_node() -> None:
+    # CFS throttling also keeps runnable tasks waiting: there the CPU limit is the cause.
+    b = diagnose(Observation(**CPU_JOB, cpu_wait_ratio=0.5, cpu_throttled_ratio=0.4)).bottleneck
+    assert b.lever == "raise-cpu-limit"
+
+
+def test_a_gpu_job_whose_host_thread_waits_for_a_cpu_is_machine() -> None:
+    obs = Observation(
+        gpu_count=1,
+        gpu_utilization=0.4,
+        steps=100,
+        window_seconds=10.0,
+        data_wait_ratio=0.01,
+        main_cpu_cores=0.5,
+        cpu_wait_ratio=0.45,
+    )
+    b = diagnose(obs).bottleneck
+    assert (b.axis, b.lever) == (Axis.MACHINE, "raise-cpu-request")
+
+
+def test_a_busy_gpu_is_judged_by_the_gpu_rules_even_on_a_busy_node() -> None:
+    obs = Observation(gpu_count=1, gpu_utilization=0.99, sm_active=0.9, steps=100, cpu_wait_ratio=0.3)
+    b = diagnose(obs).bottleneck
+    assert b.regime is Regime.COMPUTE_BOUND and b.lever != "raise-cpu-request"
+    assert any("waited for a CPU" in e for e in b.evidence), "the wait is still reported"
+
+
+def test_loader_workers_starved_by_a_busy_node_give_raise_cpu_request_at_the_machine_boundary() -> None:
+    obs = Observation(
+        gpu_count=0,
+        steps=40,
+        data_wait_ratio=0.6,
+        worker_count=4,
+        worker_cpu_cores=1.6,
+        worker_cpu_wait_ratio=0.5,
+    )
+    b = diagnose(obs).bottleneck
+    assert (b.axis, b.boundary, b.regime, b.lever) == (
+        Axis.DATA,
+        Axis.MACHINE,
+        Regime.INPUT_BOUND,
+        "raise-cpu-request",
+    )
+    assert any("4 loader workers waited for a CPU 50.0%" in e for e in b.evidence), b.evidence
+
+
+def test_the_wait_ratio_is_in_the_status_metrics() -> None:
+    m = diagnose(Observation(**CPU_JOB, cpu_wait_ratio=0.21, worker_cpu_wait_ratio=0.1)).to_status()
+    assert m["metrics"]["cpuWaitRatio"] == 0.21
+    assert m["metrics"]["workerCpuWaitRatio"] == 0.1
+
+
+# --- from the sidecar's counters ----------------------------------------------------------
+
+
+def _snap(t: float, main_wait: float, worker_wait: float, workers: float, mains: float = 1.0) -> Snapshot:
+    return Snapshot(
+        [
+            Sample(names.SNAPSHOT_TIMESTAMP_SECONDS, (), t),
+            Sample(names.PROCESS_CPU_WAIT_SECONDS_TOTAL, (("role", "main"),), main_wait),
+            Sample(names.PROCESS_CPU_WAIT_SECONDS_TOTAL, (("role", "worker"),), worker_wait),
+            Sample(names.PROCESSES, (("role", "main"),), mains),
+            Sample(names.PROCESSES, (("role", "worker"),), workers),
+        ]
+    )
+
+
+def test_the_window_reads_the_wait_per_process_and_wall_second() -> None:
+    obs = observation_from_snapshots(_snap(100.0, 5.0, 1.0, 2), _snap(110.0, 8.0, 9.0, 2))
+    assert obs.cpu_wait_ratio is not None and abs(obs.cpu_wait_ratio - 0.3) < 1e-9
+    assert obs.worker_cpu_wait_ratio is not None and abs(obs.worker_cpu_wait_ratio - 0.4) < 1e-9
+
+
+def test_several_main_processes_share_the_wall_time() -> None:
+    obs = observation_from_snapshots(_snap(100.0, 0.0, 0.0, 0, mains=2), _snap(110.0, 8.0, 0.0, 0, mains=2))
+    assert obs.cpu_wait_ratio is not None and abs(obs.cpu_wait_ratio - 0.4) < 1e-9
+
+
+def test_a_baseline_keeps_what_the_window_needs() -> None:
+    kept = baseline(_snap(100.0, 5.0, 1.0, 2))
+    obs = observation_from_snapshots(kept, _snap(110.0, 8.0, 9.0, 0))
+    assert obs.cpu_wait_ratio is not None and abs(obs.cpu_wait_ratio - 0.3) < 1e-9
+    assert obs.worker_count == 2, "the workers the window saw at its start"
+
+
+def test_the_most_contended_pod_is_the_jobs_figure() -> None:
+    job = aggregate({"a": Observation(cpu_wait_ratio=0.05), "b": Observation(cpu_wait_ratio=0.4)})
+    assert job.cpu_wait_ratio == 0.4
+
+
+def test_a_rank_on_a_busy_node_is_a_machine_straggler() -> None:
+    ranks = {
+        RankId(f"p{i}", None): Observation(
+            steps_per_second=2.0 if i else 1.0, data_wait_ratio=0.0, cpu_wait_ratio=0.5 if i == 0 else 0.01
+        )
+        for i in range(3)
+    }
+    found = find_straggler(ranks)
+    assert found is not None and found.pod == "p0" and found.cause is Axis.MACHINE
+    assert any("waited for a CPU 50.0%" in e for e in found.evidence)

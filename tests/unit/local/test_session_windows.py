@@ -1,0 +1,67 @@
+"""``dam run``'s windows: the loader workers the window saw, and a window that grows for slow steps."""
+
+from __future__ import annotations
+
+from dam_operator.diagnosis.model import Regime
+from dam_operator.local.session import MAX_WINDOW_GROWTH, LocalSession
+from dam_sidecar import names
+from dam_sidecar.promtext import Sample, Snapshot
+
+
+def snap(steps: float, wait_s: float, step_s: float, workers: float | None = None) -> Snapshot:
+    samples = [
+        Sample(names.STEPS_TOTAL, (), steps),
+        Sample(names.DATALOADER_WAIT_SECONDS_TOTAL, (), wait_s),
+        Sample(names.STEP_SECONDS_TOTAL, (), step_s),
+        Sample(names.NVML_UP, (), 1.0),
+        Sample(names.GPU_ATTRIBUTION, (("state", "probe"),), 1.0),
+    ]
+    if workers is not None:
+        samples += [
+            Sample(names.PROCESS_CPU_SECONDS_TOTAL, (("role", "main"),), 0.1 * steps),
+            Sample(names.PROCESS_CPU_SECONDS_TOTAL, (("role", "worker"),), 0.01 * steps),
+            Sample(names.PROCESSES, (("role", "main"),), 1.0),
+            Sample(names.PROCESSES, (("role", "worker"),), workers),
+        ]
+    return Snapshot(samples)
+
+
+def test_the_final_verdict_keeps_the_workers_gone_by_the_last_snapshot() -> None:
+    session = LocalSession(window_seconds=2.0)
+    session.add(0.0, snap(0, 0, 0, workers=2))
+    t = 0.0
+    for i in range(1, 21):
+        t += 0.5
+        session.add(t, snap(10 * i, 0.49 * i, 0.5 * i, workers=2))
+    session.add(t + 0.5, snap(200, 9.8, 10.0, workers=0))  # after the command exited
+    v = session.final_verdict()
+    assert v.metrics.worker_count == 2
+    assert v.bottleneck.lever == "use-sequential-shards", v.bottleneck.evidence
+    assert not any("no DataLoader workers" in e for e in v.bottleneck.evidence)
+
+
+def slow_session(step_every: float) -> tuple[LocalSession, list[Regime]]:
+    """A job that makes one step every ``step_every`` seconds, sampled each second, 10 s windows."""
+    session = LocalSession(window_seconds=10.0)
+    regimes: list[Regime] = []
+    session.add(0.0, snap(0, 0, 0))
+    for t in range(1, 80):
+        steps = t // step_every
+        session.add(float(t), snap(steps, 0.9 * steps * step_every, steps * step_every))
+        if not session.warming_up():
+            verdict = session.window_verdict()
+            assert verdict is not None
+            regimes.append(verdict.bottleneck.regime)
+    return session, regimes
+
+
+def test_slow_steps_grow_the_window_instead_of_dropping_the_verdict() -> None:
+    session, regimes = slow_session(5.5)  # 0.18 steps/s: 1 or 2 steps in a 10 s window
+    assert regimes and set(regimes) == {Regime.INPUT_BOUND}
+    start = session.window_start()
+    assert session.history[-1][0] - start[0] > 10.0, "the window grew past one window"
+
+
+def test_the_window_grows_no_further_than_its_bound() -> None:
+    session, _ = slow_session(100.0)  # no second step in the run
+    assert session.history[-1][0] - session.window_start()[0] <= 10.0 * MAX_WINDOW_GROWTH + 1.0
