@@ -188,14 +188,15 @@ def test_the_api_server_calls_the_webhook_and_stores_the_mutated_pod(hooked: Web
 def test_a_broken_injection_patch_is_refused_by_the_server_and_the_check_notices(
     hooked: Webhooked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = injection.build_injection_patch
+    original = injection.build_injection
 
-    def broken(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-        patch = original(*args, **kwargs)
+    def broken(*args: Any, **kwargs: Any) -> injection.Injection:
+        made = original(*args, **kwargs)
         # A second container with the sidecar's name and no image: an invalid Pod.
-        return [*patch, {"op": "add", "path": "/spec/containers/-", "value": {"name": SIDECAR_CONTAINER}}]
+        bad = {"op": "add", "path": "/spec/containers/-", "value": {"name": SIDECAR_CONTAINER}}
+        return injection.Injection([*made.patch, bad], made.warnings, made.notes)
 
-    monkeypatch.setattr(webhook_module, "build_injection_patch", broken)
+    monkeypatch.setattr(webhook_module, "build_injection", broken)
     with pytest.raises(AssertionError) as caught:
         hooked.create_instrumented_pod("trainer-0")
     message = str(caught.value)

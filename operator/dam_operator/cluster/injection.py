@@ -8,16 +8,29 @@ The patch adds to a matched training pod:
   ``restartPolicy: Always``, Kubernetes ≥ 1.29) so Jobs still complete; with
   ``native_sidecar=False`` a plain container instead (older clusters);
 - ``dam-probe``: a small in-memory ``emptyDir`` mounted at ``/dam/probe`` in the
-  training containers and the sidecar;
+  training containers and the sidecar (names and path of our own: a pod that already has a
+  ``dam-probe`` volume, a ``dam-probe-install`` container or a mount at ``/dam/probe`` gets
+  ``dam-probe-1``, ``dam-probe-install-1``, ``/dam/probe-1``, with a warning; ``choose_names``);
+- ``dam-no-token``: an empty in-memory volume over the API token's path in the sidecar and
+  the installer, so that the ServiceAccount admission plugin mounts no token there
+  (``_token_mount``);
 - on every training container ``DAM_PROBE_DIR`` and ``PYTHONPATH`` (``/dam/probe``
-  prepended to a literal value already in the pod spec);
-- ``shareProcessNamespace: true`` (the sidecar reads the training process's CPU);
-- annotations ``dam.mlsys.dev/injected`` and ``dam.mlsys.dev/profile``;
+  prepended to a literal value already in the pod spec; ``/dam/probe:$(PYTHONPATH)`` where
+  ``envFrom`` may set it; left alone, with a warning, where it comes from ``valueFrom``);
+- ``shareProcessNamespace: true`` (the sidecar reads the training process's CPU), unless the
+  pod says ``false``: that is kept, with a warning, and the probe publishes the CPU and memory
+  figures instead;
+- annotations ``dam.mlsys.dev/injected``, ``dam.mlsys.dev/profile`` and, when there is a
+  caveat, ``dam.mlsys.dev/injection-notes`` (what the profile's status reports);
 - with ``spec.actions.mode`` Apply or InPlace (``ActionOverrides``, derived from the profile's
   ``status.actions`` by ``actions.desired_for``): ``DAM_LOADER_OVERRIDES`` on every training
   container that gets the probe, a higher CPU limit on the training container, and the
   annotation ``dam.mlsys.dev/action`` saying which action the pod carries. Nothing of it goes to
   a pod (or container) the probe cannot reach.
+
+A hostNetwork pod is injected only when its ``dam.mlsys.dev/host-network-port`` annotation
+names the profile's sidecar port (the sidecar listens on the node itself); otherwise, like a
+pod whose port is taken, it is admitted with only a note saying why (``skip_patch``).
 
 Every container it adds meets the *restricted* Pod Security Standard. The patch
 is computed as a difference against the pod: each piece is added only where it
@@ -26,7 +39,7 @@ is missing, so re-running the builder on a patched pod yields ``[]``. No I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -38,23 +51,39 @@ from dam_probe.overrides import loader_override_env
 __all__ = [
     "ANNOTATION_ACTION",
     "ANNOTATION_DEFAULT_CONTAINER",
+    "ANNOTATION_HOST_NETWORK_PORT",
     "ANNOTATION_INJECT",
     "ANNOTATION_INJECTED",
+    "ANNOTATION_NOTES",
     "ANNOTATION_PROFILE",
     "INSTALL_CONTAINER",
     "LABEL_INJECT",
+    "NOTE_NO_SHARED_PROCESS_NAMESPACE",
+    "NOTE_PYTHONPATH_ENV_FROM",
+    "NOTE_PYTHONPATH_REF",
+    "NOTE_SKIP_HOST_NETWORK",
+    "NOTE_SKIP_PORT",
+    "NOTE_SKIP_PROBE_PATH",
     "PROBE_DIR",
     "SIDECAR_CONTAINER",
+    "TOKEN_PATH",
+    "TOKEN_VOLUME_NAME",
     "VOLUME_NAME",
     "ActionOverrides",
+    "Injection",
     "InjectionError",
     "InjectionSettings",
+    "Names",
+    "build_injection",
     "build_injection_patch",
+    "choose_names",
+    "injection_notes",
     "is_instrumented",
     "opted_out",
     "resize_patch",
     "restricted_security_context",
     "should_inject",
+    "skip_patch",
     "training_container_index",
 ]
 
@@ -68,7 +97,23 @@ SIDECAR_CONTAINER = "dam-sidecar"
 INSTALL_CONTAINER = "dam-probe-install"
 VOLUME_NAME = "dam-probe"
 PROBE_DIR = "/dam/probe"
+PROBE_DIR_CHOICES = (PROBE_DIR, f"{PROBE_DIR}-1", f"{PROBE_DIR}-2", f"{PROBE_DIR}-3")
 METRICS_PORT_NAME = "dam-metrics"
+TOKEN_VOLUME_NAME = "dam-no-token"
+# The ServiceAccount admission plugin's DefaultAPITokenMountPath.
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_VOLUME_SIZE_LIMIT = "64Ki"
+ANNOTATION_HOST_NETWORK_PORT = "dam.mlsys.dev/host-network-port"  # a hostNetwork pod's consent: the node port
+ANNOTATION_NOTES = "dam.mlsys.dev/injection-notes"  # comma-separated NOTE_* codes the webhook recorded
+
+# Notes (stable codes in ANNOTATION_NOTES). Injected, with a caveat:
+NOTE_NO_SHARED_PROCESS_NAMESPACE = "process-namespace-not-shared"
+NOTE_PYTHONPATH_REF = "pythonpath-from-reference"  # valueFrom: the probe cannot load there
+NOTE_PYTHONPATH_ENV_FROM = "pythonpath-from-env-from"  # extended through $(PYTHONPATH)
+# Not injected (the pod is admitted as it is, but for the note):
+NOTE_SKIP_PORT = "not-injected:port-taken"
+NOTE_SKIP_HOST_NETWORK = "not-injected:host-network"
+NOTE_SKIP_PROBE_PATH = "not-injected:probe-path-taken"
 
 _OPT_OUT_VALUES = frozenset({"false", "no", "off", "0", "disabled"})
 
@@ -86,7 +131,20 @@ class ActionOverrides:
 
 
 class InjectionError(ValueError):
-    """The pod cannot take the sidecar as it is (e.g. its port is taken); the message says why."""
+    """The pod cannot take the sidecar as it is (e.g. its port is taken); the message says why,
+    ``note`` (a ``NOTE_SKIP_*`` code) is what the pod's annotation records."""
+
+    def __init__(self, message: str, note: str = NOTE_SKIP_PORT) -> None:
+        super().__init__(message)
+        self.note = note
+
+
+def injection_notes(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``NOTE_*`` codes the webhook recorded on ``pod`` (empty when none)."""
+    raw = _meta(pod, "annotations").get(ANNOTATION_NOTES)
+    if not isinstance(raw, str):
+        return ()
+    return tuple(n.strip() for n in raw.split(",") if n.strip())
 
 
 class InjectionSettings(BaseModel):
@@ -209,12 +267,35 @@ def _is_guaranteed(pod: Mapping[str, Any]) -> bool:
     return True
 
 
-def _probe_mount(read_only: bool) -> dict[str, Any]:
-    return {"name": VOLUME_NAME, "mountPath": PROBE_DIR, "readOnly": read_only}
+@dataclass(frozen=True)
+class Names:
+    """What the injection adds under which name: ours, never one the pod already uses."""
+
+    volume: str = VOLUME_NAME
+    token_volume: str = TOKEN_VOLUME_NAME
+    installer: str = INSTALL_CONTAINER
+    probe_dir: str = PROBE_DIR
+
+
+def _probe_mount(names: Names, read_only: bool) -> dict[str, Any]:
+    return {"name": names.volume, "mountPath": names.probe_dir, "readOnly": read_only}
+
+
+def _token_mount(names: Names) -> dict[str, Any]:
+    """An empty in-memory volume over the API token's path in *our* containers.
+
+    The ServiceAccount admission plugin (plugin/pkg/admission/serviceaccount/admission.go,
+    ``mountServiceAccountToken``) adds the token's volumeMount to every container and init container
+    that has no volumeMount at ``/var/run/secrets/kubernetes.io/serviceaccount`` already, and it is
+    re-run after webhooks that changed the object (reinvocation), so the sidecar and the installer
+    would get the Pod's token. A mount of ours at that path makes it skip them; the user's containers
+    keep theirs. Neither container talks to the API server.
+    """
+    return {"name": names.token_volume, "mountPath": TOKEN_PATH, "readOnly": True}
 
 
 def _sidecar(
-    pod: Mapping[str, Any], spec: DAMProfileSpec, settings: InjectionSettings, native: bool
+    pod: Mapping[str, Any], spec: DAMProfileSpec, settings: InjectionSettings, native: bool, names: Names
 ) -> dict[str, Any]:
     port = spec.sidecar.port
     interval = spec.sampling.interval_seconds
@@ -230,18 +311,18 @@ def _sidecar(
             "--interval",
             f"{interval:g}",
             "--probe-dir",
-            PROBE_DIR,
+            names.probe_dir,
         ],
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         "env": [
-            {"name": "DAM_PROBE_DIR", "value": PROBE_DIR},
+            {"name": "DAM_PROBE_DIR", "value": names.probe_dir},
             {"name": "DAM_PORT", "value": str(port)},
             {"name": "DAM_INTERVAL_SECONDS", "value": f"{interval:g}"},
         ],
         "resources": _resources(pod, spec, settings),
         "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "periodSeconds": 20, "failureThreshold": 3},
-        "volumeMounts": [_probe_mount(read_only=True)],
+        "volumeMounts": [_probe_mount(names, read_only=True), _token_mount(names)],
         "securityContext": restricted_security_context(settings),
     }
     if native:
@@ -252,19 +333,120 @@ def _sidecar(
     return container
 
 
-def _installer(pod: Mapping[str, Any], spec: DAMProfileSpec, settings: InjectionSettings) -> dict[str, Any]:
+def _installer(
+    pod: Mapping[str, Any], spec: DAMProfileSpec, settings: InjectionSettings, names: Names
+) -> dict[str, Any]:
     container: dict[str, Any] = {
-        "name": INSTALL_CONTAINER,
+        "name": names.installer,
         "image": spec.sidecar.image or settings.image,
-        "command": ["dam", "probe-install", PROBE_DIR],
+        "command": ["dam", "probe-install", names.probe_dir],
         "resources": _resources(pod, spec, settings),
-        "volumeMounts": [_probe_mount(read_only=False)],
+        "volumeMounts": [_probe_mount(names, read_only=False), _token_mount(names)],
         "securityContext": restricted_security_context(settings),
     }
     pull = spec.sidecar.image_pull_policy or settings.image_pull_policy
     if pull:
         container["imagePullPolicy"] = pull
     return container
+
+
+# ---------------------------------------------------------------- names and edge pods
+
+
+def _all_containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [
+        c for key in ("initContainers", "containers", "ephemeralContainers") for c in _containers(pod, key)
+    ]
+
+
+def _free(base: str, taken: set[str]) -> str:
+    """``base``, or ``base-1``, ``base-2``… : the first name the pod does not use."""
+    if base not in taken:
+        return base
+    return next(f"{base}-{i}" for i in range(1, len(taken) + 2) if f"{base}-{i}" not in taken)
+
+
+def _overlaps(a: str, b: str) -> bool:
+    a, b = a.rstrip("/") or "/", b.rstrip("/") or "/"
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def _mount_paths(pod: Mapping[str, Any]) -> list[str]:
+    paths = []
+    for c in _all_containers(pod):
+        for m in c.get("volumeMounts") or []:
+            if isinstance(m, Mapping) and isinstance(m.get("mountPath"), str):
+                paths.append(m["mountPath"])
+    return paths
+
+
+def choose_names(pod: Mapping[str, Any]) -> tuple[Names, list[str]]:
+    """Our volume, container and probe-directory names for ``pod``, and a warning per rename.
+
+    A volume of the pod named ``dam-probe`` (read-only, a PVC, a hostPath…) is never reused: ours
+    gets a free name. A mount at (or above, or below) ``/dam/probe`` in any container moves our
+    directory to ``/dam/probe-N``. Raises ``InjectionError`` when no such path is free.
+    """
+    volumes = {str(v.get("name")) for v in _spec(pod).get("volumes") or [] if isinstance(v, Mapping)}
+    containers = {str(c.get("name")) for c in _all_containers(pod)}
+    mounts = _mount_paths(pod)
+    probe_dir = next(
+        (p for p in PROBE_DIR_CHOICES if not any(_overlaps(p, m) for m in mounts)),
+        None,
+    )
+    if probe_dir is None:
+        raise InjectionError(
+            f"every probe directory ({', '.join(PROBE_DIR_CHOICES)}) overlaps a volumeMount of the pod; "
+            "move the mount away from /dam",
+            NOTE_SKIP_PROBE_PATH,
+        )
+    volume = _free(VOLUME_NAME, volumes)
+    names = Names(
+        volume=volume,
+        token_volume=_free(TOKEN_VOLUME_NAME, volumes | {volume}),
+        installer=_free(INSTALL_CONTAINER, containers),
+        probe_dir=probe_dir,
+    )
+    warnings = []
+    if names.volume != VOLUME_NAME:
+        warnings.append(
+            f"the pod already has a volume named {VOLUME_NAME}; it is left alone and the probe uses "
+            f"its own in-memory volume {names.volume}"
+        )
+    if names.installer != INSTALL_CONTAINER:
+        warnings.append(f"a container is named {INSTALL_CONTAINER}; the probe installer is {names.installer}")
+    if names.probe_dir != PROBE_DIR:
+        warnings.append(
+            f"a container already mounts something at or around {PROBE_DIR}; the probe directory is "
+            f"{names.probe_dir} (DAM_PROBE_DIR and PYTHONPATH say so)"
+        )
+    return names, warnings
+
+
+def _host_network(pod: Mapping[str, Any], spec: DAMProfileSpec) -> None:
+    """A hostNetwork pod binds the sidecar's port on the node itself: only with the pod's consent.
+
+    The pod's ``dam.mlsys.dev/host-network-port`` annotation must name the profile's
+    ``spec.sidecar.port`` (the port the operator scrapes). With hostNetwork a containerPort is also a
+    hostPort, so the scheduler's NodePorts filter keeps two such pods off one node.
+    """
+    if _spec(pod).get("hostNetwork") is not True:
+        return
+    chosen = _meta(pod, "annotations").get(ANNOTATION_HOST_NETWORK_PORT)
+    port = spec.sidecar.port
+    if chosen is None:
+        raise InjectionError(
+            f"the pod uses hostNetwork, so the sidecar would listen on port {port} of the node itself; "
+            f'to accept that, annotate the pod {ANNOTATION_HOST_NETWORK_PORT}: "{port}" '
+            "(or set spec.sidecar.port of the DAMProfile to a node port you chose and annotate that)",
+            NOTE_SKIP_HOST_NETWORK,
+        )
+    if str(chosen).strip() != str(port):
+        raise InjectionError(
+            f"the pod's {ANNOTATION_HOST_NETWORK_PORT} is {chosen!r} but the DAMProfile's spec.sidecar.port "
+            f"is {port}; make them the same node port",
+            NOTE_SKIP_HOST_NETWORK,
+        )
 
 
 # ---------------------------------------------------------------- the patch
@@ -294,7 +476,10 @@ def _takes_probe(container: Mapping[str, Any]) -> bool:
 
 
 def _env_ops(
-    base: str, container: Mapping[str, Any], extra: Mapping[str, str] | None = None
+    base: str,
+    container: Mapping[str, Any],
+    probe_dir: str,
+    extra: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     env = container.get("env")
     env_list: list[Any] = list(env) if isinstance(env, list) else []
@@ -304,16 +489,16 @@ def _env_ops(
 
     if "DAM_PROBE_DIR" in index:
         i = index["DAM_PROBE_DIR"]
-        if env_list[i] != {"name": "DAM_PROBE_DIR", "value": PROBE_DIR}:
+        if env_list[i] != {"name": "DAM_PROBE_DIR", "value": probe_dir}:
             ops.append(
                 {
                     "op": "replace",
                     "path": f"{base}/env/{i}",
-                    "value": {"name": "DAM_PROBE_DIR", "value": PROBE_DIR},
+                    "value": {"name": "DAM_PROBE_DIR", "value": probe_dir},
                 }
             )
     else:
-        wanted.append({"name": "DAM_PROBE_DIR", "value": PROBE_DIR})
+        wanted.append({"name": "DAM_PROBE_DIR", "value": probe_dir})
 
     if "PYTHONPATH" in index:
         i = index["PYTHONPATH"]
@@ -321,8 +506,8 @@ def _env_ops(
         value = entry.get("value")
         if "valueFrom" not in entry:
             parts = (value or "").split(":") if value else []
-            if PROBE_DIR not in parts:
-                new = PROBE_DIR if not value else f"{PROBE_DIR}:{value}"
+            if probe_dir not in parts:
+                new = probe_dir if not value else f"{probe_dir}:{value}"
                 ops.append(
                     {
                         "op": "replace",
@@ -330,9 +515,15 @@ def _env_ops(
                         "value": {"name": "PYTHONPATH", "value": new},
                     }
                 )
-        # A PYTHONPATH taken from a Secret/ConfigMap cannot be extended here; left as it is.
+        # A PYTHONPATH taken from a Secret/ConfigMap cannot be extended here; left as it is (warned).
+    elif container.get("envFrom"):
+        # envFrom may hold a PYTHONPATH the webhook cannot read. A literal value would replace it (env wins
+        # over envFrom); "$(PYTHONPATH)" keeps it: the kubelet resolves envFrom first, then expands $(VAR)
+        # references in env values against what it resolved so far (pkg/kubelet/kubelet_pods.go,
+        # makeEnvironmentVariables), and leaves a reference it cannot resolve as it is.
+        wanted.append({"name": "PYTHONPATH", "value": f"{probe_dir}:$(PYTHONPATH)"})
     else:
-        wanted.append({"name": "PYTHONPATH", "value": PROBE_DIR})
+        wanted.append({"name": "PYTHONPATH", "value": probe_dir})
 
     # The user's own value of a variable wins (e.g. their DAM_LOADER_OVERRIDES).
     wanted.extend({"name": k, "value": v} for k, v in (extra or {}).items() if k not in index)
@@ -345,18 +536,156 @@ def _env_ops(
     return ops
 
 
-def _mount_ops(base: str, container: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _mount_ops(base: str, container: Mapping[str, Any], names: Names) -> list[dict[str, Any]]:
+    """Our volume at our path (``choose_names`` made sure that neither is the pod's)."""
     mounts = container.get("volumeMounts")
-    mount_list: list[Any] = list(mounts) if isinstance(mounts, list) else []
-    if any(
-        isinstance(m, Mapping) and (m.get("mountPath") == PROBE_DIR or m.get("name") == VOLUME_NAME)
-        for m in mount_list
-    ):
-        return []
-    mount = _probe_mount(read_only=False)
+    mount = _probe_mount(names, read_only=False)
     if not isinstance(mounts, list):
         return [{"op": "add", "path": f"{base}/volumeMounts", "value": [mount]}]
+    if any(isinstance(m, Mapping) and m.get("name") == names.volume for m in mounts):
+        return []
     return [{"op": "add", "path": f"{base}/volumeMounts/-", "value": mount}]
+
+
+def _pythonpath_notes(containers: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """(warnings, notes) about training containers whose PYTHONPATH the webhook cannot see whole."""
+    warnings, notes = [], []
+    by_ref = [str(c.get("name")) for c in containers if not _takes_probe(c)]
+    if by_ref:
+        notes.append(NOTE_PYTHONPATH_REF)
+        warnings.append(
+            f"container(s) {', '.join(by_ref)} take PYTHONPATH from a Secret or ConfigMap (valueFrom), which "
+            "the webhook cannot read or extend: the probe will not load there (no data-wait figures); "
+            "set PYTHONPATH as a literal value, or add the probe directory to the referenced value"
+        )
+    env_from = [
+        str(c.get("name"))
+        for c in containers
+        if _takes_probe(c)
+        and c.get("envFrom")
+        and not any(isinstance(e, Mapping) and e.get("name") == "PYTHONPATH" for e in c.get("env") or [])
+    ]
+    if env_from:
+        notes.append(NOTE_PYTHONPATH_ENV_FROM)
+        warnings.append(
+            f"container(s) {', '.join(env_from)} use envFrom, which may set PYTHONPATH: the probe directory "
+            "is prepended to it as $(PYTHONPATH), which the kubelet expands from envFrom"
+        )
+    return warnings, notes
+
+
+@dataclass
+class Injection:
+    """What the webhook answers for one pod: the patch, the warnings kubectl prints, and the notes
+    recorded in the pod's ``dam.mlsys.dev/injection-notes`` annotation (read back into the status)."""
+
+    patch: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def build_injection(
+    pod: Mapping[str, Any],
+    profile_name: str,
+    spec: DAMProfileSpec,
+    settings: InjectionSettings,
+    actions: ActionOverrides | None = None,
+) -> Injection:
+    """The injection of ``pod`` for ``profile_name`` (``build_injection_patch`` documents the patch).
+
+    Raises ``InjectionError`` when the pod cannot take the sidecar as it is; its ``note`` says why.
+    """
+    pod_spec = _spec(pod)
+    ops: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    notes: list[str] = []
+
+    # Annotations first: they are what marks the pod injected.
+    annotations = (pod.get("metadata") or {}).get("annotations")
+    if is_instrumented(pod) and annotations and annotations.get(ANNOTATION_INJECTED) == "true":
+        return Injection([])
+    if is_instrumented(pod):
+        # A sidecar someone else put there: only mark the pod, change nothing else.
+        return Injection(_annotation_ops(annotations, {ANNOTATION_INJECTED: "true"}))
+    if spec.sidecar.port in _declared_ports(pod):
+        raise InjectionError(
+            f"a container already uses port {spec.sidecar.port}; "
+            "set spec.sidecar.port of the DAMProfile to a free port",
+            NOTE_SKIP_PORT,
+        )
+    _host_network(pod, spec)
+    names, renamed = choose_names(pod)
+    warnings.extend(renamed)
+
+    containers = _containers(pod, "containers")
+    more, pythonpath = _pythonpath_notes(containers)
+    warnings.extend(more)
+    notes.extend(pythonpath)
+    if pod_spec.get("shareProcessNamespace") is False:
+        # The user's explicit choice wins: a shared namespace lets same-uid processes read each other's
+        # environment and root file system. The probe publishes what the sidecar would read in /proc.
+        notes.append(NOTE_NO_SHARED_PROCESS_NAMESPACE)
+        warnings.append(
+            "the pod sets shareProcessNamespace: false, which is kept: the sidecar cannot see the training "
+            "processes, so their CPU time and memory come from the probe (processes without the probe, "
+            "e.g. a non-Python launcher, are not counted)"
+        )
+    elif not pod_spec.get("hostPID") and pod_spec.get("shareProcessNamespace") is not True:
+        # hostPID pods see every process already (and may not set both).
+        ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
+
+    wanted_annotations = {ANNOTATION_INJECTED: "true", ANNOTATION_PROFILE: profile_name}
+    if notes:
+        wanted_annotations[ANNOTATION_NOTES] = ",".join(notes)
+    ops[:0] = _annotation_ops(annotations, wanted_annotations)
+
+    volumes = pod_spec.get("volumes")
+    new_volumes = [
+        {
+            "name": names.volume,
+            "emptyDir": {"medium": "Memory", "sizeLimit": settings.probe_volume_size_limit},
+        },
+        # Holds nothing: it only hides the API token's path from our containers (``_token_mount``).
+        {"name": names.token_volume, "emptyDir": {"medium": "Memory", "sizeLimit": TOKEN_VOLUME_SIZE_LIMIT}},
+    ]
+    if isinstance(volumes, list):
+        ops.extend({"op": "add", "path": "/spec/volumes/-", "value": v} for v in new_volumes)
+    else:
+        ops.append({"op": "add", "path": "/spec/volumes", "value": new_volumes})
+
+    loader_env = loader_override_env(actions.loader) if actions is not None and actions.loader else {}
+    cpu_index = training_container_index(pod)
+    carried = False
+    for i, container in enumerate(containers):
+        base = f"/spec/containers/{i}"
+        probe = _takes_probe(container)
+        carried = carried or probe
+        ops.extend(_env_ops(base, container, names.probe_dir, loader_env if probe else None))
+        ops.extend(_mount_ops(base, container, names))
+        if probe and i == cpu_index and actions is not None and actions.cpu is not None:
+            ops.extend(_cpu_ops(base, container, actions.cpu))
+    if actions is not None and carried:
+        ops.extend(_annotation_ops(annotations, {ANNOTATION_ACTION: actions.label}, after_add=True))
+
+    new_init: list[dict[str, Any]] = [_installer(pod, spec, settings, names)]
+    if settings.native_sidecar:
+        new_init.append(_sidecar(pod, spec, settings, True, names))
+    else:
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/containers/-",
+                "value": _sidecar(pod, spec, settings, False, names),
+            }
+        )
+    if isinstance(pod_spec.get("initContainers"), list):
+        # In front, in order: the probe is installed before anything else runs.
+        ops.extend(
+            {"op": "add", "path": f"/spec/initContainers/{i}", "value": c} for i, c in enumerate(new_init)
+        )
+    else:
+        ops.append({"op": "add", "path": "/spec/initContainers", "value": new_init})
+    return Injection(ops, warnings, notes)
 
 
 def build_injection_patch(
@@ -371,81 +700,19 @@ def build_injection_patch(
     ``actions`` (None in mode Recommend, or with no action yet) adds the action's settings
     to the containers the probe reaches, and the ``dam.mlsys.dev/action`` annotation.
 
-    Raises ``InjectionError`` when the pod cannot take the sidecar (a container
-    already declares the sidecar's port); the webhook then admits the pod unchanged
-    with a warning, and the profile's status reports it as not instrumented.
+    Raises ``InjectionError`` when the pod cannot take the sidecar (a container already declares
+    the sidecar's port, a hostNetwork pod without consent, no free probe directory); the webhook
+    then admits the pod unchanged but for the ``dam.mlsys.dev/injection-notes`` annotation, with a
+    warning, and the profile's status reports it as not instrumented and why.
     """
-    pod_spec = _spec(pod)
-    ops: list[dict[str, Any]] = []
+    return build_injection(pod, profile_name, spec, settings, actions).patch
 
-    # Annotations first: they are what marks the pod injected.
+
+def skip_patch(pod: Mapping[str, Any], note: str) -> list[dict[str, Any]]:
+    """The only change made to a pod the webhook does not instrument: a note saying why (so that the
+    profile's status can say what to do), unless it is there already (reinvocation)."""
     annotations = (pod.get("metadata") or {}).get("annotations")
-    wanted_annotations = {ANNOTATION_INJECTED: "true", ANNOTATION_PROFILE: profile_name}
-    if is_instrumented(pod) and annotations and annotations.get(ANNOTATION_INJECTED) == "true":
-        return []
-    if is_instrumented(pod):
-        # A sidecar someone else put there: only mark the pod, change nothing else.
-        return _annotation_ops(annotations, {ANNOTATION_INJECTED: "true"})
-    if spec.sidecar.port in _declared_ports(pod):
-        raise InjectionError(
-            f"a container already uses port {spec.sidecar.port}; "
-            "set spec.sidecar.port of the DAMProfile to a free port"
-        )
-    ops.extend(_annotation_ops(annotations, wanted_annotations))
-
-    if not pod_spec.get("hostPID") and pod_spec.get("shareProcessNamespace") is not True:
-        # hostPID pods see every process already (and may not set both).
-        ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
-
-    volumes = pod_spec.get("volumes")
-    if not (
-        isinstance(volumes, list)
-        and any(isinstance(v, Mapping) and v.get("name") == VOLUME_NAME for v in volumes)
-    ):
-        volume = {
-            "name": VOLUME_NAME,
-            "emptyDir": {"medium": "Memory", "sizeLimit": settings.probe_volume_size_limit},
-        }
-        if isinstance(volumes, list):
-            ops.append({"op": "add", "path": "/spec/volumes/-", "value": volume})
-        else:
-            ops.append({"op": "add", "path": "/spec/volumes", "value": [volume]})
-
-    containers = _containers(pod, "containers")
-    loader_env = loader_override_env(actions.loader) if actions is not None and actions.loader else {}
-    cpu_index = training_container_index(pod)
-    carried = False
-    for i, container in enumerate(containers):
-        base = f"/spec/containers/{i}"
-        probe = _takes_probe(container)
-        carried = carried or probe
-        ops.extend(_env_ops(base, container, loader_env if probe else None))
-        ops.extend(_mount_ops(base, container))
-        if probe and i == cpu_index and actions is not None and actions.cpu is not None:
-            ops.extend(_cpu_ops(base, container, actions.cpu))
-    if actions is not None and carried:
-        ops.extend(_annotation_ops(annotations, {ANNOTATION_ACTION: actions.label}, after_add=True))
-
-    installer = _installer(pod, spec, settings)
-    init_names = {c.get("name") for c in _containers(pod, "initContainers")}
-    new_init: list[dict[str, Any]] = []
-    if INSTALL_CONTAINER not in init_names:
-        new_init.append(installer)
-    if settings.native_sidecar:
-        new_init.append(_sidecar(pod, spec, settings, native=True))
-    else:
-        ops.append(
-            {"op": "add", "path": "/spec/containers/-", "value": _sidecar(pod, spec, settings, native=False)}
-        )
-    if new_init:
-        if isinstance(pod_spec.get("initContainers"), list):
-            # In front, in order: the probe is installed before anything else runs.
-            ops.extend(
-                {"op": "add", "path": f"/spec/initContainers/{i}", "value": c} for i, c in enumerate(new_init)
-            )
-        else:
-            ops.append({"op": "add", "path": "/spec/initContainers", "value": new_init})
-    return ops
+    return _annotation_ops(annotations, {ANNOTATION_NOTES: note})
 
 
 def _annotation_ops(

@@ -9,6 +9,13 @@ never blocks pod creation: any error, including a body that is not an AdmissionR
 is answered "allowed, no patch" with a warning (kubectl prints it) and counted.
 ``GET /healthz`` answers ``ok``.
 
+The server holds nobody's connection for long (``WebhookLimits``): a request's headers and body
+must arrive within ``request_timeout_seconds`` of the connection's start (or of the previous
+answer on a kept-alive connection), a TLS handshake within the same time, a body is at most
+``max_body_bytes``, the bodies being read at once take at most ``max_buffered_bytes``, and at
+most ``max_connections`` connections are open; beyond that a new one is closed at once. Whatever
+is cut short is counted as ``error`` and answered, where it can be, "allowed, no patch".
+
 ``webhook_configuration`` builds the MutatingWebhookConfiguration that points
 the API server here (``failurePolicy: Ignore``, short timeout, kube-system and
 the operator's namespace excluded, opt-out label honoured).
@@ -16,6 +23,7 @@ the operator's namespace excluded, opt-out label honoured).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -31,8 +39,9 @@ from dam_operator.cluster.injection import (
     LABEL_INJECT,
     InjectionError,
     InjectionSettings,
-    build_injection_patch,
+    build_injection,
     should_inject,
+    skip_patch,
 )
 from dam_operator.cluster.metric_names import WEBHOOK_RESULTS
 from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
@@ -55,7 +64,7 @@ log = logging.getLogger("dam_operator.cluster.webhook")
 MUTATE_PATH = "/mutate-pods"
 HEALTH_PATH = "/healthz"
 WEBHOOK_NAME = "pods.dam.mlsys.dev"
-MAX_BODY_BYTES = 8 * 1024 * 1024  # pods with huge specs exist; the API server caps requests at 3 MiB
+MAX_BODY_BYTES = 4 * 1024 * 1024  # the API server takes request bodies of at most 3 MiB (a Pod included)
 
 # Results counted by the ``metrics`` callback (bounded label values).
 RESULT_INJECTED, RESULT_SKIPPED, RESULT_NO_PROFILE, RESULT_ERROR = WEBHOOK_RESULTS
@@ -71,6 +80,51 @@ class ProfileRef(NamedTuple):
 
 ProfilesFor = Callable[[str], Sequence[ProfileRef]]
 MetricsCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class WebhookLimits:
+    """How much of the operator one webhook client can hold, and for how long.
+
+    The API server gives up on the webhook after the configuration's ``timeoutSeconds`` (1..5), so
+    a request that takes longer than that to arrive is not the API server's; the defaults leave
+    slack for a slow network. aiohttp (3.10+) arms its keep-alive timer when a connection opens
+    and re-arms it after each answer; when it fires while the request's headers are incomplete
+    it closes the connection, so ``keepalive_timeout`` is the header timeout too.
+    """
+
+    request_timeout_seconds: float = 10.0
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_buffered_bytes: int = 64 * 1024 * 1024
+    max_connections: int = 512
+    max_header_bytes: int = 8190  # per line and per header field (aiohttp's defaults)
+    max_headers: int = 64
+
+    @classmethod
+    def for_timeout(cls, timeout_seconds: int) -> WebhookLimits:
+        """Limits for a webhook registered with ``timeoutSeconds``: twice that, and 10 s at least."""
+        return cls(request_timeout_seconds=max(10.0, 2.0 * timeout_seconds))
+
+
+class _Budget:
+    """Bytes of request bodies held at once, over every connection."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+class _BodyRefusedError(Exception):
+    pass
 
 
 @dataclass
@@ -128,15 +182,20 @@ def review(request: Mapping[str, Any], profiles_for: ProfilesFor, settings: Inje
     if not profile.spec.sidecar.inject:
         return Decision(RESULT_SKIPPED, profile=profile.name)
     try:
-        patch = build_injection_patch(
+        injection = build_injection(
             pod, profile.name, profile.spec, settings, desired_for(profile.spec, profile.status)
         )
     except InjectionError as exc:
+        # Admitted as it is but for a note saying why, which the profile's status reads back.
         warnings.append(f"dam: pod not instrumented for DAMProfile {profile.name}: {exc}")
-        return Decision(RESULT_SKIPPED, warnings=warnings, profile=profile.name)
+        return Decision(RESULT_SKIPPED, skip_patch(pod, exc.note), warnings, profile.name, exc.note)
+    warnings.extend(f"dam: {w}" for w in injection.warnings)
+    patch = injection.patch
     return Decision(RESULT_INJECTED if patch else RESULT_SKIPPED, patch, warnings, profile.name)
 
 
+_LIMITS_KEY: web.AppKey[WebhookLimits] = web.AppKey("limits", WebhookLimits)
+_BUDGET_KEY: web.AppKey[_Budget] = web.AppKey("budget", _Budget)
 _PROFILES_KEY: web.AppKey[ProfilesFor] = web.AppKey("profiles_for")
 _SETTINGS_KEY: web.AppKey[InjectionSettings] = web.AppKey("settings", InjectionSettings)
 _METRICS_KEY: web.AppKey[MetricsCallback | None] = web.AppKey("metrics")
@@ -152,11 +211,54 @@ def _count(app: web.Application, result: str) -> None:
         log.exception("webhook metrics callback failed")
 
 
+async def _read_body(request: web.Request, limits: WebhookLimits, budget: _Budget, held: list[int]) -> bytes:
+    """The body, within the size cap and the shared budget; ``held[0]``: what it took of the budget
+    (the caller gives it back, whatever happened)."""
+    declared = request.content_length
+    if declared is not None and declared > limits.max_body_bytes:
+        raise _BodyRefusedError(f"a body of {declared} bytes is over the {limits.max_body_bytes}-byte cap")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.read(64 * 1024)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+            raise _BodyRefusedError(f"the body is over the {limits.max_body_bytes}-byte cap")
+        if not budget.take(len(chunk)):
+            raise _BodyRefusedError("the webhook holds too many request bodies at once")
+        chunks.append(chunk)
+        held[0] += len(chunk)
+
+
+def _close(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.close()
+
+
 async def _mutate(request: web.Request) -> web.Response:
     app = request.app
+    limits, budget = app[_LIMITS_KEY], app[_BUDGET_KEY]
     uid = ""
+    held = [0]
     try:
-        body = await request.read()
+        try:
+            # The request's own deadline, from the start of its body (the headers had theirs).
+            async with asyncio.timeout(limits.request_timeout_seconds):
+                body = await _read_body(request, limits, budget, held)
+        except (TimeoutError, _BodyRefusedError) as exc:
+            # Not the API server (it sends a whole AdmissionReview at once): let the connection go.
+            why = "a body that did not arrive in time" if isinstance(exc, TimeoutError) else str(exc)
+            log.debug("webhook closed a connection: %s", why)
+            _count(app, RESULT_ERROR)
+            _close(request)
+            return web.json_response(
+                admission_response("", Decision(RESULT_ERROR, warnings=[f"dam: not injected: {why}"])),
+                status=413 if isinstance(exc, _BodyRefusedError) else 408,
+            )
+        finally:
+            budget.give(held[0])
         document = json.loads(body)
         if not isinstance(document, Mapping) or not isinstance(document.get("request"), Mapping):
             raise ValueError("the body is not an AdmissionReview with a request")
@@ -183,11 +285,15 @@ def make_webhook_app(
     profiles_for: ProfilesFor,
     settings: InjectionSettings,
     metrics: MetricsCallback | None = None,
+    limits: WebhookLimits | None = None,
 ) -> web.Application:
     """The webhook application. ``profiles_for(namespace)`` returns that namespace's profiles
     (from the operator's in-memory index: the webhook makes no API call); ``metrics(result)``
     counts each answer (``injected``, ``skipped``, ``no-profile``, ``error``)."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    limits = limits or WebhookLimits()
+    app = web.Application(client_max_size=limits.max_body_bytes)
+    app[_LIMITS_KEY] = limits
+    app[_BUDGET_KEY] = _Budget(limits.max_buffered_bytes)
     app[_PROFILES_KEY] = profiles_for
     app[_SETTINGS_KEY] = settings
     app[_METRICS_KEY] = metrics
@@ -202,27 +308,60 @@ class WebhookServer:
     ssl_context: ssl.SSLContext
     certfile: str
     keyfile: str
+    listener: asyncio.Server | None = None
 
     def reload_certificate(self) -> None:
         """Load renewed files; new connections use them (no restart)."""
         self.ssl_context.load_cert_chain(self.certfile, self.keyfile)
 
     async def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
         await self.runner.cleanup()
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over ``max_connections``: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 async def serve_webhook(
     app: web.Application, host: str, port: int, certfile: str, keyfile: str
 ) -> WebhookServer:
-    """Serve ``app`` over TLS (1.2+) on host:port; ``await server.close()`` to stop."""
+    """Serve ``app`` over TLS (1.2+) on host:port within its ``WebhookLimits``; ``await server.close()``."""
+    limits = app.get(_LIMITS_KEY) or WebhookLimits()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(certfile, keyfile)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        keepalive_timeout=limits.request_timeout_seconds,  # also the header timeout (``WebhookLimits``)
+        lingering_time=1.0,  # an answered request whose body was not read whole: not held for long
+        max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes,
+        max_headers=limits.max_headers,
+    )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=context)
-    await site.start()
-    return WebhookServer(runner, context, certfile, keyfile)
+    handler = runner.server
+    assert handler is not None
+
+    def connection() -> asyncio.BaseProtocol:
+        # Counts connections past the TLS handshake; a handshake has its own timeout below.
+        return _Refused() if len(handler.connections) >= limits.max_connections else handler()
+
+    listener = await asyncio.get_running_loop().create_server(
+        connection,
+        host,
+        port,
+        ssl=context,
+        ssl_handshake_timeout=limits.request_timeout_seconds,
+        backlog=1024,
+        reuse_address=True,
+    )
+    return WebhookServer(runner, context, certfile, keyfile, listener)
 
 
 # ---------------------------------------------------------------- configuration

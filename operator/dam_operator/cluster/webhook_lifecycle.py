@@ -34,6 +34,7 @@ from dam_operator.cluster.webhook import (
     MUTATE_PATH,
     WEBHOOK_NAME,
     ProfileRef,
+    WebhookLimits,
     WebhookServer,
     make_webhook_app,
     serve_webhook,
@@ -109,7 +110,9 @@ class WebhookLifecycle:
                 if e.spec
             ]
 
-        self._app = make_webhook_app(profiles_for, injection, on_request)
+        # Slow clients are cut off a little after the API server itself gives up (timeoutSeconds).
+        limits = WebhookLimits.for_timeout(settings.webhook_timeout_seconds)
+        self._app = make_webhook_app(profiles_for, injection, on_request, limits)
         self.server: WebhookServer | None = None
         self.cert_dir: str | None = None
         self._tasks: list[asyncio.Task[None]] = []

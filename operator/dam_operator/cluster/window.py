@@ -136,7 +136,9 @@ def _common_conditions(counts: PodCounts, scrape: Scrape, generation: int | None
     return [
         st.spec_condition(None, generation),
         st.instrumented_condition(counts.matched, counts.uninstrumented, generation, webhook),
-        st.reporting_condition(counts.instrumented, counts.reporting, scrape.problems, generation),
+        st.reporting_condition(
+            counts.instrumented, counts.reporting, scrape.problems, generation, scrape.error_reasons
+        ),
     ]
 
 

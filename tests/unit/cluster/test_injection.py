@@ -14,6 +14,7 @@ from dam_operator.cluster.injection import (
     INSTALL_CONTAINER,
     PROBE_DIR,
     SIDECAR_CONTAINER,
+    TOKEN_VOLUME_NAME,
     VOLUME_NAME,
     InjectionError,
     InjectionSettings,
@@ -121,7 +122,7 @@ def test_every_training_container_is_prepared_and_user_init_containers_keep_thei
     for container in out["spec"]["containers"]:
         assert _env(container)["PYTHONPATH"] == PROBE_DIR
         assert any(m["name"] == VOLUME_NAME for m in container["volumeMounts"])
-    assert [v["name"] for v in out["spec"]["volumes"]] == ["d", VOLUME_NAME]
+    assert [v["name"] for v in out["spec"]["volumes"]] == ["d", VOLUME_NAME, TOKEN_VOLUME_NAME]
 
 
 def test_injection_is_idempotent() -> None:
@@ -132,14 +133,13 @@ def test_injection_is_idempotent() -> None:
     assert should_inject(once, "ml", SETTINGS) == (False, "already-injected")
 
 
-def test_partly_instrumented_pod_gets_only_what_is_missing() -> None:
+def test_a_user_volume_named_like_ours_is_never_reused_and_env_already_set_is_kept() -> None:
     pod = _pod()
     pod["spec"]["volumes"] = [{"name": VOLUME_NAME, "emptyDir": {}}]
     pod["spec"]["containers"][0]["env"] = [{"name": "DAM_PROBE_DIR", "value": PROBE_DIR}]
-    patch = build_injection_patch(pod, "train-profile", _spec(), SETTINGS)
-    paths = [op["path"] for op in patch]
-    assert "/spec/volumes/-" not in paths and "/spec/volumes" not in paths
-    out = jsonpatch.apply_patch(pod, patch)
+    out = _inject(pod)
+    assert [v["name"] for v in out["spec"]["volumes"]] == [VOLUME_NAME, f"{VOLUME_NAME}-1", TOKEN_VOLUME_NAME]
+    assert out["spec"]["volumes"][0] == {"name": VOLUME_NAME, "emptyDir": {}}
     assert [e["name"] for e in out["spec"]["containers"][0]["env"]] == ["DAM_PROBE_DIR", "PYTHONPATH"]
 
 

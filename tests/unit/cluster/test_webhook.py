@@ -180,7 +180,14 @@ def test_port_conflict_is_admitted_with_a_warning_naming_the_fix() -> None:
 
     async def body(call: Call, counted: list[str]) -> None:
         _, answer = await call(_review(pod))
-        assert "patch" not in answer["response"]
+        # Nothing changes but a note saying why, which the profile's status reads back.
+        assert _patch(answer["response"]) == [
+            {
+                "op": "add",
+                "path": "/metadata/annotations",
+                "value": {"dam.mlsys.dev/injection-notes": "not-injected:port-taken"},
+            }
+        ]
         assert any("spec.sidecar.port" in w for w in answer["response"]["warnings"])
 
     _with_client(body)
