@@ -36,14 +36,18 @@ import kopf
 from dam_operator.cluster import status as st
 from dam_operator.cluster.registry import Registry
 from dam_operator.cluster.spec import SpecError, parse_spec
+from dam_operator.cluster.urlpolicy import UrlPolicy
 
 PROFILE = (st.GROUP, st.VERSION, st.PLURAL)
 
 
 def build_registry(
-    registry: Registry, login: Callable[[], kopf.ConnectionInfo | None]
+    registry: Registry,
+    login: Callable[[], kopf.ConnectionInfo | None],
+    url_policy: UrlPolicy | None = None,
 ) -> kopf.OperatorRegistry:
-    """A kopf registry with the operator's handlers, bound to ``registry``."""
+    """A kopf registry with the operator's handlers, bound to ``registry``; specs are parsed
+    under ``url_policy`` (the admin's rules on ``spec.source.prometheus.url``)."""
     kopf_registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=kopf_registry, retries=3, id="login")
@@ -62,7 +66,7 @@ def build_registry(
             return
         spec, error = None, None
         try:
-            spec = parse_spec(body.get("spec"))
+            spec = parse_spec(body.get("spec"), url_policy)
         except SpecError as exc:
             error = str(exc)
         registry.upsert_profile(

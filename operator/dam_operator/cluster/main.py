@@ -36,6 +36,7 @@ from dam_operator.cluster.registry import Registry
 from dam_operator.cluster.scheduler import Evaluator, Scheduler
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.sources import SourceFactory, query_connector, scrape_connector
+from dam_operator.cluster.urlpolicy import UrlPolicy
 from dam_operator.cluster.webhook_lifecycle import WebhookLifecycle
 from dam_sidecar.envcheck import known_variables, unknown_variables
 from dam_sidecar.settings import SidecarSettings
@@ -229,6 +230,8 @@ class Running:
     trim_task: asyncio.Task[None] | None = None
     readiness: Readiness | None = None
     """``/readyz`` on the metrics server (readiness.py)."""
+    url_policy: UrlPolicy | None = None
+    """The admin's rules on ``spec.source.prometheus.url`` (urlpolicy.py)."""
 
     def healthy(self) -> bool:
         """Liveness: the scheduler and the pod watcher still run."""
@@ -284,11 +287,18 @@ async def start_components(
     metrics = OperatorMetrics(CollectorRegistry())
     registry = Registry()
     session = aiohttp.ClientSession(connector=scrape_connector(settings.scrape_concurrency))
-    query_session = aiohttp.ClientSession(connector=query_connector(settings.scrape_concurrency))
+    url_policy = UrlPolicy.from_settings(settings, api_server=lambda: kube.server)
+    query_session = aiohttp.ClientSession(connector=query_connector(settings.scrape_concurrency, url_policy))
     evaluator = Evaluator(
         registry,
         kube,
-        SourceFactory(session, settings, query_session),
+        SourceFactory(
+            session,
+            settings,
+            query_session,
+            policy=url_policy,
+            on_too_large=metrics.source_body_too_large,
+        ),
         metrics,
         scrape_concurrency=settings.scrape_concurrency,
         max_baseline_windows=settings.max_baseline_windows,
@@ -305,6 +315,7 @@ async def start_components(
     registry.subscribe(scheduler.on_change)
     pod_watcher = PodWatcher(kube, registry, namespace=settings.namespace, page_size=settings.list_chunk_size)
     running = Running(
+        url_policy=url_policy,
         registry=registry,
         metrics=metrics,
         scheduler=scheduler,
@@ -354,7 +365,7 @@ async def run_operator(
         await running.pods_synced(POD_SYNC_WAIT_SECONDS)
         namespaces = [] if settings.namespace is None else [settings.namespace]
         await kopf.operator(
-            registry=build_registry(running.registry, login),
+            registry=build_registry(running.registry, login, running.url_policy),
             settings=kopf_settings(settings),
             standalone=settings.standalone,
             peering_name=None if settings.standalone else settings.peering_name,

@@ -30,6 +30,7 @@ OPERATOR_EVALUATION_DELAY_SECONDS: Final = "dam_operator_evaluation_delay_second
 OPERATOR_WEBHOOK_REQUESTS_TOTAL: Final = "dam_operator_webhook_requests_total"  # {result}
 OPERATOR_PROFILES: Final = "dam_operator_profiles"
 OPERATOR_ACTIONS_TOTAL: Final = "dam_operator_actions_total"  # {outcome}
+OPERATOR_SOURCE_BODY_TOO_LARGE_TOTAL: Final = "dam_operator_source_body_too_large_total"  # {source}
 
 IRON_LAW_TERMS: Final = ("data", "compute", "latency")
 POD_STATES: Final = ("matched", "instrumented", "reporting")
@@ -43,6 +44,7 @@ SCRAPE_ERROR_REASONS: Final = (
     "scrape-too-large",
     "scrape-garbage",
     "scrape-no-data",
+    "scrape-refused",
 )
 API_ERROR_REASONS: Final = (
     "api-connection",
@@ -60,3 +62,5 @@ WEBHOOK_RESULTS: Final = ("injected", "skipped", "no-profile", "error")
 ACTION_OUTCOMES: Final = ("pending", "improved", "no-change", "worse", "rolled-back")
 """``status.actions[].outcome``; ``pending`` is counted when an action is planned."""
 ACTION_PHASES: Final = ("before", "after")
+BODY_SOURCES: Final = ("scrape", "prometheus")
+"""Where a body the operator reads comes from: a sidecar's ``/metrics`` or a Prometheus answer."""

@@ -230,6 +230,15 @@ class OperatorMetrics:
         )
         for outcome in n.ACTION_OUTCOMES:
             self._actions.labels(outcome)
+        self._too_large = Counter(
+            n.OPERATOR_SOURCE_BODY_TOO_LARGE_TOTAL,
+            "Bodies given up at their cap, by source (scrape: a sidecar's /metrics over "
+            "DAM_SCRAPE_MAX_BYTES; prometheus: an answer over DAM_PROMETHEUS_MAX_ANSWER_BYTES).",
+            ["source"],
+            registry=registry,
+        )
+        for source in n.BODY_SOURCES:
+            self._too_large.labels(source)
 
     # ------------------------------------------------------------ per profile
 
@@ -318,6 +327,10 @@ class OperatorMetrics:
 
     def webhook_request(self, result: str) -> None:
         self._webhook.labels(result).inc()
+
+    def source_body_too_large(self, source: str) -> None:
+        """Count one body given up at its cap (``source``: one of ``metric_names.BODY_SOURCES``)."""
+        self._too_large.labels(source).inc()
 
     def action(self, outcome: str) -> None:
         """Count an action planned (``pending``) or judged."""

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from dam_operator.cluster.urlpolicy import parse_networks, parse_prefixes
 
 CertMode = Literal["self-signed", "files"]
 
@@ -60,13 +62,78 @@ class OperatorSettings(BaseSettings):
         default=2.0, gt=0, le=60, description="A sidecar that does not answer in this time is not reporting."
     )
     scrape_max_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="A /metrics body larger than this is rejected."
+        default=1024 * 1024,
+        ge=1024,
+        description=(
+            "A sidecar's /metrics body larger than this is not read past this size (the pod does not "
+            "report; counted in dam_operator_source_body_too_large_total). A sidecar with 8 GPUs "
+            "and 8 ranks answers 31 KB (docs/performance.md)."
+        ),
     )
     max_baseline_windows: float = Field(
         default=3.0,
         ge=1.0,
         le=100.0,
         description="A pod's previous scrape older than this many windows is too old to difference against.",
+    )
+    # --- Prometheus (spec.source.prometheus; docs/operator.md) ----------------------
+    prometheus_url: str | None = Field(
+        default=None,
+        description=(
+            "The cluster's Prometheus (base URL). Profiles without spec.source read their pods "
+            "through it; with it set (or prefixes below), a profile may name only what the admin "
+            "named. Allowed as named, whatever its address."
+        ),
+    )
+    prometheus_allowed_url_prefixes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Prometheus URLs a profile may name in spec.source.prometheus.url (comma-separated "
+            "prefixes: scheme, host, port, then a path prefix). Empty (and no prometheus_url): "
+            "any URL not refused by the address rules."
+        ),
+    )
+    prometheus_allowed_networks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Networks (comma-separated CIDRs, e.g. 127.0.0.0/8) a profile's Prometheus may be in "
+            "although loopback, link-local (169.254.0.0/16, fe80::/10) or a cloud metadata address, "
+            "refused otherwise. Never lifts the API-server rule."
+        ),
+    )
+    prometheus_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="Timeout of one query to prometheus_url (a profile sets its own).",
+    )
+    prometheus_max_answer_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=64 * 1024,
+        description=(
+            "A Prometheus answer larger than this is not read past this size (the profile's pods do "
+            "not report: Reporting=False, SourceAnswerTooLarge). One pod's series weigh 18 KB (1 GPU) "
+            "to 87 KB (8 GPUs, 8 ranks): 16 MiB holds about 190 such pods (docs/performance.md)."
+        ),
+    )
+    prometheus_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description=(
+            "Prometheus answers read at the same time, at most (each up to prometheus_max_answer_bytes; "
+            "it sizes the operator's memory limit)."
+        ),
+    )
+    kubernetes_service_host: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "kubernetes_service_host", "DAM_KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_HOST"
+        ),
+        description=(
+            "Address of the API server's Service (Kubernetes sets KUBERNETES_SERVICE_HOST in every "
+            "pod): a profile's Prometheus URL may not point there."
+        ),
     )
     prometheus_namespace_label: str = Field(
         default="namespace", description="Label that carries the pod's namespace in Prometheus."
@@ -167,12 +234,31 @@ class OperatorSettings(BaseSettings):
     verbose: bool = Field(default=False, description="Debug logging.")
     quiet: bool = Field(default=False, description="Warnings and errors only.")
 
-    @field_validator("excluded_namespaces", mode="before")
+    @field_validator(
+        "excluded_namespaces", "prometheus_allowed_url_prefixes", "prometheus_allowed_networks", mode="before"
+    )
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):
             return [p.strip() for p in value.split(",") if p.strip()]
         return value
+
+    @field_validator("prometheus_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        return parse_networks(value)
+
+    @field_validator("prometheus_allowed_url_prefixes")
+    @classmethod
+    def _prefixes(cls, value: list[str]) -> list[str]:
+        return parse_prefixes(value)
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        return parse_prefixes([value.strip()])[0]
 
     @model_validator(mode="after")
     def _consistent(self) -> OperatorSettings:

@@ -11,28 +11,41 @@
 
 Both raise ``SourceError`` with a short, bounded ``reason`` (used as a metric label)
 and a message that says what went wrong; never anything else.
+
+Every body is read with a cap (``read_capped``): streamed, and given up as soon as it passes
+the cap, so a tenant's pod or Prometheus that answers 700 MB costs the operator the cap, not
+the answer (docs/performance.md sizes the caps and the memory limit they add up to). A body
+over its cap is counted (``dam_operator_source_body_too_large_total{source}``) and its pods
+do not report (``Reporting=False``, reason ``SourceAnswerTooLarge``, naming the cap and the
+setting that raises it). Which Prometheus a profile may query is the admin's choice
+(``urlpolicy``): a refused URL is never asked, and the addresses a Prometheus host name
+resolves to are checked when the operator connects (``PolicyResolver``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 
-from dam_operator.cluster.metric_names import SCRAPE_ERROR_REASONS
+from dam_operator.cluster.metric_names import BODY_SOURCES, SCRAPE_ERROR_REASONS
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.spec import DAMProfileSpec
+from dam_operator.cluster.urlpolicy import UrlPolicy
 from dam_sidecar import names
 from dam_sidecar.promtext import PromParseError, Sample, Snapshot, labels_of, parse_snapshot
 
-# Bounded reasons (label values of dam_operator_evaluation_errors_total).
-# Bounded reasons (the operator's error counter's label values, declared in metric_names).
+# Bounded reasons (label values of dam_operator_evaluation_errors_total, declared in metric_names).
 (
     REASON_TIMEOUT,
     REASON_UNREACHABLE,
@@ -40,7 +53,12 @@ from dam_sidecar.promtext import PromParseError, Sample, Snapshot, labels_of, pa
     REASON_TOO_LARGE,
     REASON_GARBAGE,
     REASON_NO_DATA,
+    REASON_REFUSED,
 ) = SCRAPE_ERROR_REASONS
+SOURCE_SCRAPE, SOURCE_PROMETHEUS = BODY_SOURCES
+
+TooLarge = Callable[[str], None]
+"""Told the source (``scrape`` or ``prometheus``) of each body given up at its cap."""
 
 # Labels that Prometheus (or its service discovery) adds to every series of a target.
 TARGET_LABELS = frozenset(
@@ -81,6 +99,44 @@ class MetricSource(Protocol):
         ...
 
 
+class BodyTooLargeError(Exception):
+    """A body passed its cap; ``read`` bytes had arrived when the read stopped."""
+
+    def __init__(self, limit: int, read: int) -> None:
+        super().__init__(f"more than {limit} bytes")
+        self.limit = limit
+        self.read = read
+
+
+async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytearray:
+    """The whole body of ``resp``, or ``BodyTooLargeError`` once it passes ``max_bytes``.
+
+    Never holds more than ``max_bytes`` plus one network chunk: a Content-Length over the cap
+    is refused before any byte is read, and otherwise the body is taken chunk by chunk as it
+    arrives (aiohttp's StreamReader pauses the socket while its buffer is full, so an unread
+    rest stays in the kernel, not in the heap). On a refusal the connection is closed rather
+    than drained: the rest of a 700 MB answer is never read. (``StreamReader.read(n)`` returns
+    what happens to be buffered, up to ``n``; one call can return part of a body.)
+    """
+    length = resp.content_length
+    if length is not None and length > max_bytes:
+        resp.close()
+        raise BodyTooLargeError(max_bytes, 0)
+    body = bytearray()
+    async for chunk in resp.content.iter_any():
+        if len(body) + len(chunk) > max_bytes:
+            read = len(body) + len(chunk)
+            del body
+            resp.close()
+            raise BodyTooLargeError(max_bytes, read)
+        body += chunk
+    return body
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n % (2**20 // 16) == 0 else f"{n} bytes"
+
+
 def _sidecar_timestamp(snapshot: Snapshot) -> float | None:
     for sample in snapshot.samples(names.SNAPSHOT_TIMESTAMP_SECONDS):
         if math.isfinite(sample.value) and sample.value > 0:
@@ -98,14 +154,18 @@ class ScrapeSource:
         session: aiohttp.ClientSession,
         *,
         timeout_seconds: float = 2.0,
-        max_bytes: int = 4 * 1024 * 1024,
+        max_bytes: int = 1024 * 1024,
         clock: Callable[[], float] = time.time,
+        on_too_large: TooLarge | None = None,
     ) -> None:
         self._session = session
+        # ``total`` bounds the whole exchange, the body's last byte included (aiohttp runs the
+        # response's reads under the request's timer): a sidecar that trickles is cut off too.
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._timeout_seconds = timeout_seconds
         self._max_bytes = max_bytes
         self._clock = clock
+        self._on_too_large = on_too_large
 
     async def fetch_all(
         self,
@@ -121,15 +181,22 @@ class ScrapeSource:
             async with self._session.get(url, timeout=self._timeout, allow_redirects=False) as resp:
                 if resp.status != 200:
                     raise SourceError(REASON_HTTP, f"{url} answered HTTP {resp.status}")
-                body = await resp.content.read(self._max_bytes + 1)
+                body = await read_capped(resp, self._max_bytes)
+        except BodyTooLargeError:
+            if self._on_too_large is not None:
+                self._on_too_large(SOURCE_SCRAPE)
+            raise SourceError(
+                REASON_TOO_LARGE,
+                f"{url} answered more than {_mib(self._max_bytes)}, the operator's cap on one /metrics "
+                f"body (DAM_SCRAPE_MAX_BYTES={self._max_bytes}; chart: operator.scrapeMaxBytes); "
+                "the body was not read",
+            ) from None
         except TimeoutError:
             raise SourceError(
                 REASON_TIMEOUT, f"{url} did not answer within {self._timeout_seconds:g} s"
             ) from None
         except aiohttp.ClientError as exc:
             raise SourceError(REASON_UNREACHABLE, f"{url} is unreachable: {_short(exc)}") from None
-        if len(body) > self._max_bytes:
-            raise SourceError(REASON_TOO_LARGE, f"{url} returned more than {self._max_bytes} bytes")
         received = self._clock()
         try:
             text = body.decode("utf-8")
@@ -165,14 +232,21 @@ class PrometheusSource:
         namespace_label: str = "namespace",
         pod_label: str = "pod",
         max_series: int = 10_000,
+        max_answer_bytes: int = 16 * 1024 * 1024,
+        read_limit: asyncio.Semaphore | None = None,
+        on_too_large: TooLarge | None = None,
     ) -> None:
         self._session = session
         self._base = base_url.rstrip("/")
+        # ``total`` covers the body too (see ScrapeSource).
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._timeout_seconds = timeout_seconds
         self._ns_label = namespace_label
         self._pod_label = pod_label
         self._max_series = max_series
+        self._max_answer_bytes = max_answer_bytes
+        self._read_limit = read_limit
+        self._on_too_large = on_too_large
         self._strip = TARGET_LABELS | {namespace_label, pod_label}
 
     def query_for(self, pod: PodTarget) -> str:
@@ -218,6 +292,12 @@ class PrometheusSource:
         return out
 
     async def _query(self, namespace: str, pods: list[PodTarget]) -> dict[str, Snapshot | SourceError]:
+        if self._read_limit is None:
+            return await self._query_now(namespace, pods)
+        async with self._read_limit:
+            return await self._query_now(namespace, pods)
+
+    async def _query_now(self, namespace: str, pods: list[PodTarget]) -> dict[str, Snapshot | SourceError]:
         url = f"{self._base}/api/v1/query"
         query = self.query_for_pods(namespace, [p.name for p in pods])
         try:
@@ -225,10 +305,28 @@ class PrometheusSource:
                 url, data={"query": query}, timeout=self._timeout, allow_redirects=False
             ) as resp:
                 status = resp.status
-                try:
-                    payload: Any = await resp.json(content_type=None)
-                except ValueError:
-                    payload = None
+                body = await read_capped(resp, self._max_answer_bytes)
+            try:
+                payload: Any = json.loads(body)
+            except ValueError:  # not JSON, or not UTF-8
+                payload = None
+            del body
+        except BodyTooLargeError:
+            if self._on_too_large is not None:
+                self._on_too_large(SOURCE_PROMETHEUS)
+            raise SourceError(
+                REASON_TOO_LARGE,
+                f"Prometheus at {self._base} answered more than {_mib(self._max_answer_bytes)}, the "
+                f"operator's cap on one answer (DAM_PROMETHEUS_MAX_ANSWER_BYTES={self._max_answer_bytes}; "
+                "chart: operator.prometheus.maxAnswerBytes); the answer was not read. An answer for "
+                f"{len(pods)} pod(s) should weigh well under 100 KB per pod",
+            ) from None
+        except aiohttp.ClientConnectorDNSError as exc:
+            if isinstance(exc.os_error, AddressRefusedError):
+                raise SourceError(REASON_REFUSED, str(exc.os_error)) from None
+            raise SourceError(
+                REASON_UNREACHABLE, f"Prometheus at {self._base} is unreachable: {_short(exc)}"
+            ) from None
         except TimeoutError:
             raise SourceError(
                 REASON_TIMEOUT,
@@ -331,44 +429,123 @@ def scrape_connector(limit: int) -> aiohttp.TCPConnector:
     return aiohttp.TCPConnector(limit=limit, force_close=True)
 
 
-def query_connector(limit: int) -> aiohttp.TCPConnector:
-    """Connections to Prometheus: a few hosts asked many times a window, so kept alive."""
-    return aiohttp.TCPConnector(limit=limit)
+class AddressRefusedError(OSError):
+    """A Prometheus host name resolved to an address the admin's rules refuse (``urlpolicy``)."""
+
+
+class PolicyResolver(AbstractResolver):
+    """Resolves as aiohttp would, then checks every address against ``policy``.
+
+    aiohttp connects to exactly the addresses its resolver returns (literal IP hosts skip the
+    resolver; ``UrlPolicy.check_url`` decides those before any request), so the address that
+    is checked is the address that is connected to: a name that rebinds to 169.254.169.254
+    between the spec's validation and the query is refused here. One refused address refuses
+    the name (a mixed answer would connect to it some of the time).
+    """
+
+    def __init__(self, policy: UrlPolicy, inner: AbstractResolver | None = None) -> None:
+        self._policy = policy
+        self._inner = inner if inner is not None else DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        for result in results:
+            problem = self._policy.check_address(host, port, result["host"])
+            if problem is not None:
+                raise AddressRefusedError(problem)
+        return results
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def query_connector(limit: int, policy: UrlPolicy | None = None) -> aiohttp.TCPConnector:
+    """Connections to Prometheus: a few hosts asked many times a window, so kept alive; with
+    ``policy``, each host name's addresses are checked when it is resolved (``PolicyResolver``)."""
+    if policy is None:
+        return aiohttp.TCPConnector(limit=limit)
+    return aiohttp.TCPConnector(limit=limit, resolver=PolicyResolver(policy))
+
+
+class RefusedSource:
+    """The source of a profile whose Prometheus URL the admin's rules refuse: asks nothing."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    async def fetch(self, pod: PodTarget) -> Snapshot:
+        raise SourceError(REASON_REFUSED, self.message)
+
+    async def fetch_all(
+        self,
+        pods: list[PodTarget],
+        limit: asyncio.Semaphore,
+        observe: Callable[[float], None] | None = None,
+    ) -> dict[str, Snapshot | SourceError]:
+        error = SourceError(REASON_REFUSED, self.message)
+        return {p.name: error for p in pods}
 
 
 class SourceFactory:
     """The metric source for a profile's spec: the shared direct scrape (on ``scrape_session``,
     see ``scrape_connector``), or one Prometheus source per (url, timeout) on ``query_session``
-    (``query_connector``; the scrape session when none is given)."""
+    (``query_connector``; the scrape session when none is given).
+
+    A profile without ``spec.source`` reads the admin's Prometheus (``prometheus_url``) when
+    one is configured, else scrapes. A URL that ``policy`` refuses gets a ``RefusedSource``
+    (the spec is refused at validation too; this holds for a spec parsed without the policy).
+    Prometheus answers are read ``prometheus_concurrency`` at a time, each at most
+    ``prometheus_max_answer_bytes``."""
 
     def __init__(
         self,
         scrape_session: aiohttp.ClientSession,
         settings: OperatorSettings,
         query_session: aiohttp.ClientSession | None = None,
+        *,
+        policy: UrlPolicy | None = None,
+        on_too_large: TooLarge | None = None,
     ) -> None:
         self._session = query_session if query_session is not None else scrape_session
         self._settings = settings
+        self._policy = policy if policy is not None else UrlPolicy.from_settings(settings)
+        self._on_too_large = on_too_large
         self._scrape = ScrapeSource(
             scrape_session,
             timeout_seconds=settings.scrape_timeout_seconds,
             max_bytes=settings.scrape_max_bytes,
+            on_too_large=on_too_large,
         )
-        self._prometheus: dict[tuple[str, float], PrometheusSource] = {}
+        self._read_limit = asyncio.Semaphore(settings.prometheus_concurrency)
+        self._prometheus: dict[tuple[str, float], MetricSource] = {}
 
     def __call__(self, spec: DAMProfileSpec) -> MetricSource:
         prom = spec.source.prometheus if spec.source is not None else None
-        if prom is None:
+        if prom is not None:
+            url, timeout = prom.url, prom.timeout_seconds
+        elif self._settings.prometheus_url is not None:
+            url, timeout = self._settings.prometheus_url, self._settings.prometheus_timeout_seconds
+        else:
             return self._scrape
-        key = (prom.url, prom.timeout_seconds)
+        key = (url, timeout)
         source = self._prometheus.get(key)
         if source is None:
-            source = PrometheusSource(
-                self._session,
-                prom.url,
-                timeout_seconds=prom.timeout_seconds,
-                namespace_label=self._settings.prometheus_namespace_label,
-                pod_label=self._settings.prometheus_pod_label,
+            problem = self._policy.check_url(url)
+            source = (
+                RefusedSource(problem)
+                if problem is not None
+                else PrometheusSource(
+                    self._session,
+                    url,
+                    timeout_seconds=timeout,
+                    namespace_label=self._settings.prometheus_namespace_label,
+                    pod_label=self._settings.prometheus_pod_label,
+                    max_answer_bytes=self._settings.prometheus_max_answer_bytes,
+                    read_limit=self._read_limit,
+                    on_too_large=self._on_too_large,
+                )
             )
             self._prometheus[key] = source
         return source

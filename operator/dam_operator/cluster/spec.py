@@ -25,11 +25,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
+from dam_operator.cluster.urlpolicy import FIELD, UrlPolicy
 from dam_operator.diagnosis.model import Hardware, Thresholds
 
 __all__ = [
@@ -74,6 +77,7 @@ QUANTITY_PATTERN = (
 )
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 URL_PATTERN = r"^https?://[^\s]+$"
+URL_POLICY = "url_policy"  # the validation context's key for the admin's UrlPolicy
 
 
 class _Spec(BaseModel):
@@ -277,6 +281,18 @@ class SidecarSpec(_Spec):
 class PrometheusSourceSpec(_Spec):
     url: Annotated[str, Field(max_length=MAX_URL_LENGTH, pattern=URL_PATTERN)]
     timeout_seconds: Annotated[float, Field(gt=0.0, le=60.0), AfterValidator(_finite)] = 5.0
+
+    @field_validator("url")
+    @classmethod
+    def _allowed(cls, url: str, info: ValidationInfo) -> str:
+        """The cluster admin's rules on which Prometheus a profile may use (urlpolicy.py), when
+        ``parse_spec`` is given them: a refused URL is an invalid spec, and no request is sent."""
+        policy = (info.context or {}).get(URL_POLICY) if isinstance(info.context, Mapping) else None
+        if isinstance(policy, UrlPolicy):
+            problem = policy.check_url(url)
+            if problem is not None:
+                raise ValueError(problem.removeprefix(f"{FIELD}: "))
+        return url
 
 
 class SourceSpec(_Spec):
@@ -541,8 +557,10 @@ def _is_type_tag(part: str) -> bool:
     )
 
 
-def parse_spec(raw: Mapping[str, Any] | None) -> DAMProfileSpec:
-    """Validate a DAMProfile ``spec``; raise ``SpecError`` naming each bad field and its fix."""
+def parse_spec(raw: Mapping[str, Any] | None, url_policy: UrlPolicy | None = None) -> DAMProfileSpec:
+    """Validate a DAMProfile ``spec``; raise ``SpecError`` naming each bad field and its fix.
+
+    ``url_policy``: the admin's rules on ``spec.source.prometheus.url`` (none: any URL)."""
     if raw is None:
         raise SpecError(
             [SpecProblem(path="spec", message="required: a spec with at least selector.matchLabels")]
@@ -550,7 +568,7 @@ def parse_spec(raw: Mapping[str, Any] | None) -> DAMProfileSpec:
     if not isinstance(raw, Mapping):
         raise SpecError([SpecProblem(path="spec", message="must be an object (a mapping of fields)")])
     try:
-        spec = DAMProfileSpec.model_validate(dict(raw), by_alias=True)
+        spec = DAMProfileSpec.model_validate(dict(raw), by_alias=True, context={URL_POLICY: url_policy})
     except ValidationError as exc:
         raise SpecError(_problems(exc)) from None
     return _share_parts(spec)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dam_operator.cluster.metric_names import SCRAPE_ERROR_REASONS
 from dam_operator.diagnosis.engine import without_sample_size
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Bottleneck, Straggler
@@ -44,8 +45,17 @@ REASON_ALL_INSTRUMENTED = "AllPodsInstrumented"
 REASON_NOT_INSTRUMENTED = "PodsNotInstrumented"
 REASON_ALL_REPORTING = "AllPodsReporting"
 REASON_NOT_REPORTING = "SidecarsNotReporting"
+REASON_TOO_LARGE = "SourceAnswerTooLarge"
+"""Reporting=False: an answer (a sidecar's /metrics, a Prometheus answer) passed the operator's cap."""
+REASON_SOURCE_REFUSED = "SourceRefused"
+"""Reporting=False: the profile's Prometheus resolved to an address the admin's rules refuse."""
 REASON_BOTTLENECK_CHANGED = "BottleneckChanged"
 REASON_STRAGGLER = "StragglerDetected"
+
+# Two of the failed scrapes' reasons (metric_names.SCRAPE_ERROR_REASONS) that name the condition.
+REASON_LABEL_TOO_LARGE, REASON_LABEL_REFUSED = (
+    r for r in SCRAPE_ERROR_REASONS if r in ("scrape-too-large", "scrape-refused")
+)
 
 MAX_NOT_INSTRUMENTED_LISTED = 50
 MAX_MESSAGE = 1024
@@ -161,9 +171,17 @@ def instrumented_condition(
 
 
 def reporting_condition(
-    instrumented: int, reporting: int, problems: Sequence[str], generation: int | None
+    instrumented: int,
+    reporting: int,
+    problems: Sequence[str],
+    generation: int | None,
+    reasons: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """``Reporting``: True when every instrumented pod's sidecar answered this window."""
+    """``Reporting``: True when every instrumented pod's sidecar answered this window.
+
+    ``reasons``: the failed scrapes' ``SourceError.reason`` labels; an answer over its cap
+    (``SourceAnswerTooLarge``) or a refused address (``SourceRefused``) names itself, since
+    the fix is the admin's setting, not the pods."""
     if instrumented == 0:
         return condition(
             REPORTING, False, REASON_NO_INSTRUMENTED, "No matched pod has the sidecar.", generation
@@ -179,10 +197,15 @@ def reporting_condition(
     shown = "; ".join(problems[:MAX_NAMES_LISTED])
     more = len(problems) - MAX_NAMES_LISTED
     detail = shown + (f"; and {more} more" if more > 0 else "")
+    reason = REASON_NOT_REPORTING
+    if REASON_LABEL_TOO_LARGE in reasons:
+        reason = REASON_TOO_LARGE
+    elif REASON_LABEL_REFUSED in reasons:
+        reason = REASON_SOURCE_REFUSED
     return condition(
         REPORTING,
         False,
-        REASON_NOT_REPORTING,
+        reason,
         f"{instrumented - reporting} of {instrumented} instrumented pods did not report: {detail}",
         generation,
     )

@@ -1,0 +1,229 @@
+"""Every body the operator reads has a cap: sidecar scrapes and Prometheus answers are streamed,
+given up at the cap without reading the rest, counted, and named in the Reporting condition.
+
+Against real local HTTP servers on 127.0.0.1 that stream what they send (a huge answer is
+generated on the fly, never held)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from dam_operator.cluster import metric_names as n
+from dam_operator.cluster import sources as src
+from dam_operator.cluster import status as st
+from dam_operator.cluster.opmetrics import OperatorMetrics
+from dam_operator.cluster.settings import OperatorSettings
+from dam_operator.cluster.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, SourceFactory
+from dam_operator.cluster.spec import parse_spec
+from dam_sidecar import names
+from dam_sidecar.promtext import parse_snapshot
+from tests.support.fake_sidecar import FakeJob
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MiB = 1024 * 1024
+
+
+@contextlib.asynccontextmanager
+async def serve(handler: Handler, path: str) -> AsyncIterator[int]:
+    app = web.Application()
+    app.router.add_route("*", path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
+
+
+def _pod(port: int, name: str = "pod-a") -> PodTarget:
+    return PodTarget("ns", name, "127.0.0.1", port)
+
+
+def _series(pod: str, i: int) -> bytes:
+    metric = {"__name__": names.STEPS_TOTAL, "namespace": "ns", "pod": pod, "instance": f"10.0.{i}.1:9450"}
+    return json.dumps({"metric": metric, "value": [1000.0, str(i)]}).encode()
+
+
+class HugeAnswer:
+    """A Prometheus that answers ``/api/v1/query`` with ``total_bytes`` of valid JSON, generated
+    chunk by chunk (chunked encoding: no Content-Length), counting what it managed to send."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.sent = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        head = b'{"status":"success","data":{"resultType":"vector","result":['
+        chunk = b",".join(_series("pod-x", i) for i in range(400)) + b","
+        try:
+            await resp.write(head)
+            self.sent += len(head)
+            while self.sent < self.total_bytes:
+                await resp.write(chunk)
+                self.sent += len(chunk)
+            await resp.write(_series("pod-a", 0) + b"]}}")
+            await resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the operator hung up: what a capped reader does
+        return resp
+
+
+def test_a_huge_prometheus_answer_is_given_up_at_the_cap_without_holding_or_reading_it() -> None:
+    huge = HugeAnswer(64 * MiB)
+    hits: list[str] = []
+
+    async def scenario() -> tuple[SourceError | None, int]:
+        async with serve(huge.handle, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+            source = PrometheusSource(
+                session, f"http://127.0.0.1:{port}", max_answer_bytes=1 * MiB, on_too_large=hits.append
+            )
+            tracemalloc.start()
+            try:
+                await source.fetch(_pod(1))
+            except SourceError as exc:
+                return exc, tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        return None, 0
+
+    err, peak = asyncio.run(scenario())
+    assert err is not None and err.reason == src.REASON_TOO_LARGE, err
+    assert "1 MiB" in err.message and "DAM_PROMETHEUS_MAX_ANSWER_BYTES" in err.message, err.message
+    assert "operator.prometheus.maxAnswerBytes" in err.message
+    assert hits == ["prometheus"]
+    assert peak < 8 * MiB, f"the read held {peak / MiB:.1f} MiB for a 1 MiB cap"
+    # Given up at the cap, not drained: what is left of 64 MB stayed unsent.
+    assert huge.sent < 16 * MiB, f"the server got to send {huge.sent / MiB:.1f} MiB"
+
+
+def test_a_content_length_over_the_cap_is_refused_before_the_body_is_read() -> None:
+    async def declared(_: web.Request) -> web.Response:
+        return web.Response(body=b"#" * (2 * MiB), content_type="text/plain")
+
+    async def scenario() -> SourceError:
+        async with serve(declared, "/metrics") as port, aiohttp.ClientSession() as session:
+            try:
+                await ScrapeSource(session, max_bytes=MiB).fetch(_pod(port))
+            except SourceError as exc:
+                return exc
+        raise AssertionError("expected a SourceError")
+
+    err = asyncio.run(scenario())
+    assert err.reason == src.REASON_TOO_LARGE
+    assert "DAM_SCRAPE_MAX_BYTES=1048576" in err.message and "operator.scrapeMaxBytes" in err.message
+
+
+def test_a_scrape_body_sent_in_pieces_is_read_whole() -> None:
+    """One ``read(n)`` returns what happens to be buffered: a body that arrives in two pieces was
+    cut at the first, and the pod reported garbage."""
+    text = FakeJob(clock=lambda: 1.0).exposition().encode()
+    half = len(text) // 2
+
+    async def pieces(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        await resp.write(text[:half])
+        await asyncio.sleep(0.3)
+        await resp.write(text[half:])
+        await resp.write_eof()
+        return resp
+
+    async def scenario() -> Any:
+        async with serve(pieces, "/metrics") as port, aiohttp.ClientSession() as session:
+            return await ScrapeSource(session).fetch(_pod(port))
+
+    snap = asyncio.run(scenario())
+    assert snap.samples(names.STEPS_TOTAL)[0].value == 100.0
+    assert len(snap) == len(parse_snapshot(text.decode()))
+
+
+def test_a_sidecar_that_trickles_its_body_is_cut_off_by_the_timeout() -> None:
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            for _ in range(100):
+                await resp.write(b"# still going\n")
+                await asyncio.sleep(0.05)
+        return resp
+
+    async def scenario() -> SourceError:
+        async with serve(trickle, "/metrics") as port, aiohttp.ClientSession() as session:
+            try:
+                await ScrapeSource(session, timeout_seconds=0.5).fetch(_pod(port))
+            except SourceError as exc:
+                return exc
+        raise AssertionError("expected a SourceError")
+
+    assert asyncio.run(scenario()).reason == src.REASON_TIMEOUT
+
+
+def test_prometheus_answers_are_read_at_most_prometheus_concurrency_at_a_time() -> None:
+    """The answers' caps add up to the operator's memory: at most ``prometheus_concurrency`` of
+    them are being read at once, whatever the scrape concurrency (docs/performance.md)."""
+    in_flight = {"now": 0, "max": 0}
+
+    async def slow(_: web.Request) -> web.Response:
+        in_flight["now"] += 1
+        in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        await asyncio.sleep(0.2)
+        in_flight["now"] -= 1
+        body = {"status": "success", "data": {"resultType": "vector", "result": []}}
+        return web.json_response(body)
+
+    async def scenario() -> None:
+        async with serve(slow, "/{prefix}/api/v1/query") as port, aiohttp.ClientSession() as session:
+            settings = OperatorSettings(prometheus_concurrency=2, prometheus_allowed_networks="127.0.0.1")
+            factory = SourceFactory(session, settings)
+            limit = asyncio.Semaphore(64)
+            sources = [
+                factory(
+                    parse_spec(
+                        {"selector": {"matchLabels": {"a": "b"}}, "source": {"prometheus": {"url": url}}}
+                    )
+                )
+                for url in (f"http://127.0.0.1:{port}/p{i}" for i in range(6))
+            ]
+            await asyncio.gather(*(s.fetch_all([_pod(1, f"pod-{i}")], limit) for i, s in enumerate(sources)))
+
+    asyncio.run(scenario())
+    assert in_flight["max"] == 2
+
+
+def test_bodies_over_their_cap_are_counted_by_source_from_zero() -> None:
+    metrics = OperatorMetrics(CollectorRegistry())
+
+    def value(source: str) -> float | None:
+        return metrics.registry.get_sample_value(n.OPERATOR_SOURCE_BODY_TOO_LARGE_TOTAL, {"source": source})
+
+    assert [value(s) for s in n.BODY_SOURCES] == [0.0, 0.0]
+    metrics.source_body_too_large("prometheus")
+    metrics.source_body_too_large("prometheus")
+    metrics.source_body_too_large("scrape")
+    assert [value("scrape"), value("prometheus")] == [1.0, 2.0]
+
+
+def test_an_answer_over_its_cap_makes_reporting_false_with_its_own_reason() -> None:
+    too_large = SourceError(src.REASON_TOO_LARGE, "Prometheus at http://p answered more than 16 MiB")
+    cond = st.reporting_condition(
+        2, 0, [f"pod-a: {too_large.message}", f"pod-b: {too_large.message}"], 3, [too_large.reason] * 2
+    )
+    assert (cond["status"], cond["reason"]) == ("False", "SourceAnswerTooLarge")
+    assert "16 MiB" in cond["message"]
+    refused = st.reporting_condition(1, 0, ["pod-a: refused"], 3, [src.REASON_REFUSED])
+    assert refused["reason"] == "SourceRefused"
+    other = st.reporting_condition(1, 0, ["pod-a: timeout"], 3, [src.REASON_TIMEOUT])
+    assert other["reason"] == st.REASON_NOT_REPORTING
