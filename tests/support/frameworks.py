@@ -1,0 +1,91 @@
+"""Helpers for the frameworks tier (tests/integration/frameworks): real Lightning, Hugging Face
+``Trainer`` and torchdata jobs run under the real ``dam run`` / ``dam tune``.
+
+The jobs are scripts in ``tests/integration/frameworks/jobs``: code written as a user of the
+framework writes it, with no import of dam. The frameworks are pinned in the dev extras of
+``pyproject.toml``; a missing one skips its tests with one line saying how to install it, and
+fails them with ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = REPO / "tests" / "integration" / "frameworks" / "jobs"
+PY = sys.executable  # this venv's interpreter, with the frameworks
+DAM = [PY, "-m", "dam_operator.cli"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+# Nothing is fetched: the models are built from config objects, the data is synthetic. With these
+# set, any attempt to reach the Hub raises at once instead of hanging on a network timeout.
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def require(*modules: str) -> None:
+    """Skips (fails with ``CI=true``) unless every module can be imported."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    message = (
+        f"FRAMEWORK NOT INSTALLED: {', '.join(missing)}; "
+        "install the pinned versions with: .venv/bin/pip install -e '.[dev]'"
+    )
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def job(name: str) -> str:
+    path = JOBS / name
+    assert path.is_file(), path
+    return str(path)
+
+
+def dam(
+    subcommand: str, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``dam SUBCOMMAND ARGS`` from the repository root, offline; output captured."""
+    return subprocess.run(
+        [*DAM, subcommand, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, **OFFLINE, **(env or {})},
+    )
+
+
+def tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def verdict_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The JSON of ``dam run --json`` (stdout), after checking that the command succeeded."""
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{tail(proc.stderr)}"
+    try:
+        doc: dict[str, Any] = json.loads(proc.stdout)
+    except ValueError as exc:
+        raise AssertionError(f"no JSON verdict ({exc}): {proc.stdout!r}\n{tail(proc.stderr)}") from None
+    assert doc["exitCode"] == 0, doc
+    return doc
+
+
+def explain(doc: dict[str, Any], proc: subprocess.CompletedProcess[str]) -> str:
+    """What an assertion message shows: the verdict and the end of the job's output."""
+    return f"{json.dumps(doc['bottleneck'], indent=1)}\nmetrics: {doc['metrics']}\n{tail(proc.stderr, 12)}"
