@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dam_operator.cluster.injection import ANNOTATION_ACTION
+from dam_operator.cluster.injection import ANNOTATION_ACTION, pod_notes
 from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
 
 ProfileKey = tuple[str, str]
@@ -57,8 +57,12 @@ class PodInfo:
     last_oom_kill: str | None = None
     """When a container of the pod was last OOM-killed (RFC 3339 ``finishedAt`` of a terminated
     state with reason ``OOMKilled``, current or last); None when never seen."""
+    oom: OomRecord | None = None
+    """That kill's whole record (``oom_record``): which container, its exit code, where."""
     action: str | None = None
     """The ``dam.mlsys.dev/action`` annotation the webhook set (``"ID:applied"``/``"ID:withheld"``)."""
+    notes: tuple[str, ...] = ()
+    """How the webhook (did not) instrument it (``injection.pod_notes``); empty for most pods."""
 
     @property
     def key(self) -> ProfileKey:
@@ -89,8 +93,10 @@ class PodInfo:
             phase=status.get("phase") or None,
             instrumented=instrumented,
             deleting=bool(meta.get("deletionTimestamp")),
-            last_oom_kill=last_oom_kill(status),
+            last_oom_kill=None if oom is None else oom.finished_at,
+            oom=oom,
             action=str((meta.get("annotations") or {}).get(ANNOTATION_ACTION) or "") or None,
+            notes=pod_notes(body),
         )
 
 

@@ -274,7 +274,57 @@ def test_operator_pod_is_restricted_and_unprivileged(chart: Any, values: dict[st
         assert not [p for p in container.get("ports", []) if "hostPort" in p]
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"  # serves, not only lives
-        assert "resources" not in container  # left to the user (operator.resources)
+        # A memory limit sized for 5,000 profiles plus every body read at its cap (values.yaml).
+        assert container["resources"]["limits"]["memory"] == "768Mi"
+        assert container["resources"]["requests"]["memory"] == "256Mi"
+
+
+def test_memory_limit_holds_the_measured_peak_and_every_capped_read_at_once(chart: Any) -> None:
+    """The limit is what 5,000 profiles x 2 pods peaked at (docs/performance.md: 195 MiB) plus
+    every read at its cap at once and one Prometheus answer decoded (3.6 x its bytes, measured
+    at 5 x for margin); a cap or a concurrency raised without the limit fails here."""
+    deployment = one(render(chart), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = env_of(deployment)
+    settings = OperatorSettings.model_validate(
+        {k[4:].lower(): v for k, v in env.items() if k.startswith("DAM_") and isinstance(v, str)}
+    )
+    mib = 1024 * 1024
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    needed = (
+        195 * mib
+        + settings.scrape_concurrency * settings.scrape_max_bytes
+        + settings.prometheus_concurrency * settings.prometheus_max_answer_bytes
+        + 5 * settings.prometheus_max_answer_bytes
+    )
+    assert int(limit[:-2]) * mib >= needed, f"{limit} < {needed / mib:.0f} MiB"
+    assert env["DAM_PROMETHEUS_MAX_ANSWER_BYTES"] == "16777216"  # an integer, not 1.6777216e+07
+    assert env["DAM_SCRAPE_MAX_BYTES"] == "1048576"
+
+
+def test_prometheus_allow_lists_reach_the_operator(chart: Any) -> None:
+    values = {
+        "operator": {
+            "prometheus": {
+                "url": "http://prometheus-operated.monitoring.svc:9090",
+                "allowedUrlPrefixes": ["https://thanos.example.com/a", "http://p.monitoring.svc:9090/"],
+                "allowedNetworks": ["127.0.0.0/8"],
+            }
+        }
+    }
+    env = env_of(one(render(chart, values), "Deployment"))
+    settings = OperatorSettings.model_validate(
+        {k[4:].lower(): v for k, v in env.items() if k.startswith("DAM_") and isinstance(v, str)}
+    )
+    assert settings.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
+    assert settings.prometheus_allowed_url_prefixes == [
+        "https://thanos.example.com/a",
+        "http://p.monitoring.svc:9090/",
+    ]
+    assert settings.prometheus_allowed_networks == ["127.0.0.0/8"]
+    defaults = env_of(one(render(chart), "Deployment"))
+    assert "DAM_PROMETHEUS_URL" not in defaults and "DAM_PROMETHEUS_ALLOWED_NETWORKS" not in defaults
 
 
 def test_operator_probes_and_ports_match_the_operator_settings(chart: Any) -> None:
