@@ -64,6 +64,7 @@ __all__ = [
     "NOTE_SKIP_HOST_NETWORK",
     "NOTE_SKIP_PORT",
     "NOTE_SKIP_PROBE_PATH",
+    "OPTED_OUT",
     "PROBE_DIR",
     "SIDECAR_CONTAINER",
     "TOKEN_PATH",
@@ -80,6 +81,7 @@ __all__ = [
     "injection_notes",
     "is_instrumented",
     "opted_out",
+    "pod_notes",
     "resize_patch",
     "restricted_security_context",
     "should_inject",
@@ -114,6 +116,7 @@ NOTE_PYTHONPATH_ENV_FROM = "pythonpath-from-env-from"  # extended through $(PYTH
 NOTE_SKIP_PORT = "not-injected:port-taken"
 NOTE_SKIP_HOST_NETWORK = "not-injected:host-network"
 NOTE_SKIP_PROBE_PATH = "not-injected:probe-path-taken"
+OPTED_OUT = "opted-out"  # not a webhook note: what ``pod_notes`` adds for an opted-out pod
 
 _OPT_OUT_VALUES = frozenset({"false", "no", "off", "0", "disabled"})
 
@@ -145,6 +148,13 @@ def injection_notes(pod: Mapping[str, Any]) -> tuple[str, ...]:
     if not isinstance(raw, str):
         return ()
     return tuple(n.strip() for n in raw.split(",") if n.strip())
+
+
+def pod_notes(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the status needs to know of how the pod was (not) instrumented: the webhook's notes,
+    and ``OPTED_OUT`` when the pod opts out (the webhook never saw it then)."""
+    notes = injection_notes(pod)
+    return (*notes, OPTED_OUT) if opted_out(pod) else notes
 
 
 class InjectionSettings(BaseModel):

@@ -13,6 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dam_operator.cluster.injection import (
+    NOTE_NO_SHARED_PROCESS_NAMESPACE,
+    NOTE_PYTHONPATH_REF,
+    NOTE_SKIP_HOST_NETWORK,
+    NOTE_SKIP_PORT,
+    NOTE_SKIP_PROBE_PATH,
+    OPTED_OUT,
+)
 from dam_operator.cluster.metric_names import SCRAPE_ERROR_REASONS
 from dam_operator.diagnosis.engine import without_sample_size
 from dam_operator.diagnosis.hysteresis import rfc3339
@@ -43,6 +51,7 @@ REASON_NO_REPORTING = "NoReportingPods"
 REASON_NO_INSTRUMENTED = "NoInstrumentedPods"
 REASON_ALL_INSTRUMENTED = "AllPodsInstrumented"
 REASON_NOT_INSTRUMENTED = "PodsNotInstrumented"
+REASON_PROBE_UNCERTAIN = "ProbeMayNotLoad"  # Unknown: the sidecar is there, the probe may not be
 REASON_ALL_REPORTING = "AllPodsReporting"
 REASON_NOT_REPORTING = "SidecarsNotReporting"
 REASON_TOO_LARGE = "SourceAnswerTooLarge"
@@ -138,34 +147,108 @@ def spec_condition(error: str | None, generation: int | None) -> dict[str, Any]:
     return condition(SPEC_VALID, False, REASON_INVALID, f"Invalid spec: {error}", generation)
 
 
+# Why a pod has no sidecar, from the note the webhook left on it (injection.NOTE_SKIP_*) or its
+# opt-out, and what to do about it. Pods with neither were created while the webhook was down or
+# before the profile existed.
+_NOT_INJECTED_FIXES = (
+    (
+        OPTED_OUT,
+        "opted out with dam.mlsys.dev/inject=false (label or annotation): remove it from the pod template, "
+        "then delete these pods so that their controller creates new ones",
+    ),
+    (
+        NOTE_SKIP_HOST_NETWORK,
+        "use hostNetwork, so the sidecar would listen on the node itself: annotate the pod template "
+        'dam.mlsys.dev/host-network-port: "<spec.sidecar.port>" to accept that, then delete these pods '
+        "so that new ones are created",
+    ),
+    (
+        NOTE_SKIP_PORT,
+        "have a container on the sidecar's port: set spec.sidecar.port of this DAMProfile to a free port, "
+        "then delete these pods so that new ones are created",
+    ),
+    (
+        NOTE_SKIP_PROBE_PATH,
+        "mount volumes over every probe directory under /dam: move those mounts, then delete these pods "
+        "so that new ones are created",
+    ),
+)
+
+
+def _by_note(names: Sequence[str], notes: Mapping[str, Sequence[str]], note: str) -> list[str]:
+    return [n for n in names if note in notes.get(n, ())]
+
+
 def instrumented_condition(
-    matched: int, uninstrumented: Sequence[str], generation: int | None, webhook_enabled: bool = True
+    matched: int,
+    uninstrumented: Sequence[str],
+    generation: int | None,
+    webhook_enabled: bool = True,
+    notes: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """``Instrumented``: False (reason PodsNotInstrumented) when matched pods lack the sidecar."""
+    """``Instrumented``: False (reason PodsNotInstrumented) when matched pods lack the sidecar, saying
+    per cause what to do; Unknown (ProbeMayNotLoad) when every pod has it but some cannot load the
+    probe (PYTHONPATH from a Secret or ConfigMap). ``notes``: pod name → the webhook's notes
+    (``dam.mlsys.dev/injection-notes``, plus ``opted-out``)."""
+    notes = notes or {}
     if matched == 0:
         return condition(
             INSTRUMENTED, True, REASON_NO_PODS, "No running pod matches the selector.", generation
         )
+    instrumented = [n for n in notes if n not in set(uninstrumented)]
+    unshared = _by_note(instrumented, notes, NOTE_NO_SHARED_PROCESS_NAMESPACE)
+    caveat = (
+        f" {len(unshared)} of them keep shareProcessNamespace: false ({_names(unshared)}): their CPU time "
+        "and memory come from the probe, processes without the probe are not counted."
+        if unshared
+        else ""
+    )
     if not uninstrumented:
+        uncertain = _by_note(instrumented, notes, NOTE_PYTHONPATH_REF)
+        if uncertain:
+            out = condition(
+                INSTRUMENTED,
+                False,
+                REASON_PROBE_UNCERTAIN,
+                f"All {matched} matched pods have the sidecar, but {len(uncertain)} take PYTHONPATH from a "
+                f"Secret or ConfigMap, which the webhook cannot extend: {_names(uncertain)}. The probe "
+                "loads there only if that value holds the probe directory (/dam/probe); set PYTHONPATH as "
+                "a literal value in the pod template, or add the probe directory to the referenced value."
+                + caveat,
+                generation,
+            )
+            out["status"] = "Unknown"
+            return out
         return condition(
             INSTRUMENTED,
             True,
             REASON_ALL_INSTRUMENTED,
-            f"All {matched} matched pods have the sidecar.",
+            f"All {matched} matched pods have the sidecar.{caveat}",
             generation,
         )
-    how = (
-        "They were probably created while the webhook was down or before this profile existed; "
-        "recreate them (e.g. restart the job) to inject the sidecar."
-        if webhook_enabled
-        else "The operator's webhook is disabled; add the sidecar by hand or enable the webhook."
-    )
+    if not webhook_enabled:
+        how = " The operator's webhook is disabled; add the sidecar by hand or enable the webhook."
+    else:
+        rest = list(uninstrumented)
+        parts = []
+        for note, fix in _NOT_INJECTED_FIXES:
+            these = _by_note(rest, notes, note)
+            if these:
+                parts.append(f"{_names(these)}: {fix}.")
+                rest = [n for n in rest if n not in set(these)]
+        if rest:
+            parts.append(
+                f"{_names(rest)}: created while the webhook was down or before this profile existed; the "
+                "webhook acts only when a pod is created, so delete them and let their controller (Job, "
+                "Deployment, PyTorchJob…) create new ones (kubectl delete pod NAME); a pod without a "
+                "controller must be created again from its manifest."
+            )
+        how = " " + " ".join(parts)
     return condition(
         INSTRUMENTED,
         False,
         REASON_NOT_INSTRUMENTED,
-        f"{len(uninstrumented)} of {matched} matched pods have no DAM sidecar: "
-        f"{_names(uninstrumented)}. {how}",
+        f"{len(uninstrumented)} of {matched} matched pods have no DAM sidecar.{how}{caveat}",
         generation,
     )
 

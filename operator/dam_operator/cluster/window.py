@@ -50,6 +50,8 @@ class PodCounts:
     instrumented: int
     reporting: int
     uninstrumented: list[str]
+    notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Pod name → how the webhook (did not) instrument it (``PodInfo.notes``), pods with notes only."""
 
 
 @dataclass
@@ -129,13 +131,20 @@ def count_pods(pods: Sequence[PodInfo], scrape: Scrape) -> PodCounts:
         instrumented=len(pods) - len(uninstrumented),
         reporting=len(scrape.answered),
         uninstrumented=uninstrumented,
+        notes={p.name: p.notes for p in pods if p.notes},
     )
 
 
 def _common_conditions(counts: PodCounts, scrape: Scrape, generation: int | None, webhook: bool) -> list[Any]:
     return [
         st.spec_condition(None, generation),
-        st.instrumented_condition(counts.matched, counts.uninstrumented, generation, webhook),
+        st.instrumented_condition(
+            counts.matched,
+            counts.uninstrumented,
+            generation,
+            webhook,
+            notes=counts.notes,
+        ),
         st.reporting_condition(
             counts.instrumented, counts.reporting, scrape.problems, generation, scrape.error_reasons
         ),
@@ -241,6 +250,26 @@ def window_step(
             oom_killed=oom_killed_within(by_name[name].last_oom_kill, when, elapsed),
         )
 
+    oom_notes: list[str] = []
+    window_seconds = spec.evaluation.window_seconds
+    live = bool(windows)
+    for pod in [*pods, *ended]:
+        if pod.name in windows or pod.last_oom_kill is None:
+            continue
+        if pod.active and not oom_killed_within(pod.last_oom_kill, when, window_seconds):
+            continue
+        if not pod.active and live:
+            continue  # a pod of the profile forms windows now: its evidence is current
+        first: Snapshot = baselines.get(pod.name) or Snapshot([])
+        mark = new_marks.get(pod.name)
+        parts = (first,) if mark is None else (first, mark)
+        last = Snapshot(
+            [s for part in parts for n in sorted(part.names()) for s in part.samples(n)],
+            first.timestamp_seconds,
+        )
+        windows[pod.name] = PodWindow(first, last, elapsed_seconds=None, oom_killed=True)
+        oom_notes.append(_oom_sentence(pod, mark))
+
     job = job_window(
         windows,
         batch_size=spec.model.batch_size if spec.model else None,
@@ -248,6 +277,11 @@ def window_step(
         gpu_model=spec.hardware.gpu_model if spec.hardware else None,
     )
     raw = diagnose(job.job, spec.thresholds_model(), spec.hardware_model(), ranks=job.ranks)
+    if oom_notes:
+        raw = Verdict(
+            bottleneck=raw.bottleneck.model_copy(update={"evidence": [*raw.bottleneck.evidence, *oom_notes]}),
+            metrics=raw.metrics,
+        )
     # No data this window gives an unknown verdict, which the stabilizer holds off
     # for a few windows: a missed scrape does not erase a diagnosis.
     verdict = stabilizer.update(raw, when)
