@@ -250,26 +250,6 @@ def window_step(
             oom_killed=oom_killed_within(by_name[name].last_oom_kill, when, elapsed),
         )
 
-    oom_notes: list[str] = []
-    window_seconds = spec.evaluation.window_seconds
-    live = bool(windows)
-    for pod in [*pods, *ended]:
-        if pod.name in windows or pod.last_oom_kill is None:
-            continue
-        if pod.active and not oom_killed_within(pod.last_oom_kill, when, window_seconds):
-            continue
-        if not pod.active and live:
-            continue  # a pod of the profile forms windows now: its evidence is current
-        first: Snapshot = baselines.get(pod.name) or Snapshot([])
-        mark = new_marks.get(pod.name)
-        parts = (first,) if mark is None else (first, mark)
-        last = Snapshot(
-            [s for part in parts for n in sorted(part.names()) for s in part.samples(n)],
-            first.timestamp_seconds,
-        )
-        windows[pod.name] = PodWindow(first, last, elapsed_seconds=None, oom_killed=True)
-        oom_notes.append(_oom_sentence(pod, mark))
-
     job = job_window(
         windows,
         batch_size=spec.model.batch_size if spec.model else None,
@@ -277,11 +257,6 @@ def window_step(
         gpu_model=spec.hardware.gpu_model if spec.hardware else None,
     )
     raw = diagnose(job.job, spec.thresholds_model(), spec.hardware_model(), ranks=job.ranks)
-    if oom_notes:
-        raw = Verdict(
-            bottleneck=raw.bottleneck.model_copy(update={"evidence": [*raw.bottleneck.evidence, *oom_notes]}),
-            metrics=raw.metrics,
-        )
     # No data this window gives an unknown verdict, which the stabilizer holds off
     # for a few windows: a missed scrape does not erase a diagnosis.
     verdict = stabilizer.update(raw, when)
