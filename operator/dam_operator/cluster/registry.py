@@ -21,14 +21,31 @@ ProfileKey = tuple[str, str]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
-    """The latest ``finishedAt`` of an ``OOMKilled`` termination in the pod's container statuses.
+@dataclass(frozen=True, slots=True)
+class OomRecord:
+    """The kubelet's record of a container the OOM killer ended (``reason: OOMKilled``)."""
+
+    finished_at: str
+    """RFC 3339 ``finishedAt`` (UTC strings compare in time order)."""
+    container: str
+    exit_code: int | None
+    """137 (128 + SIGKILL) when the OOM killer took the container's main process; another code
+    (e.g. 1) when it took a child, such as a DataLoader worker, and the main process then exited."""
+    state: str
+    """``state`` (the container is down now) or ``lastState`` (it restarted since)."""
+
+
+def oom_record(pod_status: Mapping[str, Any]) -> OomRecord | None:
+    """The latest ``OOMKilled`` termination in the pod's container statuses.
 
     The kubelet records it in ``state.terminated`` while the container is down and in
     ``lastState.terminated`` once it restarted (init containers included: a native sidecar or
-    a loader in an init container can be killed too). RFC 3339 strings in UTC compare in time order.
+    a loader in an init container can be killed too). containerd reports ``OOMKilled`` when the
+    container's memory cgroup had an OOM kill, whichever of its processes was taken. On cgroup
+    v1 the kill counter is not hierarchical and the killed container's cgroup vanishes at once:
+    this record is the dependable one (issue 18's node runs).
     """
-    latest: str | None = None
+    latest: OomRecord | None = None
     for key in ("containerStatuses", "initContainerStatuses"):
         for cs in pod_status.get(key) or ():
             if not isinstance(cs, Mapping):
@@ -37,9 +54,21 @@ def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
                 terminated = (cs.get(state_key) or {}).get("terminated") or {}
                 if isinstance(terminated, Mapping) and terminated.get("reason") == "OOMKilled":
                     when = str(terminated.get("finishedAt") or "")
-                    if when and (latest is None or when > latest):
-                        latest = when
+                    code = terminated.get("exitCode")
+                    if when and (latest is None or when > latest.finished_at):
+                        latest = OomRecord(
+                            when,
+                            str(cs.get("name") or ""),
+                            code if isinstance(code, int) and not isinstance(code, bool) else None,
+                            state_key,
+                        )
     return latest
+
+
+def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
+    """The latest ``finishedAt`` of an ``OOMKilled`` termination (``oom_record``)."""
+    record = oom_record(pod_status)
+    return None if record is None else record.finished_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +113,7 @@ class PodInfo:
         meta = body.get("metadata") or {}
         status = body.get("status") or {}
         labels = meta.get("labels") or {}
+        oom = oom_record(status)
         return cls(
             namespace=str(meta.get("namespace") or ""),
             name=str(meta.get("name") or ""),
@@ -284,5 +314,21 @@ class Registry:
             in_ns[name]
             for name in candidates
             if name in in_ns and in_ns[name].active and selector_matches(selector, in_ns[name].labels)
+        ]
+        return sorted(out, key=lambda p: p.name)
+
+    def oom_ended_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
+        """Finished pods (Failed, Succeeded) of the profile whose container was OOM-killed, by name.
+
+        With ``restartPolicy: Never`` an OOM-killed trainer's Pod is Failed seconds after it
+        started, its sidecar gone with it: it never forms a window, yet it is the job's evidence.
+        """
+        if entry.spec is None:
+            return []
+        selector = entry.spec.selector
+        out = [
+            p
+            for p in self._pods.get(entry.namespace, {}).values()
+            if p.last_oom_kill is not None and not p.active and selector_matches(selector, p.labels)
         ]
         return sorted(out, key=lambda p: p.name)

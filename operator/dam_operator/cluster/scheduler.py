@@ -105,6 +105,8 @@ class _ProfileState:
     stabilizer: Stabilizer
     confirm_windows: int
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    marks: dict[str, Snapshot] = field(default_factory=dict)
+    """Each pod's last memory gauges (``window.memory_mark``): the evidence of a pod that dies."""
     published: tuple[str, str] | None = None
     """(axis, regime) last written to the status (or read from it on resume)."""
 
@@ -202,6 +204,7 @@ class Evaluator:
             webhook_enabled=self._webhook_enabled,
         )
         state.snapshots.update(result.baselines)
+        state.marks.update(result.marks)
         self._record(entry, result)
         await self._write(entry, result.patch)
         return True
@@ -241,8 +244,11 @@ class Evaluator:
             when=when,
             webhook_enabled=self._webhook_enabled,
             max_baseline_seconds=self._max_baseline_windows * spec.evaluation.window_seconds,
+            ended=self._registry.oom_ended_pods_for(entry),
+            marks=state.marks,
         )
         state.snapshots = result.baselines
+        state.marks = result.marks
         self._record(entry, result)
         if result.resizes:
             await self._resize(entry, result, st.format_time(when))

@@ -27,7 +27,8 @@ from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Verdict
 from dam_operator.diagnosis.window import PodWindow, baseline, job_window
-from dam_sidecar.promtext import Snapshot
+from dam_sidecar import names
+from dam_sidecar.promtext import CompactSnapshot, Snapshot
 
 Results = Mapping[str, "Snapshot | SourceError"]
 
@@ -68,6 +69,44 @@ class StepResult:
     error_reasons: list[str] = field(default_factory=list)
     resizes: list[ResizeRequest] = field(default_factory=list)
     """In-place CPU resizes to send before the patch (``spec.actions.mode: InPlace``)."""
+    marks: dict[str, Snapshot] = field(default_factory=dict)
+    """Each pod's last memory gauges (``memory_mark``), kept for a pod that dies before a window."""
+
+
+MARK_NAMES = frozenset(
+    {
+        names.PROCESS_RESIDENT_MEMORY_BYTES,
+        names.PROCESSES,
+        names.CONTAINER_MEMORY_USAGE_BYTES,
+        names.CONTAINER_MEMORY_LIMIT_BYTES,
+    }
+)
+"""The gauges that say which process held the memory: RSS by role, processes by role (the loader's
+workers), the container's memory and limit. ``baseline`` keeps counters only."""
+
+
+def memory_mark(snapshot: Snapshot) -> CompactSnapshot:
+    """A scrape's memory gauges (``MARK_NAMES``) and time: a few series a pod."""
+    keep = [sample for name in sorted(MARK_NAMES & snapshot.names()) for sample in snapshot.samples(name)]
+    return CompactSnapshot(keep, snapshot.timestamp_seconds)
+
+
+def _oom_sentence(pod: PodInfo, mark: Snapshot | None) -> str:
+    record = pod.oom
+    who = f"container {record.container}" if record is not None and record.container else "a container"
+    code = f", exit code {record.exit_code}" if record is not None and record.exit_code is not None else ""
+    where = f" ({record.state}.terminated{code})" if record is not None else ""
+    at = pod.last_oom_kill or "?"
+    last = (
+        "no scrape of it answered before it died"
+        if mark is None or mark.timestamp_seconds is None
+        else f"its last scrape at {st.format_time(dt.datetime.fromtimestamp(mark.timestamp_seconds, dt.UTC))}"
+    )
+    phase = f"the pod is {pod.phase}" if pod.phase in ("Failed", "Succeeded") else "before a window formed"
+    return (
+        f"pod {pod.name}: {who} was OOM-killed at {at}{where}, {phase}: judged from the kubelet's "
+        f"container status and {last}"
+    )
 
 
 OOM_SLACK_SECONDS = 5.0
@@ -209,6 +248,7 @@ def initial_step(
         counts=counts,
         baselines={name: baseline(snap) for name, snap in scrape.answered.items()},
         error_reasons=scrape.error_reasons,
+        marks={name: memory_mark(snap) for name, snap in scrape.answered.items()},
     )
 
 
@@ -225,11 +265,24 @@ def window_step(
     when: dt.datetime,
     webhook_enabled: bool,
     max_baseline_seconds: float,
+    ended: Sequence[PodInfo] = (),
+    marks: Mapping[str, Snapshot] | None = None,
 ) -> StepResult:
-    """One window: difference each pod against its baseline, aggregate, diagnose, stabilize."""
+    """One window: difference each pod against its baseline, aggregate, diagnose, stabilize.
+
+    A pod OOM-killed before it formed a window is evidence, not absence of evidence: an active
+    pod killed within this window (``restartPolicy: OnFailure``/``Always``), or a finished one
+    (``ended``: Failed with ``restartPolicy: Never``, its sidecar gone with it) while no pod of
+    the profile forms a window, joins the job with ``oom_killed`` and its last memory gauges
+    (``marks``), and the evidence says so.
+    """
     scrape = classify(pods, results)
     counts = count_pods(pods, scrape)
-    new_baselines = {k: v for k, v in baselines.items() if k in {p.name for p in pods}}
+    known = {p.name for p in pods} | {p.name for p in ended}
+    new_baselines = {k: v for k, v in baselines.items() if k in known}
+    new_marks: dict[str, Snapshot] = {k: v for k, v in (marks or {}).items() if k in known}
+    for name, result in scrape.answered.items():
+        new_marks[name] = memory_mark(result)
     by_name = {p.name: p for p in pods}
     windows: dict[str, PodWindow] = {}
     for name, result in scrape.answered.items():
@@ -250,6 +303,26 @@ def window_step(
             oom_killed=oom_killed_within(by_name[name].last_oom_kill, when, elapsed),
         )
 
+    oom_notes: list[str] = []
+    window_seconds = spec.evaluation.window_seconds
+    live = bool(windows)
+    for pod in [*pods, *ended]:
+        if pod.name in windows or pod.last_oom_kill is None:
+            continue
+        if pod.active and not oom_killed_within(pod.last_oom_kill, when, window_seconds):
+            continue
+        if not pod.active and live:
+            continue  # a pod of the profile forms windows now: its evidence is current
+        first: Snapshot = baselines.get(pod.name) or Snapshot([])
+        mark = new_marks.get(pod.name)
+        parts = (first,) if mark is None else (first, mark)
+        last = Snapshot(
+            [s for part in parts for n in sorted(part.names()) for s in part.samples(n)],
+            first.timestamp_seconds,
+        )
+        windows[pod.name] = PodWindow(first, last, elapsed_seconds=None, oom_killed=True)
+        oom_notes.append(_oom_sentence(pod, mark))
+
     job = job_window(
         windows,
         batch_size=spec.model.batch_size if spec.model else None,
@@ -257,6 +330,11 @@ def window_step(
         gpu_model=spec.hardware.gpu_model if spec.hardware else None,
     )
     raw = diagnose(job.job, spec.thresholds_model(), spec.hardware_model(), ranks=job.ranks)
+    if oom_notes:
+        raw = Verdict(
+            bottleneck=raw.bottleneck.model_copy(update={"evidence": [*raw.bottleneck.evidence, *oom_notes]}),
+            metrics=raw.metrics,
+        )
     # No data this window gives an unknown verdict, which the stabilizer holds off
     # for a few windows: a missed scrape does not erase a diagnosis.
     verdict = stabilizer.update(raw, when)
@@ -307,4 +385,5 @@ def window_step(
         published=st.verdict_key(verdict.bottleneck),
         error_reasons=scrape.error_reasons,
         resizes=acted.resizes,
+        marks=new_marks,
     )
