@@ -156,9 +156,12 @@ def memory_cgroup() -> Iterator[MemoryCgroup]:
         _remove(cg)
 
 
+@pytest.mark.parametrize("run", [1, 2, 3], ids=["run-1", "run-2", "run-3"])
 def test_a_loader_worker_oom_killed_by_the_cgroup_limit_is_memory_capacity_with_the_loader_lever(
-    memory_cgroup: MemoryCgroup, tmp_path: Path
+    memory_cgroup: MemoryCgroup, tmp_path: Path, run: int
 ) -> None:
+    """Three runs in a row must each name the loader (issue 20: the 1 Hz sample once missed the
+    workers' memory before the kill and the lever became smaller-micro-batch); ~9 s a run."""
     script = tmp_path / "leaky.py"
     script.write_text(LEAKY)
     dam = [sys.executable, "-m", "dam_operator.cli", "run", "--json", "--interval", "0.25", "--window", "2"]
