@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any
 
@@ -25,9 +24,10 @@ from pydantic import ValidationError
 
 from dam_sidecar.collector import SidecarCollector, build_collector
 from dam_sidecar.envcheck import known_variables, unknown_variables
+from dam_sidecar.httpserver import HttpLimits, HttpServer, Request, Response, listening_socket
 from dam_sidecar.settings import SidecarSettings
 
-__all__ = ["build_collector", "build_parser", "main", "make_server", "settings_from_args"]
+__all__ = ["build_collector", "build_parser", "http_limits", "main", "make_server", "settings_from_args"]
 
 log = logging.getLogger("dam_sidecar")
 
@@ -60,61 +60,78 @@ def settings_from_args(args: argparse.Namespace) -> SidecarSettings:
     return SidecarSettings(**overrides)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+class _Endpoints:
+    """``/metrics`` (cached Prometheus text, or OpenMetrics rendered on a worker) and ``/healthz``."""
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            try:
-                if content_type.startswith("text/plain"):
-                    body = self.server.collector.text()  # rendered once per sample
-                else:
-                    body = encoder(self.server.registry)
-            except Exception as exc:  # never take the server down
-                log.error("rendering /metrics failed: %r", exc)
-                self._reply(500, b"rendering failed\n", "text/plain; charset=utf-8")
-                return
-            self._reply(200, body, content_type)
-        elif path == "/healthz":
-            if self.server.collector.healthy():
-                self._reply(200, b"ok\n", "text/plain; charset=utf-8")
-            else:
-                self._reply(503, b"sampling loop stalled\n", "text/plain; charset=utf-8")
-        else:
-            self._reply(404, b"not found: try /metrics or /healthz\n", "text/plain; charset=utf-8")
-
-    def _reply(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # one log line per request would drown the useful ones
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(
-        self, address: tuple[str, int], registry: CollectorRegistry, collector: SidecarCollector
-    ) -> None:
+    def __init__(self, registry: CollectorRegistry, collector: SidecarCollector) -> None:
         self.registry = registry
         self.collector = collector
-        super().__init__(address, _Handler)
+        # OpenMetrics bodies, rendered once per sample: content type -> (the sample's text, body). The
+        # collector swaps its text and families together, so the text object identifies the sample.
+        self._rendered: dict[str, tuple[bytes, bytes]] = {}
+        self._render_lock = threading.Lock()
+
+    def fast(self, req: Request) -> Response | None:
+        """Answers on the event loop: cached bytes only. None: OpenMetrics, rendered by ``slow``."""
+        if req.path == "/metrics":
+            _, content_type = choose_encoder(req.headers.get("accept", ""))
+            if not content_type.startswith("text/plain"):
+                return None
+            try:
+                return Response(200, self.collector.text(), content_type)  # rendered once per sample
+            except Exception as exc:  # never take the server down
+                log.error("rendering /metrics failed: %r", exc)
+                return Response(500, b"rendering failed\n")
+        if req.path == "/healthz":
+            if self.collector.healthy():
+                return Response(200, b"ok\n")
+            return Response(503, b"sampling loop stalled\n")
+        return Response(404, b"not found: try /metrics or /healthz\n")
+
+    def slow(self, req: Request) -> Response:
+        encoder, content_type = choose_encoder(req.headers.get("accept", ""))
+        try:
+            with self._render_lock:  # one render per sample and format, however many scrapers wait
+                sample = self.collector.text()
+                cached = self._rendered.get(content_type)
+                if cached is not None and cached[0] is sample:
+                    return Response(200, cached[1], content_type)
+                body = encoder(self.registry)
+                self._rendered[content_type] = (sample, body)
+            return Response(200, body, content_type)
+        except Exception as exc:  # never take the server down
+            log.error("rendering /metrics failed: %r", exc)
+            return Response(500, b"rendering failed\n")
 
 
-def make_server(host: str, port: int, collector: SidecarCollector) -> _Server:
-    """An HTTP server for ``collector`` on its own registry (not the process-wide default one)."""
+def http_limits(settings: SidecarSettings) -> HttpLimits:
+    return HttpLimits(
+        listen_backlog=settings.http_listen_backlog,
+        max_connections=settings.http_max_connections,
+        worker_threads=settings.http_worker_threads,
+        request_timeout_seconds=settings.http_request_timeout_seconds,
+        idle_timeout_seconds=settings.http_idle_timeout_seconds,
+        write_timeout_seconds=settings.http_write_timeout_seconds,
+        max_header_bytes=settings.http_max_header_bytes,
+        max_body_bytes=settings.http_max_body_bytes,
+    )
+
+
+def make_server(
+    host: str, port: int, collector: SidecarCollector, limits: HttpLimits | None = None
+) -> HttpServer:
+    """An HTTP server for ``collector`` on its own registry (not the process-wide default one).
+
+    It is bound and listening on return (a port in use raises ``OSError`` here);
+    ``serve_forever()`` in a thread serves it, ``shutdown()`` then
+    ``server_close()`` stops it.
+    """
+    limits = limits or HttpLimits()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    return _Server((host, port), registry, collector)
+    endpoints = _Endpoints(registry, collector)
+    sock = listening_socket(host, port, limits.listen_backlog)
+    return HttpServer(sock, endpoints.fast, endpoints.slow, limits)
 
 
 def main(argv: list[str]) -> int:
@@ -136,7 +153,7 @@ def main(argv: list[str]) -> int:
         log.warning("%s", warning)
     collector = build_collector(settings)
     try:
-        server = make_server(settings.host, settings.port, collector)
+        server = make_server(settings.host, settings.port, collector, http_limits(settings))
     except OSError as exc:
         sys.stderr.write(
             f"dam sidecar: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}\n"
@@ -152,15 +169,19 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     collector.sample_now()
     collector.start()
-    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True)
+    serving = threading.Thread(target=server.serve_forever, name="dam-http-loop", daemon=True)
     serving.start()
     host, port = server.server_address[:2]
     log.info(
-        "listening on http://%s:%s/metrics probe_dir=%s interval=%gs",
+        "listening on http://%s:%s/metrics probe_dir=%s interval=%gs max_connections=%d "
+        "request_timeout=%gs idle_timeout=%gs",
         host,
         port,
         settings.probe_dir,
         settings.interval_seconds,
+        server.max_connections,
+        settings.http_request_timeout_seconds,
+        settings.http_idle_timeout_seconds,
     )
     while not stop.wait(1.0):
         pass

@@ -61,6 +61,54 @@ class SidecarSettings(BaseSettings):
         description="Benchmarks and tests only: serve N simulated GPUs instead of NVML.",
     )
     clock_ticks_per_second: int = Field(default=0, ge=0, description="0: os.sysconf('SC_CLK_TCK').")
+    http_listen_backlog: int = Field(
+        default=1024,
+        ge=1,
+        le=65535,
+        description=(
+            "Connections the kernel queues before /metrics accepts them (listen(2) backlog; Linux caps it "
+            "at net.core.somaxconn)."
+        ),
+    )
+    http_max_connections: int = Field(
+        default=1024,
+        ge=1,
+        le=65536,
+        description=(
+            "Open HTTP connections at most (lowered to fit the descriptor limit); past it the oldest idle "
+            "or still-sending connection is closed."
+        ),
+    )
+    http_worker_threads: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Threads that render OpenMetrics answers (the text format is cached).",
+    )
+    http_request_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description=(
+            "A request's line, headers and body must arrive within this of its first byte (of the accept on "
+            "a new connection); otherwise 408 and the connection is closed."
+        ),
+    )
+    http_idle_timeout_seconds: float = Field(
+        default=75.0,
+        gt=0,
+        le=3600,
+        description="A kept-alive connection with no new request this long is closed.",
+    )
+    http_write_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=600, description="A response the client does not read within this is dropped."
+    )
+    http_max_header_bytes: int = Field(
+        default=16384, ge=1024, le=1048576, description="Larger request heads get 431."
+    )
+    http_max_body_bytes: int = Field(
+        default=65536, ge=0, le=16777216, description="Larger request bodies get 413 (no endpoint takes one)."
+    )
 
     @field_validator("pids", mode="before")
     @classmethod
