@@ -39,13 +39,14 @@ _PAIR = rf"{_LABEL_NAME}\s*=\s*{_LABEL_VALUE}"
 # line's length whatever the line (a nested-blank grammar took 88 s on one 60,000-blank line).
 _LABEL_SET = rf"\s*(?:{_PAIR}\s*(?:,\s*{_PAIR}\s*)*(?:,\s*)?)?"
 _SAMPLE = re.compile(
-    rf"(?P<name>{_NAME})(?:\{{(?P<labels>{_LABEL_SET})\}})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*"
+    rf"(?P<name>{_NAME})(?:\{{(?P<labels>{_LABEL_SET})\}})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*",
+    re.ASCII,  # \d is 0-9 only (int() would read other scripts' digits), \s the ASCII blanks
 )
 """A whole sample line (after ``strip()``), labels checked by the grammar itself."""
 _LOOSE = re.compile(rf"(?P<name>{_NAME})(?P<brace>\{{)?")
 """Enough of a line to say what is wrong with one that ``_SAMPLE`` refused."""
 _PAIR_PARTS = re.compile(rf"({_LABEL_NAME})\s*=\s*\"((?:[^\"\\]|\\.)*)\"")
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 _ESCAPE = re.compile(r"\\(.)")
 _MAX_LINE = 64 * 1024
 MAX_LINE_CHARACTERS = _MAX_LINE

@@ -311,7 +311,9 @@ def _check_order(before: Read, after: Read) -> None:
         clock = "the samples' timestamps"
     went_back: list[str] = []
     went_up = 0
-    for name in sorted(after.snapshot.names()):
+    # The probe's counters first (the step counter leads): they are what a reader recognises.
+    order = {name: i for i, name in enumerate(REQUIRED_COUNTERS)}
+    for name in sorted(after.snapshot.names(), key=lambda x: (order.get(x, len(order)), x)):
         if not name.endswith("_total"):
             continue
         prev = before.snapshot.series(name)
@@ -329,15 +331,15 @@ def _check_order(before: Read, after: Read) -> None:
             raise RefusedError(
                 EXIT_NOT_COMPARABLE,
                 "after-older-than-before",
-                f"{after.path}: AFTER is older than BEFORE ({clock} goes back {t0 - t1:g} s{also}): "
-                f"swap the files?",
+                f"{after.path}: AFTER is older than BEFORE {before.path} "
+                f"({clock} goes back {t0 - t1:.3g} s{also}): swap the files?",
                 after.path,
             )
         if t1 == t0:
             raise RefusedError(
                 EXIT_NOT_COMPARABLE,
                 "same-sample",
-                f"{after.path}: AFTER is the same sample as BEFORE {before.path} ({clock} is {t0:g} in "
+                f"{after.path}: AFTER is the same sample as BEFORE {before.path} ({clock} is {t0:.15g} in "
                 f"both): take AFTER at least one sampling interval later (e.g. 30 s)",
                 after.path,
             )
@@ -348,16 +350,17 @@ def _check_order(before: Read, after: Read) -> None:
         raise RefusedError(
             EXIT_NOT_COMPARABLE,
             "after-older-than-before",
-            f"{after.path}: AFTER is older than BEFORE (counters went back: {first}): swap the files?",
+            f"{after.path}: AFTER is older than BEFORE {before.path} (counters went back: {first}): "
+            f"swap the files?",
             after.path,
         )
-    moved = f"{clock} went forward {t1 - t0:g} s" if t0 is not None and t1 is not None else "others went up"
+    moved = f"{clock} went forward {t1 - t0:.3g} s" if t0 is not None and t1 is not None else "others went up"
     raise RefusedError(
         EXIT_NOT_COMPARABLE,
         "counter-reset",
         f"{after.path}: a counter was reset between BEFORE and AFTER: {first}, while {moved} "
-        f"(the training process or the sidecar restarted in between): take both snapshots "
-        f"from one run of the process",
+        f"(the sidecar or its pod restarted in between, or the exporter's process): take both "
+        f"snapshots from one run",
         after.path,
     )
 
