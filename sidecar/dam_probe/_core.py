@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from dam_probe.cgroup import CgroupReader, MemoryReader
+from dam_probe.cleanup import remove_finished
 from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
 from dam_probe.process import ProcessReader
 
@@ -376,6 +377,9 @@ class Probe:
         self.directory = directory
         self.path = path
         self.writer = writer
+        # The probe owns clean-up (the sidecar's mount is read-only): finished processes' files go.
+        with contextlib.suppress(Exception):
+            remove_finished(directory, os.getpid())
         if not self._at_exit_registered:
             atexit.register(self.close)
             self._at_exit_registered = True

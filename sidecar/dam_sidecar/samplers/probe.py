@@ -398,7 +398,7 @@ class ProbeReader:
         return tuple(out)
 
     def _remove(self, path: str) -> None:
-        """Delete a finished process's file; on a read-only directory stop trying (one error).
+        """Delete a finished process's file; on a read-only directory stop trying, silently.
 
         Only a regular file is removed: if the name now holds something else (a
         directory, a link, a FIFO put there after the read), it is left alone.
@@ -416,13 +416,9 @@ class ProbeReader:
             pass
         except OSError as exc:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                # The injected sidecar mounts the probe volume read-only: the probe owns clean-up
+                # (dam_probe.cleanup). Not an error: finished files are folded in and ignored.
                 self.cleanup = False
-                self.errors.record(
-                    SAMPLER,
-                    "read_only_dir",
-                    f"cannot remove finished probe files in {self.probe_dir} ({exc.strerror or exc}); "
-                    "they are kept and ignored from now on",
-                )
             else:
                 self.errors.record(SAMPLER, "cleanup", f"cannot remove {path}: {exc.strerror or exc}")
 
