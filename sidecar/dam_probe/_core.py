@@ -36,6 +36,7 @@ from dam_probe.cgroup import CgroupReader, MemoryReader
 from dam_probe.cleanup import remove_finished
 from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
 from dam_probe.process import ProcessReader
+from dam_probe.schedstat import RunQueueReader
 
 ENV_DIR: Final = "DAM_PROBE_DIR"
 ENV_DISABLE: Final = "DAM_PROBE_DISABLE"
@@ -237,6 +238,7 @@ class Probe:
         "process",
         "publish_lock",
         "reported",
+        "run_queue",
         "steps",
         "stream_start_ns",
         "wait_ns",
@@ -263,6 +265,9 @@ class Probe:
         # Its CPU time and RSS and its workers', for a sidecar in another PID namespace (a Pod that keeps
         # shareProcessNamespace: false): /proc/self and its children, at most once a second.
         self.process = ProcessReader()
+        # Run-queue delay (runnable, waiting for a CPU) of its main thread and its workers': a busy
+        # node, for a sidecar that cannot read their /proc/<pid>/schedstat; at most once a second.
+        self.run_queue = RunQueueReader()
         # DataLoader workers that died, as DataLoader's own error says (``worker_failed``): their pids.
         self.killed_workers: set[int] = set()
         self.last_kill_signal = 0
@@ -452,6 +457,7 @@ class Probe:
                 memory=self.memory.read(now_ns),
                 process=self.process.read(now_ns),
                 loader_kills=(len(self.killed_workers), self.last_kill_signal),
+                run_queue=self.run_queue.read(now_ns),
             )
             return True
         except Exception as exc:
@@ -489,6 +495,7 @@ class Probe:
         self.cgroup.reset()
         self.memory.reset()
         self.process.reset()
+        self.run_queue.reset()
         self.killed_workers = set()
         self.last_kill_signal = 0
         # Locks held by another thread at fork time would stay held in the child forever.

@@ -26,6 +26,7 @@ offset size   type    field
                       bit 2: the memory fields at 560..592 are valid (v2);
                       bit 3: the collective counters at 528..560 are valid (v2);
                       bit 4: the process figures at 592..632 are valid (v2);
+                      bit 5: the run-queue delays at 632..648 are valid (v2);
                       bit 6: the DataLoader worker kills at 648..656 are valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
@@ -52,7 +53,11 @@ offset size   type    field
 616    8      u64     resident memory of its live descendants, bytes
 624    4      u32     live descendants (workers)
 628    4      u32     inode of the writer's PID namespace (0 = unknown)
-632    16     -       reserved, zero
+632    8      u64     run-queue delay of the process's main thread: time runnable but
+                      waiting for a CPU (``/proc/self/schedstat`` field 2), ns, cumulative
+                      (flag bit 5)
+640    8      u64     the same for its DataLoader workers (their main threads), live and
+                      ended, ns, cumulative
 648    4      u32     DataLoader workers that died under this process, cumulative: seen in
                       DataLoader's own error ("worker (pid N) is killed by signal: Killed",
                       "worker (pid(s) N) exited unexpectedly"), one per pid (flag bit 6)
@@ -69,9 +74,10 @@ the file as busy. Counters are cumulative, so a missed sample never loses time.
 
 Unknown is never zero: a version-1 file, or a field whose flag bit is clear,
 reads as ``None`` in ``ProbeRecord`` (rank, local rank, world size, the
-collective counters, the memory fields, the process figures), whatever the bytes hold. The cgroup
-CPU fields (offsets 96..120) were reserved zero bytes before they were
-defined and carry their own flag bit, so version-1 files may have them too.
+collective counters, the memory fields, the process figures, the run-queue
+delays), whatever the bytes hold. The cgroup CPU fields (offsets 96..120)
+were reserved zero bytes before they were defined and carry their own flag
+bit, so version-1 files may have them too.
 
 Standard library only: this module is imported inside training processes.
 """
@@ -101,6 +107,7 @@ FLAG_CGROUP: Final = 2  # the cgroup CPU fields are valid
 FLAG_MEMORY: Final = 4  # the cgroup memory fields are valid (version 2)
 FLAG_COLLECTIVES: Final = 8  # the collective counters are valid (version 2)
 FLAG_PROCESS: Final = 16  # the process CPU / memory figures are valid (version 2)
+FLAG_RUN_QUEUE: Final = 32  # the run-queue delays are valid (version 2)
 FLAG_LOADER_KILLS: Final = 64  # the DataLoader worker kill fields are valid (version 2)
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
@@ -116,6 +123,8 @@ _DEVICES_OFFSET: Final = 128
 _V2_OFFSET: Final = 512
 _PROCESS = struct.Struct("<QQQQII")  # main CPU ns .. PID namespace (offset 592..632, flag bit 4)
 _PROCESS_OFFSET: Final = 592
+_RUN_QUEUE = struct.Struct("<QQ")  # run-queue delay ns: main, workers (offset 632..648, flag bit 5)
+_RUN_QUEUE_OFFSET: Final = 632
 _LOADER_KILLS = struct.Struct("<II")  # workers killed, last signal (offset 648..656, flag bit 6)
 _LOADER_KILLS_OFFSET: Final = 648
 _I32_MAX: Final = 2**31 - 1
@@ -221,6 +230,9 @@ class ProbeRecord:
     # Version 2, flag bit 6: DataLoader workers that died (DataLoader's own error); None: not watched.
     loader_worker_kills: int | None = None
     loader_kill_signal: int | None = None  # of the latest; 0: not known
+    # Version 2, flag bit 5: run-queue delay (dam_probe.schedstat); None: not read.
+    run_queue_ns: int | None = None  # the process's main thread
+    worker_run_queue_ns: int | None = None  # its DataLoader workers, live and ended
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
@@ -238,6 +250,8 @@ class ProbeRecord:
             raise ValueError("worker_cpu_ns, the RSS fields, workers and pid_namespace need process_cpu_ns")
         if self.loader_worker_kills is None and self.loader_kill_signal is not None:
             raise ValueError("loader_kill_signal needs loader_worker_kills")
+        if self.run_queue_ns is None and self.worker_run_queue_ns is not None:
+            raise ValueError("worker_run_queue_ns needs run_queue_ns")
         for name in ("rank", "local_rank", "world_size"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= _I32_MAX:
@@ -303,6 +317,7 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         )
         flags |= 0 if record.process_cpu_ns is None else FLAG_PROCESS
         flags |= 0 if record.loader_worker_kills is None else FLAG_LOADER_KILLS
+        flags |= 0 if record.run_queue_ns is None else FLAG_RUN_QUEUE
     _PAYLOAD.pack_into(
         buf,
         _PAYLOAD_OFFSET,
@@ -350,6 +365,9 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
             record.worker_rss_bytes or 0,
             min(record.workers or 0, _U32_MAX),
             (record.pid_namespace or 0) & _U32_MAX,
+        )
+        _RUN_QUEUE.pack_into(
+            buf, _RUN_QUEUE_OFFSET, record.run_queue_ns or 0, record.worker_run_queue_ns or 0
         )
         _LOADER_KILLS.pack_into(
             buf,
@@ -418,6 +436,9 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
                 workers=workers,
                 pid_namespace=pid_ns,
             )
+        if flags & FLAG_RUN_QUEUE:
+            main_wait, worker_wait = _RUN_QUEUE.unpack_from(data, _RUN_QUEUE_OFFSET)
+            extra.update(run_queue_ns=main_wait, worker_run_queue_ns=worker_wait)
         if flags & FLAG_LOADER_KILLS:
             kills, kill_signal = _LOADER_KILLS.unpack_from(data, _LOADER_KILLS_OFFSET)
             extra.update(loader_worker_kills=kills, loader_kill_signal=kill_signal)
@@ -602,11 +623,13 @@ class ProbeWriter:
         memory: tuple[int, int, int, int] | None = None,
         process: tuple[int, int, int, int, int, int] | None = None,
         loader_kills: tuple[int, int] | None = None,
+        run_queue: tuple[int, int] | None = None,
     ) -> None:
         """Publishes one update; ``collectives`` is ``(count, ns, exposed ns, bytes)``,
         ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``, ``process`` is
         ``(main CPU ns, worker CPU ns, main RSS, worker RSS, workers, PID namespace)``, ``loader_kills``
-        is ``(DataLoader workers killed, signal of the latest (0 = not known))``; None = unknown."""
+        is ``(DataLoader workers killed, signal of the latest (0 = not known))``, ``run_queue`` is
+        ``(main thread's run-queue delay ns, the workers' ns)``; None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy)
         # window covers one memory copy only.
         scratch = self._scratch
@@ -643,6 +666,8 @@ class ProbeWriter:
                 **_process_fields(process),
                 loader_worker_kills=None if loader_kills is None else loader_kills[0],
                 loader_kill_signal=None if loader_kills is None else loader_kills[1],
+                run_queue_ns=None if run_queue is None else run_queue[0],
+                worker_run_queue_ns=None if run_queue is None else run_queue[1],
             ),
         )
         mm = self._mm

@@ -473,6 +473,11 @@ class SidecarCollector(Collector):
             procs.add_metric([n.ROLE_MAIN], float(c.main_processes))
             procs.add_metric([n.ROLE_WORKER], float(c.worker_processes))
             yield procs
+        if c.main_wait_seconds is not None:
+            waits = _counter(n.PROCESS_CPU_WAIT_SECONDS_TOTAL, ("role",))
+            waits.add_metric([n.ROLE_MAIN], c.main_wait_seconds)
+            waits.add_metric([n.ROLE_WORKER], c.worker_wait_seconds or 0.0)
+            yield waits
         if container.throttled_seconds is not None:
             t = _counter(n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL)
             t.add_metric([], container.throttled_seconds)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from dam_probe import cgroup
+from dam_probe import cgroup, schedstat
 from dam_probe.layout import ProbeRecord
 from dam_probe.process import pid_namespace
 from dam_sidecar.errors import ErrorLog
@@ -49,6 +49,10 @@ class CpuSample:
     memory_usage_bytes: float | None = None
     memory_limit_bytes: float | None = None  # None: unlimited (or unknown)
     oom_kills: float | None = None  # monotonic
+    # Run-queue delay (runnable, waiting for a CPU) of each process's main thread, monotonic;
+    # None when no schedstat was readable.
+    main_wait_seconds: float | None = None
+    worker_wait_seconds: float | None = None
 
 
 class CpuSource(Protocol):
@@ -114,6 +118,8 @@ class CpuSampler:
     clock_ticks_per_second: int = 0
     _main: _Monotonic = field(default_factory=_Monotonic)
     _worker: _Monotonic = field(default_factory=_Monotonic)
+    _main_wait: _Monotonic = field(default_factory=_Monotonic)
+    _worker_wait: _Monotonic = field(default_factory=_Monotonic)
     _throttled: _Counter = field(default_factory=_Counter)
     _node_prev: tuple[int, int] | None = None
     _cgroup_dir: str | None = None
@@ -193,6 +199,23 @@ class CpuSampler:
                     seen.add(kid)
                     out.append(kid)
                     stack.append(kid)
+        return out
+
+    def _run_delay(self, keys: Iterable[ProcKey]) -> dict[ProcKey, float]:
+        """Run-queue delay of each process's main thread, seconds: ``/proc/<pid>/schedstat`` field 2.
+
+        The kernel's ``sched_info.run_delay`` (ns a runnable task waited on a run queue; present
+        with ``CONFIG_SCHED_INFO``). ``/proc/<pid>/schedstat`` is the thread-group leader's: the
+        training loop's thread, a loader worker's only busy thread (``dam_probe.schedstat``).
+        """
+        out: dict[ProcKey, float] = {}
+        for key in keys:
+            try:
+                out[key] = schedstat.run_delay_ns(self._read(self.proc_root, str(key[0]), "schedstat")) / 1e9
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # the process exited, or the kernel keeps no schedstat
+            except (OSError, ValueError) as exc:
+                self.errors.record(SAMPLER, "proc_parse", f"{self.proc_root}/{key[0]}/schedstat: {exc}")
         return out
 
     def _cpu(self, pids: Iterable[int]) -> dict[ProcKey, float]:
@@ -352,7 +375,13 @@ class CpuSampler:
         throttled, limit = self._cgroup(live_mains[0] if live_mains else None)
         usage, memory_limit, kills = self._memory(live_mains[0] if live_mains else None)
         live_workers = sorted({k[0] for k in worker_cpu})
+        main_delay, worker_delay = self._run_delay(main_cpu), self._run_delay(worker_cpu)
+        main_wait = self._main_wait.update(main_delay)
+        worker_wait = self._worker_wait.update(worker_delay)
+        waits_known = bool(self._main_wait.last or self._main_wait.carried)
         return CpuSample(
+            main_wait_seconds=main_wait if waits_known else None,
+            worker_wait_seconds=worker_wait if waits_known else None,
             main_cpu_seconds=main_total if seen_any else None,
             worker_cpu_seconds=worker_total if seen_any else None,
             main_processes=len(main_cpu),
@@ -391,6 +420,8 @@ class PublishedCpu:
     own_namespace: int = field(default_factory=lambda: pid_namespace("/proc"))
     _main: _Monotonic = field(default_factory=_Monotonic)
     _worker: _Monotonic = field(default_factory=_Monotonic)
+    _main_wait: _Monotonic = field(default_factory=_Monotonic)
+    _worker_wait: _Monotonic = field(default_factory=_Monotonic)
 
     def foreign(self, records: Iterable[ProbeRecord]) -> list[ProbeRecord]:
         """The records of processes this sidecar cannot see in its ``/proc``."""
@@ -401,9 +432,19 @@ class PublishedCpu:
         known = [r for r in records if r.process_cpu_ns is not None]
         main = self._main.update({(r.pid, r.start_time_ns): (r.process_cpu_ns or 0) / 1e9 for r in known})
         worker = self._worker.update({(r.pid, r.start_time_ns): (r.worker_cpu_ns or 0) / 1e9 for r in known})
+        timed = [r for r in records if r.run_queue_ns is not None]  # run-queue delay (flag bit 5)
+        main_wait = self._main_wait.update(
+            {(r.pid, r.start_time_ns): (r.run_queue_ns or 0) / 1e9 for r in timed}
+        )
+        worker_wait = self._worker_wait.update(
+            {(r.pid, r.start_time_ns): (r.worker_run_queue_ns or 0) / 1e9 for r in timed}
+        )
+        waits_known = bool(timed) or bool(self._main_wait.carried)
         if not known and not self._main.carried:
             return None
         return CpuSample(
+            main_wait_seconds=main_wait if waits_known else None,
+            worker_wait_seconds=worker_wait if waits_known else None,
             main_cpu_seconds=main,
             worker_cpu_seconds=worker,
             main_processes=len(known),
@@ -426,6 +467,8 @@ def with_published(own: CpuSample, published: CpuSample | None) -> CpuSample:
         own,
         main_cpu_seconds=_add(own.main_cpu_seconds, published.main_cpu_seconds),
         worker_cpu_seconds=_add(own.worker_cpu_seconds, published.worker_cpu_seconds),
+        main_wait_seconds=_add(own.main_wait_seconds, published.main_wait_seconds),
+        worker_wait_seconds=_add(own.worker_wait_seconds, published.worker_wait_seconds),
         main_processes=own.main_processes + published.main_processes,
         worker_processes=own.worker_processes + published.worker_processes,
         main_rss_bytes=_add(own.main_rss_bytes, published.main_rss_bytes),
