@@ -26,7 +26,7 @@ from dam_operator.cluster.spec import DAMProfileSpec
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Verdict
-from dam_operator.diagnosis.window import PodWindow, baseline, job_window
+from dam_operator.diagnosis.window import PodWindow, baseline, furthest_steps, job_window
 from dam_sidecar import names
 from dam_sidecar.promtext import CompactSnapshot, Snapshot
 
@@ -285,6 +285,7 @@ def window_step(
         new_marks[name] = memory_mark(result)
     by_name = {p.name: p for p in pods}
     windows: dict[str, PodWindow] = {}
+    min_steps = spec.thresholds_model().min_steps
     for name, result in scrape.answered.items():
         before = baselines.get(name)
         if before is None or result.timestamp_seconds is None or before.timestamp_seconds is None:
@@ -296,6 +297,16 @@ def window_step(
         new_baselines[name] = baseline(result)
         if elapsed > max_baseline_seconds:
             continue  # too old to difference against; this scrape is the new baseline
+        steps = furthest_steps(before, result)
+        if (
+            steps is not None
+            and steps < min_steps
+            and elapsed + spec.evaluation.window_seconds <= max_baseline_seconds
+        ):
+            # Slow steps: too few in this window for a verdict. The baseline stays, so the next
+            # window reaches back over this one and holds more steps (up to max_baseline_seconds);
+            # meanwhile this window's unknown is held off by the stabilizer.
+            new_baselines[name] = before
         windows[name] = PodWindow(
             before,
             result,

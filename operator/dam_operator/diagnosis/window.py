@@ -132,6 +132,23 @@ def counter_increase(
     return total
 
 
+def furthest_steps(before: Snapshot, after: Snapshot) -> float | None:
+    """Steps the furthest process (rank) made between two snapshots; None without a step counter.
+
+    What a window needs ``min_steps`` of: each rank of a job counts every step of it.
+    """
+    prev = before.series(names.STEPS_TOTAL)
+    best: float | None = None
+    for labels, value in after.series(names.STEPS_TOTAL).items():
+        a = _valid(value)
+        if a is None:
+            continue
+        b = _valid(prev.get(labels))
+        delta = a if b is None or a < b else a - b
+        best = delta if best is None else max(best, delta)
+    return best
+
+
 def baseline(snapshot: Snapshot) -> CompactSnapshot:
     """The part of a scrape the next window differences against: its counters and its time.
 
