@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from dam_operator.cluster.opmetrics import OperatorMetrics
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Observation, Verdict
-from tests.support.procs import free_port, stop_process
+from tests.support.procs import CHILD_DIES_WITH_PARENT, free_port, spawn, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "dam-operator" / "dashboards" / "dam.json"
@@ -67,13 +67,16 @@ FAKE_UUIDS = tuple(f"GPU-fake-{i:04d}-0000-0000-000000000000" for i in range(2))
 
 # The "training process": publishes cumulative counters like the probe does, has one
 # DataLoader-like child process (role=worker), and advances the cgroup's throttled time.
+# The worker dies with the writer (PR_SET_PDEATHSIG): the writer is stopped by SIGTERM (or killed
+# with the test), which runs no ``finally``, and a sleeping worker would live on under init.
+WORKER = CHILD_DIES_WITH_PARENT + "import time\nwhile True:\n    time.sleep(0.2)\n"
 WRITER = textwrap.dedent(
     """
     import os, sys, time, subprocess
     from dam_probe.layout import ProbeWriter, probe_path
 
     probe_dir, cgroup_dir, wait_share, uuids = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
-    worker = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.2)"])
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_CODE, str(os.getpid())])
     writer = ProbeWriter(probe_path(probe_dir, os.getpid()), os.getpid())
     steps = wait_ns = step_ns = throttled_us = 0
     try:
@@ -98,7 +101,7 @@ WRITER = textwrap.dedent(
     finally:
         worker.kill()
     """
-)
+).replace("WORKER_CODE", repr(WORKER))
 
 
 def _input_bound_verdict() -> Verdict:
@@ -149,14 +152,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     server = None
     try:
         procs.append(
-            subprocess.Popen(
+            spawn(
                 [sys.executable, "-c", WRITER, str(probe_dir), str(cgroup_dir), str(WAIT_SHARE), *FAKE_UUIDS],
                 env=env,
             )
         )
         sidecar_port = free_port()
         procs.append(
-            subprocess.Popen(
+            spawn(
                 [
                     *(sys.executable, "-m", "dam_operator.cli", "sidecar", "--host", "127.0.0.1"),
                     *("--port", str(sidecar_port), "--probe-dir", str(probe_dir), "--interval", "0.5"),
@@ -206,7 +209,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         config_file.write_text(json.dumps(config))  # JSON is YAML
         prom_port = free_port()
         procs.append(
-            subprocess.Popen(
+            spawn(
                 [
                     str(PROMETHEUS),
                     f"--config.file={config_file}",

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import spawn
+
 REPO = Path(__file__).resolve().parents[2]
 DAM = [sys.executable, "-m", "dam_operator.cli"]
 
@@ -192,7 +194,7 @@ def dam_run_on_a_terminal(*args: str, timeout: float = 60) -> tuple[int, str]:
     import select
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([*DAM, "run", *args], stdout=slave, stderr=slave, cwd=REPO)
+    proc = spawn([*DAM, "run", *args], stdout=slave, stderr=slave, cwd=REPO)
     os.close(slave)
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
@@ -261,7 +263,7 @@ def test_live_output_can_be_turned_off(tmp_path: Path) -> None:
 def test_ctrl_c_is_forwarded_to_the_command_and_the_verdict_still_printed() -> None:
     import signal
 
-    proc = subprocess.Popen(
+    proc = spawn(
         [
             *DAM,
             "run",

@@ -33,7 +33,7 @@ from tests.support.operator_harness import (
     profile_of,
     wait_for,
 )
-from tests.support.procs import stop_process
+from tests.support.procs import spawn, stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -136,12 +136,10 @@ def test_the_operator_names_the_straggler_pod_of_a_three_pod_ddp_job(
                 }
                 with open(tmp_path / f"{name}.log", "wb") as log:
                     procs.append(
-                        subprocess.Popen(
-                            [sys.executable, str(script), str(SLOW)], env=env, stdout=log, stderr=log
-                        )
+                        spawn([sys.executable, str(script), str(SLOW)], env=env, stdout=log, stderr=log)
                     )
                     procs.append(
-                        subprocess.Popen(
+                        spawn(
                             [
                                 *(sys.executable, "-m", "dam_operator.cli", "sidecar"),
                                 *("--host", ip, "--port", str(port), "--probe-dir", str(probe_dir)),

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from dam_sidecar import names as n
-from tests.support.procs import free_port, stop_process
+from tests.support.procs import free_port, spawn, stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def run_all(tmp_path: Path, env: dict[str, str], logs: dict[str, BinaryIO], prom
     try:
         sidecar_port = free_port()
         procs.append(
-            subprocess.Popen(
+            spawn(
                 [sys.executable, "-m", "dam_sidecar.app", "--host", "127.0.0.1", "--port", str(sidecar_port)],
                 env=env,
                 stdout=logs["sidecar"],
@@ -95,7 +95,7 @@ def run_all(tmp_path: Path, env: dict[str, str], logs: dict[str, BinaryIO], prom
             )
         )
         procs.append(
-            subprocess.Popen(
+            spawn(
                 [sys.executable, str(tmp_path / "train.py"), "30"],
                 env=env,
                 stdout=logs["train"],
@@ -118,7 +118,7 @@ def run_all(tmp_path: Path, env: dict[str, str], logs: dict[str, BinaryIO], prom
             )
         )
         procs.append(
-            subprocess.Popen(
+            spawn(
                 [
                     prometheus,
                     f"--config.file={tmp_path / 'prometheus.yml'}",

@@ -37,7 +37,7 @@ import httpx
 import yaml
 
 from tests.support.kubecluster import ControlPlane
-from tests.support.procs import free_port, stop_process, wait_for
+from tests.support.procs import free_port, spawn, stop_process, wait_for
 
 __all__ = [
     "BIN",
@@ -265,7 +265,7 @@ class OperatorProcess:
     def start(self, wait: bool = True) -> OperatorProcess:
         self.starts += 1
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             self.command(), cwd=REPO, env=self.environment(), stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
@@ -500,7 +500,7 @@ class LocalPod:
         subprocess.run([str(BIN / "dam"), "probe-install", str(self.probe_dir), "-q"], check=True, timeout=60)
         sidecar_log = open(self.workdir / "sidecar.log", "wb")  # noqa: SIM115
         self.procs.append(
-            subprocess.Popen(
+            spawn(
                 [
                     *(str(BIN / "dam"), "sidecar", "--host", "127.0.0.1", "--port", str(self.port)),
                     *("--probe-dir", str(self.probe_dir), "--interval", "1"),
@@ -511,7 +511,7 @@ class LocalPod:
         )
         train_log = open(self.workdir / "train.log", "wb")  # noqa: SIM115
         self.procs.append(
-            subprocess.Popen(
+            spawn(
                 [sys.executable, *train_args],
                 cwd=REPO,
                 env=self.env(),

@@ -23,7 +23,7 @@ from dam_operator.cluster import sources as src
 from dam_operator.cluster.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, fetch_each
 from dam_sidecar import names
 from tests.support.fake_sidecar import FakeJob
-from tests.support.procs import free_port
+from tests.support.procs import free_port, spawn
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -273,7 +273,7 @@ def test_prometheus_source_reads_what_a_real_prometheus_scraped() -> None:
                 f"    static_configs: [{{targets: ['127.0.0.1:{sidecar_port}'], "
                 "labels: {namespace: ns, pod: pod-a}}]\n"
             )
-            proc = subprocess.Popen(
+            proc = spawn(
                 [
                     "prometheus",
                     f"--config.file={config}",

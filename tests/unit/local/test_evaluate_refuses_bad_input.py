@@ -34,6 +34,7 @@ from dam_operator.local.evaluate import (
 from dam_probe.layout import ProbeRecord, encode, probe_path
 from dam_sidecar import names as n
 from dam_sidecar.promtext import parse_snapshot
+from tests.support.procs import spawn
 from tests.unit.diagnosis.snapshots import Job, snapshot_pair
 
 STARVED = Job(
@@ -113,7 +114,7 @@ class LiveSidecar:
     def start(self) -> None:
         env = {**os.environ, "DAM_FAKE_GPUS": "1", "DAM_GPU_ATTRIBUTION_FALLBACK": "all"}
         args = ["--host", "127.0.0.1", "--port", "0", "--probe-dir", str(self.probe_dir), "--interval", "0.2"]
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [sys.executable, "-m", "dam_sidecar.app", *args],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from dam_probe.layout import ProbeFormatError, ProbeRecord, read_file
+from tests.support.procs import spawn
 
 from .conftest import python_env
 
@@ -44,7 +45,7 @@ def _consistent(r: ProbeRecord) -> bool:
 def test_reader_never_sees_a_torn_record_while_a_writer_publishes_in_a_tight_loop(tmp_path: Path) -> None:
     path = tmp_path / "probe-1.bin"
     stop = tmp_path / "stop"
-    writer = subprocess.Popen(
+    writer = spawn(
         [sys.executable, "-c", WRITER, str(path), str(stop)],
         env=python_env(),
         stdout=subprocess.PIPE,

@@ -18,6 +18,7 @@ import pytest
 from dam_sidecar import names as n
 from dam_sidecar.app import build_parser, settings_from_args
 from dam_sidecar.promtext import parse_snapshot
+from tests.support.procs import spawn
 
 from .conftest import write_probe
 
@@ -35,7 +36,7 @@ class Sidecar:
 
 def start_sidecar(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Sidecar:
     full_env = {**os.environ, "DAM_FAKE_GPUS": "2", "DAM_GPU_ATTRIBUTION_FALLBACK": "all", **(env or {})}
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "dam_sidecar.app", "--host", "127.0.0.1", "--port", "0", *args],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,

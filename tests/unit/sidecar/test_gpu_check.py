@@ -23,6 +23,7 @@ from dam_sidecar.fake_nvml import FakeGpu, FakeNvml
 from dam_sidecar.samplers.cpu import CpuSample
 from dam_sidecar.samplers.nvml import NvmlSampler
 from dam_sidecar.samplers.probe import ProbeSample
+from tests.support.procs import spawn
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -257,7 +258,7 @@ def test_a_workload_that_never_steps_fails_the_check_and_is_stopped(tmp_path: Pa
 
 
 def test_sigterm_stops_the_sidecar_and_the_workload(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--rehearse", "--out", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -19,6 +19,7 @@ from dam_sidecar.errors import ErrorLog
 from dam_sidecar.promtext import Snapshot
 from dam_sidecar.samplers.cpu import CpuSampler
 from dam_sidecar.settings import SidecarSettings
+from tests.support.procs import spawn
 
 from .conftest import write_children, write_probe, write_proc_stat
 
@@ -308,7 +309,7 @@ def test_a_process_killed_for_exceeding_a_real_cgroup_limit_is_counted_by_sideca
 ) -> None:
     d, procs, _ = real_memory_cgroup
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    child = subprocess.Popen(
+    child = spawn(
         [sys.executable, "-c", CHILD, str(d / procs)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
