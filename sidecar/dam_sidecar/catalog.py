@@ -259,6 +259,14 @@ CATALOG: tuple[MetricSpec, ...] = (
         source="memory",
     ),
     MetricSpec(
+        n.DATALOADER_WORKER_KILLS_TOTAL,
+        "counter",
+        "DataLoader workers that died, counted for certain by the probe from DataLoader's own error "
+        '("worker (pid N) is killed by signal: ..."), each pid once; a worker killed by the OOM killer '
+        "names the loader as the victim.",
+        source="probe",
+    ),
+    MetricSpec(
         n.CONTAINER_MEMORY_SOURCE,
         "gauge",
         "Where the container memory figures come from: 1 for the current source "

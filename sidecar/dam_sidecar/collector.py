@@ -381,6 +381,10 @@ class SidecarCollector(Collector):
             g = _gauge(name)
             g.add_metric([], value)
             yield g
+        if p.loader_worker_kills is not None:  # absent until a probe that counts them published
+            k = _counter(n.DATALOADER_WORKER_KILLS_TOTAL)
+            k.add_metric([], p.loader_worker_kills)
+            yield k
         for name, attr in ((n.BATCH_SIZE, "batch_size"), (n.MODEL_FLOPS_PER_STEP, "flops_per_step")):
             g = _per_rank(name)
             for r in ranks:

@@ -60,6 +60,7 @@ PROCESS_RESIDENT_MEMORY_BYTES: Final = "dam_process_resident_memory_bytes"
 CONTAINER_MEMORY_USAGE_BYTES: Final = "dam_container_memory_usage_bytes"
 CONTAINER_MEMORY_LIMIT_BYTES: Final = "dam_container_memory_limit_bytes"
 CONTAINER_OOM_KILLS_TOTAL: Final = "dam_container_oom_kills_total"
+DATALOADER_WORKER_KILLS_TOTAL: Final = "dam_dataloader_worker_kills_total"
 CONTAINER_MEMORY_SOURCE: Final = "dam_container_memory_source"
 
 # --- the sidecar itself ------------------------------------------------------

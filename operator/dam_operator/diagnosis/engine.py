@@ -433,9 +433,11 @@ class _Rules:
         o, t, d = self.obs, self.t, self.d
         killed = o.oom_killed is True
         kills = o.oom_kills is not None and o.oom_kills > 0
+        # Certain, not inferred from a 1 Hz memory sample: DataLoader itself said its worker was killed.
+        loader_killed = o.loader_worker_kills is not None and o.loader_worker_kills > 0
         gpu_full = o.gpu_memory_used_ratio is not None and o.gpu_memory_used_ratio > t.gpu_memory_full
         host_full = self.container_full() and self.rss_corroborates()
-        if not (killed or kills or gpu_full or host_full):
+        if not (killed or kills or loader_killed or gpu_full or host_full):
             return None
         ev: list[str] = []
         missing: list[str] = []
@@ -459,6 +461,21 @@ class _Rules:
         if rss:
             ev.append(rss)
 
+        if loader_killed:
+            assert o.loader_worker_kills is not None
+            n = o.loader_worker_kills
+            ev.append(
+                f"{n:.0f} DataLoader worker{'s' if n != 1 else ''} killed in the window (DataLoader's own "
+                "error, seen by the probe): the OOM killer took the loader, not the training process"
+            )
+            return _Finding(
+                Regime.MEMORY_CAPACITY,
+                "reduce-loader-memory",
+                0.95 if killed or kills else 0.85,
+                evidence=ev,
+                missing=missing,
+                also=("raise-memory-limit", "smaller-micro-batch"),
+            )
         if killed or kills or host_full:
             # Host (cgroup) memory: CUDA out-of-memory raises in Python, it is not a kill.
             conf = 0.95 if killed and kills else (0.9 if killed or kills else 0.5)

@@ -148,6 +148,9 @@ class Observation(_Wire):
     container_memory_limit_bytes: NonNeg | None = None
     oom_kills: NonNeg | None = None
     """OOM kills in the container's cgroup during the window."""
+    loader_worker_kills: NonNeg | None = None
+    """DataLoader workers that died in the window, counted for certain by the probe from DataLoader's
+    own error ("worker (pid N) is killed by signal"): the loader was the OOM killer's victim."""
     oom_killed: bool | None = None
     """Supplied by the caller: the container was OOM-killed (Pod ``lastState.terminated.reason``
     ``OOMKilled``, or ``dam run``'s child killed by the kernel's OOM killer)."""

@@ -456,6 +456,7 @@ def _fields(
         if usage is not None:
             fields["container_memory_ratio"] = _ratio(usage / mem_limit)
     fields["oom_kills"] = counter_increase(before, after, CONTAINER_OOM_KILLS_TOTAL)
+    fields["loader_worker_kills"] = counter_increase(before, after, names.DATALOADER_WORKER_KILLS_TOTAL)
     fields["oom_killed"] = oom_killed
     for field_name, role in (("main_rss_bytes", names.ROLE_MAIN), ("worker_rss_bytes", names.ROLE_WORKER)):
         rss = [
@@ -777,6 +778,7 @@ def aggregate(
         "nvlink_bytes_per_second",
         "pcie_bytes_per_second",
         "oom_kills",
+        "loader_worker_kills",
         "main_rss_bytes",
         "worker_rss_bytes",
     ):

@@ -104,6 +104,8 @@ class ProbeSample:
     memory_usage_bytes: float | None = None  # live cgroups, summed over distinct cgroups
     memory_limit_bytes: float | None = None  # None when one of them is unlimited or unknown
     oom_kills: float | None = None  # monotonic, summed over distinct cgroups
+    # DataLoader workers the probes saw die (DataLoader's own error), summed over processes; monotonic.
+    loader_worker_kills: float | None = None
     # The live processes' latest records, by pid (their CPU and memory figures, PID namespace).
     records: tuple[ProbeRecord, ...] = ()
 
@@ -191,6 +193,22 @@ class ProbeReader:
     _cgroup_carried_ns: int = 0
     _oom_marks: dict[int, int] = field(default_factory=dict)  # memory cgroup id -> highest OOM kills
     _oom_carried: int = 0
+    _kill_marks: dict[Key, int] = field(default_factory=dict)  # process -> loader workers it saw die
+    _kill_carried: int = 0
+
+    def _mark_loader_kills(self, key: Key, r: ProbeRecord) -> None:
+        """Each process's count only grows (a pid is counted once); keep the highest, fold the oldest."""
+        if r.loader_worker_kills is None:
+            return
+        if r.loader_worker_kills > self._kill_marks.get(key, -1):
+            self._kill_marks[key] = r.loader_worker_kills
+        while len(self._kill_marks) > MAX_CGROUPS:
+            self._kill_carried += self._kill_marks.pop(next(iter(self._kill_marks)))
+
+    def _loader_kills(self) -> float | None:
+        if not self._kill_marks and not self._kill_carried:
+            return None
+        return float(self._kill_carried + sum(self._kill_marks.values()))
 
     def _mark_cgroup(self, r: ProbeRecord) -> None:
         if r.cgroup_throttled_ns is None:
@@ -310,6 +328,7 @@ class ProbeReader:
                 continue
             self._mark_cgroup(rec)
             self._mark_memory(rec)
+            self._mark_loader_kills(key, rec)
             prev = self._last.get(key)
             if prev is not None and _Totals.of(rec).went_back(_Totals.of(prev)):
                 # Same process, counters went back: treat it as a reset, keep what it had.
@@ -363,6 +382,7 @@ class ProbeReader:
             memory_usage_bytes=memory_usage,
             memory_limit_bytes=memory_limit,
             oom_kills=oom_kills,
+            loader_worker_kills=self._loader_kills(),
             records=tuple(sorted(current.values(), key=lambda r: (r.pid, r.start_time_ns))),
         )
 

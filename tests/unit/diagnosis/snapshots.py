@@ -28,6 +28,7 @@ _TYPES = {
     w.GPU_NVLINK_BYTES_TOTAL: "counter",
     w.GPU_PCIE_BYTES_TOTAL: "counter",
     w.CONTAINER_OOM_KILLS_TOTAL: "counter",
+    names.DATALOADER_WORKER_KILLS_TOTAL: "counter",
 }
 
 GPU_GAUGES = {
@@ -111,6 +112,8 @@ class Job:
     container_memory_limit_bytes: float | None = None
     oom_kills: float | None = None
     """OOM kills in the window."""
+    loader_worker_kills: float | None = None
+    """DataLoader workers the probe saw die in the window."""
     main_rss_bytes: float | None = None
     worker_rss_bytes: float | None = None
     nvlink_bytes_per_second: float | None = None
@@ -178,6 +181,8 @@ def _counters(job: Job, at_end: bool) -> list[Sample]:
         )
     if job.oom_kills is not None:
         out.append((w.CONTAINER_OOM_KILLS_TOTAL, {}, 2.0 + k * job.oom_kills))
+    if job.loader_worker_kills is not None:
+        out.append((names.DATALOADER_WORKER_KILLS_TOTAL, {}, k * job.loader_worker_kills))
     if job.nvlink_bytes_per_second is not None:
         for i in range(len(job.gpus)):
             for direction in ("tx", "rx"):

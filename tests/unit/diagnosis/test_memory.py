@@ -80,6 +80,34 @@ def test_oom_kills_with_loader_workers_holding_the_memory_reduce_loader_memory()
     assert b.confidence >= 0.85
 
 
+def test_a_loader_worker_killed_names_the_loader_even_when_the_sample_missed_its_memory() -> None:
+    # The 1 Hz sample saw the main process holding the memory (the worker grew and died between
+    # samples); DataLoader's own error, counted by the probe, says for certain which process died.
+    job = Job(
+        **STARVED, oom_kills=1, main_rss_bytes=7 * GIB, worker_rss_bytes=0.2 * GIB, loader_worker_kills=1
+    )
+    assert window(job).loader_worker_kills == pytest.approx(1)
+    b = verdict(job).bottleneck
+    assert (b.regime, b.lever) == (Regime.MEMORY_CAPACITY, "reduce-loader-memory")
+    assert any("1 DataLoader worker killed in the window" in e for e in b.evidence)
+    assert b.confidence >= 0.9
+    # Without the probe's count the same window blames the main process.
+    no_count = verdict(Job(**STARVED, oom_kills=1, main_rss_bytes=7 * GIB, worker_rss_bytes=0.2 * GIB))
+    assert no_count.bottleneck.lever == "raise-memory-limit"
+
+
+def test_a_loader_worker_killed_alone_is_memory_capacity() -> None:
+    b = verdict(Job(**STARVED, loader_worker_kills=2)).bottleneck
+    assert (b.regime, b.lever) == (Regime.MEMORY_CAPACITY, "reduce-loader-memory")
+    assert any("2 DataLoader workers killed" in e for e in b.evidence)
+
+
+def test_aggregate_sums_loader_worker_kills_over_pods() -> None:
+    a = window(Job(**STARVED, loader_worker_kills=1))
+    b = window(Job(**STARVED, loader_worker_kills=0))
+    assert aggregate({"p0": a, "p1": b}).loader_worker_kills == pytest.approx(1)
+
+
 def test_the_oom_killed_flag_from_the_pod_status_alone_is_memory_capacity() -> None:
     b = verdict(Job(**STARVED), oom_killed=True).bottleneck
     assert b.regime is Regime.MEMORY_CAPACITY

@@ -334,3 +334,12 @@ def test_a_process_killed_for_exceeding_a_real_cgroup_limit_is_counted_by_sideca
         child.wait(timeout=30)
         if child.stdout is not None:
             child.stdout.close()
+
+
+def test_loader_worker_kills_the_probe_counted_are_exported_as_a_counter(tmp_path: Path) -> None:
+    pod = Pod(tmp_path)
+    pod.publish(usage=MIB, limit=0, kills=0)
+    assert n.DATALOADER_WORKER_KILLS_TOTAL not in tick(pod.collector()).names()  # not published: absent
+    pod.publish(usage=MIB, limit=0, kills=1, loader_worker_kills=1, loader_kill_signal=9)
+    snap = tick(pod.collector())
+    assert snap.series(n.DATALOADER_WORKER_KILLS_TOTAL)[()] == 1

@@ -288,3 +288,18 @@ def test_cgroup_throttling_is_kept_after_every_probe_has_finished(tmp_path: Path
     assert s.cgroup_throttled_seconds == pytest.approx(2.0)  # the counter does not vanish
     assert s.cgroup_limit_cores is None  # a limit is only reported for live processes
     assert r.sample().cgroup_throttled_seconds == pytest.approx(2.0)
+
+
+def test_loader_worker_kills_are_summed_over_processes_and_kept_after_they_end(tmp_path: Path) -> None:
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 10, 11)
+    assert r.sample().loader_worker_kills is None  # no probe published a count yet
+    write_probe(tmp_path / "probe", pid=10, loader_worker_kills=0)
+    assert r.sample().loader_worker_kills == 0
+    write_probe(tmp_path / "probe", pid=10, loader_worker_kills=2, loader_kill_signal=9)
+    write_probe(tmp_path / "probe", pid=11, loader_worker_kills=1, loader_kill_signal=9)
+    assert r.sample().loader_worker_kills == 3
+    # The trainer that saw two of them exits: its file is folded in, the count stays.
+    write_probe(tmp_path / "probe", pid=10, loader_worker_kills=2, loader_kill_signal=9, closed=True)
+    r.sample()
+    assert r.sample().loader_worker_kills == 3
