@@ -468,6 +468,11 @@ class _Rules:
                 f"{n:.0f} DataLoader worker{'s' if n != 1 else ''} killed in the window (DataLoader's own "
                 "error, seen by the probe): the OOM killer took the loader, not the training process"
             )
+            w_rss, m_rss = o.worker_rss_bytes, o.main_rss_bytes
+            if w_rss is not None and w_rss > 0 and (m_rss is None or w_rss >= m_rss):
+                ev.append(
+                    "the loader workers hold most of the resident memory (each worker copies what it touches)"
+                )
             return _Finding(
                 Regime.MEMORY_CAPACITY,
                 "reduce-loader-memory",
