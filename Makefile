@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dam-installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup system-deps kube-bin demo test lint typecheck imports unit integration bench clean
+.PHONY: setup system-deps kube-bin image cluster cluster-down demo test lint typecheck imports unit integration bench clean
 
 setup: $(STAMP)
 
@@ -22,11 +22,11 @@ $(STAMP): pyproject.toml
 # From Debian, each only where it is missing: prometheus (promtool, prometheus) for the metric tests;
 # containerd, runc and the CNI plugins for the node (tools/node); buildah to build the image from the
 # Dockerfile with no Docker engine (tools/image; `--isolation chroot` needs neither fuse-overlayfs nor
-# slirp4netns); gcc and libc6-dev (libc.a) for the static pause binary.
+# slirp4netns) and mmdebstrap to make its base image; gcc and libc6-dev (libc.a) for the static pause binary.
 SYSTEM_DEPS = promtool:prometheus prometheus:prometheus containerd:containerd ctr:containerd runc:runc \
   /usr/lib/cni/bridge:containernetworking-plugins /usr/lib/cni/host-local:containernetworking-plugins \
   /usr/lib/cni/loopback:containernetworking-plugins buildah:buildah gcc:gcc \
-  /usr/lib/$(shell uname -m)-linux-gnu/libc.a:libc6-dev
+  /usr/lib/$(shell uname -m)-linux-gnu/libc.a:libc6-dev mmdebstrap:mmdebstrap
 system-deps:
 	@missing=""; for pair in $(SYSTEM_DEPS); do what=$${pair%%:*}; pkg=$${pair##*:}; \
 	  if [[ "$$what" == /* ]]; then [[ -e "$$what" ]] && continue; else command -v "$$what" >/dev/null 2>&1 && continue; fi; \
@@ -44,6 +44,22 @@ KUBE_BIN_OR_SKIP = @tools/kube-bin/build.sh || { [ "$${CI:-}" != true ] && echo 
 
 kube-bin:
 	tools/kube-bin/build.sh
+
+# The image from the Dockerfile, built with buildah (no Docker engine, no registry; tools/image/build.sh):
+# an OCI archive cached by the hash of its inputs, its path the last line. Also the locally made base
+# image (PYTHON_IMAGE; the node tests' training image) and the pause image, for `make cluster`.
+image: system-deps
+	tools/image/build.sh all
+
+# A one-node Kubernetes cluster on this machine (root): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, containerd, a CNI bridge and kubelet, all on 127.0.0.1; the images imported. Prints
+# the admin kubeconfig's path last. `make cluster-down` removes all of it.
+cluster: setup system-deps
+	@tools/kube-bin/build.sh >/dev/null
+	@images=$$(tools/image/build.sh all | tail -n 3) && $(BIN)/python -m tests.support.nodecluster up --images $$images
+
+cluster-down:
+	@$(BIN)/python -m tests.support.nodecluster down
 
 demo: setup
 	$(BIN)/python examples/demo.py
