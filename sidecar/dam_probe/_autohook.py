@@ -17,10 +17,16 @@ table that is already imported is patched at once.
 - ``torch.distributed.distributed_c10d`` and ``torch.nn.parallel.distributed``:
   collectives and DDP gradient buckets are timed (``dam_probe._comm``). A
   failure leaves torch untouched and prints one line; the probe stays on.
+- ``torchdata.stateful_dataloader.stateful_dataloader``: the DataLoader overrides
+  (``DAM_LOADER_OVERRIDES``) for ``StatefulDataLoader``, whose ``__init__`` never calls
+  DataLoader's. Without the variable this entry counts as done from the start, so the
+  finder's lifetime is what it is without it. (Its batches need nothing: its iterators
+  subclass ``_BaseDataLoaderIter`` and inherit the timed ``__next__``.)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
@@ -34,6 +40,10 @@ from dam_probe._core import PROBE, Probe
 TARGET: Final = "torch.utils.data.dataloader"
 ITER_CLASS: Final = "_BaseDataLoaderIter"
 MARK: Final = "_dam_probe_wrapped"
+# dam_probe.overrides' STATEFUL_MODULE and ENV_LOADER_OVERRIDES, not imported from there: that
+# module imports inspect, json and pickle, which every Python process would pay at start-up.
+STATEFUL_MODULE: Final = "torchdata.stateful_dataloader.stateful_dataloader"
+ENV_LOADER_OVERRIDES: Final = "DAM_LOADER_OVERRIDES"
 
 
 def timed_next(orig: Callable[[Any], Any], p: Probe = PROBE) -> Callable[[Any], Any]:
@@ -106,11 +116,18 @@ def _guarded_comm(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType
     return guarded
 
 
+def _stateful_overrides(module: ModuleType) -> None:
+    from dam_probe.overrides import patch_stateful_dataloader
+
+    patch_stateful_dataloader(module)  # never raises
+
+
 # Module name -> what runs on it right after its body (each guarded: it never raises).
 PATCHES: Final[dict[str, Callable[[ModuleType], None]]] = {
     TARGET: _guarded_patch,
     _comm.C10D: _guarded_comm(_comm.patch_c10d),
     _comm.DDP: _guarded_comm(_comm.patch_ddp),
+    STATEFUL_MODULE: _stateful_overrides,
 }
 _done: set[str] = set()  # the modules of PATCHES patched in this process
 
@@ -177,7 +194,7 @@ class DataLoaderHook:
         except Exception as exc:
             if fullname == TARGET:
                 PROBE.disable(f"cannot instrument DataLoader: {exc}")
-            else:
+            elif fullname in (_comm.C10D, _comm.DDP):
                 _comm.report(f"cannot instrument {fullname}: {exc}")
             return None
 
@@ -216,6 +233,8 @@ def install() -> None:
     at once, the finder waits for the others.
     """
     install_excepthook()
+    if not os.environ.get(ENV_LOADER_OVERRIDES, "").strip():
+        _done.add(STATEFUL_MODULE)  # no overrides: nothing to do for torchdata's loader
     for name in PATCHES:
         module = sys.modules.get(name)
         if module is not None and name not in _done:

@@ -19,6 +19,13 @@ gives the reasons), and one line per call site says what changed or why
 nothing did. The module never imports torch; it looks at
 ``sys.modules["torch"]`` only to recognise tensors and accelerators.
 
+torchdata's ``StatefulDataLoader`` (a DataLoader subclass with its own ``__init__``
+that never calls DataLoader's) is patched the same way when its module is imported
+(``patch_stateful_dataloader``), except that its ``num_workers`` is never changed: the
+count is part of its ``state_dict()``, and a mid-epoch checkpoint does not load into a
+loader with another count (torchdata asserts it), so a job resumed after the change
+would fail. Its other settings are applied as for a DataLoader.
+
 ``parse_overrides``, ``loader_override_env`` and ``plan_loader`` are pure, so
 ``dam tune`` and the operator build and check the same variable.
 """
@@ -45,6 +52,13 @@ MIN_SHM_BYTES: Final = 128 * 1024 * 1024  # below this /dev/shm is "tiny" (Docke
 TORCH_PREFETCH_DEFAULT: Final = 2  # what torch uses when prefetch_factor is None and workers > 0
 SPAWNING_METHODS: Final = frozenset({"spawn", "forkserver"})
 MARK: Final = "_dam_probe_overrides"
+TORCH_LOADER_MODULE: Final = "torch.utils.data.dataloader"
+STATEFUL_MODULE: Final = "torchdata.stateful_dataloader.stateful_dataloader"
+STATEFUL_CLASS: Final = "StatefulDataLoader"
+STATEFUL_NUM_WORKERS: Final = (
+    "num_workers not applied: a StatefulDataLoader keeps num_workers in its state_dict(), "
+    "and a checkpoint taken with one count does not load into a loader with another"
+)
 
 # setting -> (type, minimum, maximum); bools have no range.
 _INT_SETTINGS: Final = {"num_workers": (0, MAX_WORKERS), "prefetch_factor": (1, MAX_PREFETCH)}
@@ -243,12 +257,15 @@ def plan_loader(
     *,
     iterable_cls: type | None = None,
     spawn_check: SpawnCheck | None = None,
+    num_workers_in_state: bool = False,
 ) -> Plan:
     """Decides what ``overrides`` change in a DataLoader built with ``args`` (defaults applied).
 
     Pure apart from ``spawn_check(method, objects)`` (default ``spawn_problem``), which is
     called only when workers are started where the user's code had none, with a spawning
     start method. A setting absent from ``args`` (an older torch) is not applied.
+    ``num_workers_in_state`` (a StatefulDataLoader): the loader's checkpoints record its
+    worker count, so ``num_workers`` is left as it is, with a note.
     """
     check = spawn_problem if spawn_check is None else spawn_check
     notes: list[str] = []
@@ -279,7 +296,9 @@ def plan_loader(
 
     # num_workers: raised (capped at the CPUs), kept, or lowered only with allow_lower.
     w = user_w
-    if o.num_workers is not None and "num_workers" in args:
+    if o.num_workers is not None and o.num_workers != user_w and num_workers_in_state:
+        notes.append(STATEFUL_NUM_WORKERS)
+    elif o.num_workers is not None and "num_workers" in args:
         target = o.num_workers
         if target > user_w:
             if env.cpus is not None and env.cpus <= 1:
@@ -569,10 +588,21 @@ def _torch_dir(module: ModuleType) -> tuple[str, ...]:
     return (top + os.sep,)
 
 
-def _overriding_init(orig: Callable[..., None], module: ModuleType, overrides: LoaderOverrides) -> Any:
+def _overriding_init(
+    orig: Callable[..., None],
+    module: ModuleType,
+    overrides: LoaderOverrides,
+    *,
+    kind: str = "DataLoader",
+    num_workers_in_state: bool = False,
+    torch_module: ModuleType | None = None,
+) -> Any:
     sig = inspect.signature(orig)
-    skip_dirs = _torch_dir(module)
-    iterable_cls = getattr(module, "IterableDataset", None)
+    # torch's DataLoader module (``module`` itself unless told): the call site is looked for
+    # past torch's directories, and IterableDataset is torch's.
+    torch_module = module if torch_module is None else torch_module
+    skip_dirs = _torch_dir(torch_module)
+    iterable_cls = getattr(torch_module, "IterableDataset", None)
     if not isinstance(iterable_cls, type):
         iterable_cls = None
 
@@ -585,7 +615,13 @@ def _overriding_init(orig: Callable[..., None], module: ModuleType, overrides: L
             try:
                 full.apply_defaults()
                 env = worker_environment(need_accelerator=bool(overrides.pin_memory))
-                plan = plan_loader(full.arguments, overrides, env, iterable_cls=iterable_cls)
+                plan = plan_loader(
+                    full.arguments,
+                    overrides,
+                    env,
+                    iterable_cls=iterable_cls,
+                    num_workers_in_state=num_workers_in_state,
+                )
                 site = _call_site(self, skip_dirs)
             except Exception as exc:
                 _say(f"DataLoader overrides not applied: {type(exc).__name__}: {exc}")
@@ -599,12 +635,12 @@ def _overriding_init(orig: Callable[..., None], module: ModuleType, overrides: L
                 except Exception as exc:
                     # Never break a loader that works without the overrides: build it as written.
                     why = f"{type(exc).__name__}: {exc}"
-                    _say(f"DataLoader at {site}: overrides not applied: torch refused them: {why}")
+                    _say(f"{kind} at {site}: overrides not applied: torch refused them: {why}")
                 else:
-                    _say(f"DataLoader at {site}: {plan.message()}")
+                    _say(f"{kind} at {site}: {plan.message()}")
                     return
             elif site:
-                _say(f"DataLoader at {site}: {plan.message()}")
+                _say(f"{kind} at {site}: {plan.message()}")
         orig(self, *args, **kwargs)
 
     __init__.__name__ = getattr(orig, "__name__", "__init__")
@@ -615,8 +651,15 @@ def _overriding_init(orig: Callable[..., None], module: ModuleType, overrides: L
     return __init__
 
 
-def patch_dataloader(module: ModuleType, environ: Mapping[str, str] | None = None) -> bool:
-    """Applies the overrides of ``environ`` to every ``module.DataLoader`` built from now on.
+def patch_dataloader(
+    module: ModuleType,
+    environ: Mapping[str, str] | None = None,
+    *,
+    class_name: str = "DataLoader",
+    num_workers_in_state: bool = False,
+    torch_module: ModuleType | None = None,
+) -> bool:
+    """Applies the overrides of ``environ`` to every ``module.<class_name>`` built from now on.
 
     Does nothing (False) when the variable is unset, blank or invalid (one line on
     stderr says why it is ignored), or in a daemonic process (a DataLoader
@@ -634,15 +677,39 @@ def patch_dataloader(module: ModuleType, environ: Mapping[str, str] | None = Non
             return False
         if overrides is None:
             return False
-        cls = getattr(module, "DataLoader", None)
+        cls = getattr(module, class_name, None)
         orig = None if cls is None else cls.__dict__.get("__init__")
         if orig is None:
-            _say(f"ignoring {ENV_LOADER_OVERRIDES}: {module.__name__}.DataLoader.__init__ not found")
+            _say(f"ignoring {ENV_LOADER_OVERRIDES}: {module.__name__}.{class_name}.__init__ not found")
             return False
         if getattr(orig, MARK, None) is not None:
             return True
-        setattr(cls, "__init__", _overriding_init(orig, module, overrides))  # noqa: B010
+        new_init = _overriding_init(
+            orig,
+            module,
+            overrides,
+            kind=class_name,
+            num_workers_in_state=num_workers_in_state,
+            torch_module=torch_module,
+        )
+        setattr(cls, "__init__", new_init)  # noqa: B010
         return True
     except Exception as exc:
         _say(f"ignoring {ENV_LOADER_OVERRIDES}: {type(exc).__name__}: {exc}")
         return False
+
+
+def patch_stateful_dataloader(module: ModuleType, environ: Mapping[str, str] | None = None) -> bool:
+    """``patch_dataloader`` for torchdata's ``StatefulDataLoader`` (``module`` = ``STATEFUL_MODULE``).
+
+    Its ``__init__`` is its own (it never calls DataLoader's), so DataLoader's patch does
+    not reach it; its ``num_workers`` stays as the code has it (``STATEFUL_NUM_WORKERS``).
+    """
+    return patch_dataloader(
+        module,
+        environ,
+        class_name=STATEFUL_CLASS,
+        num_workers_in_state=True,
+        # torchdata imports torch's DataLoader module before it defines its class.
+        torch_module=sys.modules.get(TORCH_LOADER_MODULE, module),
+    )

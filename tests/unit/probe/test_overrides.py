@@ -640,3 +640,39 @@ def test_without_the_variable_nothing_is_patched_or_said(capsys: pytest.CaptureF
 def test_a_module_without_a_dataloader_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
     assert patch_dataloader(types.ModuleType("empty"), OPT_IN) is False
     assert "DataLoader.__init__ not found" in capsys.readouterr().err
+
+
+# --- torchdata's StatefulDataLoader ---------------------------------------------------------
+
+
+def test_a_stateful_loaders_worker_count_is_kept_because_its_checkpoints_record_it() -> None:
+    plan = plan_loader(
+        loader_args(),
+        LoaderOverrides(num_workers=4, prefetch_factor=4),
+        ROOMY,
+        spawn_check=no_spawn_check,
+        num_workers_in_state=True,
+    )
+    assert plan.refused is None
+    assert plan.updates() == {}
+    assert overrides.STATEFUL_NUM_WORKERS in plan.notes
+    assert "prefetch_factor not applied: needs num_workers > 0" in plan.notes
+
+
+def test_a_stateful_loader_with_workers_gets_its_other_settings() -> None:
+    plan = plan_loader(
+        loader_args(num_workers=2),
+        LoaderOverrides(num_workers=4, prefetch_factor=4),
+        ROOMY,
+        num_workers_in_state=True,
+    )
+    assert plan.updates() == {"prefetch_factor": 4}
+    assert plan.notes == (overrides.STATEFUL_NUM_WORKERS,)
+
+
+def test_the_import_hook_names_the_module_and_variable_the_overrides_use() -> None:
+    from dam_probe import _autohook
+
+    assert _autohook.STATEFUL_MODULE == overrides.STATEFUL_MODULE
+    assert _autohook.ENV_LOADER_OVERRIDES == overrides.ENV_LOADER_OVERRIDES
+    assert overrides.STATEFUL_MODULE in _autohook.PATCHES
