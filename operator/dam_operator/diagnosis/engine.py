@@ -8,9 +8,10 @@ thresholds, in ``docs/method.md``. In short, in order:
    GPU's memory is above ``gpu_memory_full``; the container near its memory limit counts
    only when the processes' resident memory corroborates it (page cache fills a limit
    harmlessly). It takes precedence over everything: a job being killed is not input-bound.
-2. **Enough evidence?** Fewer than ``min_steps`` steps, or neither a data-wait ratio
-   nor a GPU signal nor the main process's CPU → ``unknown`` (``collect-more-evidence``,
-   ``missing`` names what is absent).
+2. **Enough evidence?** Fewer than ``min_steps`` steps (per rank: ``job_steps``), or
+   neither a data-wait ratio nor a GPU signal nor the main process's CPU → ``unknown``
+   (``collect-more-evidence``, ``missing`` names what is absent). No step at all: "no
+   training step was seen", what was sampled, and how to instrument a custom loop.
 3. **Communication-bound** (Machine, boundary Algorithm): the *skew-corrected* exposed
    communication — the least-waiting rank's — above ``communication_suspect`` of the step.
    When the job is also input-bound, the larger share of the step wins.
@@ -24,9 +25,13 @@ thresholds, in ``docs/method.md``. In short, in order:
    DRAM bandwidth saturated (or arithmetic intensity below the ridge point when DRAM is
    not measured) → ``memory-bound``; kernels resident but SMs mostly idle →
    ``latency-bound`` (kernels too small to fill the GPU); otherwise → ``compute-bound``.
-6. **GPU starved without data wait** → ``latency-bound`` (launch / Python / host-sync
+6. **A busy node**: the main process runnable but waiting for a CPU (run-queue delay) at
+   least ``cpu_wait_suspect`` of the window, not CPU-throttled → ``compute-bound`` on the host
+   (Machine, no boundary, lever ``raise-cpu-request``). A loader starved the same way gives
+   ``input-bound`` with lever ``raise-cpu-request`` (boundary Machine).
+7. **GPU starved without data wait** → ``latency-bound`` (launch / Python / host-sync
    overhead), stronger when the main process saturates a core or the batch is 1.
-7. **CPU-only, no data wait** and the main process saturating a core → ``compute-bound``
+8. **CPU-only, no data wait** and the main process saturating a core → ``compute-bound``
    on the CPU (Machine, lever ``move-to-accelerator``), except at batch size 1 with
    under 1.5 cores busy (one saturated Python thread: overhead) → ``latency-bound``;
    CPU-throttled → ``compute-bound`` with lever ``raise-cpu-limit``.
