@@ -8,7 +8,8 @@ import pytest
 
 # The real control plane (kube-apiserver + etcd built from source): fixtures control_plane,
 # kube_namespace, kube_binaries.
-pytest_plugins = ["tests.support.kube_fixtures"]
+# A real one-node cluster (kubelet + containerd running the project's image): fixture node_cluster.
+pytest_plugins = ["tests.support.kube_fixtures", "tests.support.node_fixtures"]
 
 
 def _has_gpu() -> bool:

@@ -142,7 +142,18 @@ def find_node_binaries() -> NodeBinaries:
 
 
 def find_images() -> dict[str, Path]:
-    """The OCI archives of the operator, base (training) and pause images (``build.sh --no-build all``)."""
+    """The OCI archives of the base (training), pause and operator images (``build.sh --no-build all``).
+
+    ``DAM_IMAGE_ARCHIVES="BASE PAUSE OPERATOR"`` (what ``tools/image/build.sh all`` printed) uses those
+    archives instead of the ones built for the working tree as it is now.
+    """
+    given = os.environ.get("DAM_IMAGE_ARCHIVES", "").split()
+    if given:
+        if len(given) != 3 or not all(Path(p).is_file() for p in given):
+            raise NodeUnavailableError(
+                f"DAM_IMAGE_ARCHIVES must name 3 archives (base pause operator): {given}"
+            )
+        return dict(zip(("base", "pause", "operator"), map(Path, given), strict=True))
     done = subprocess.run(
         [str(IMAGE_SCRIPT), "--no-build", "all"], capture_output=True, text=True, timeout=120, check=False
     )
@@ -227,6 +238,7 @@ class NodeCluster(ControlPlane):
         self.apiserver_port = apiserver_port
         self.node_ready_s = 0.0
         self.state: dict[str, Any] = {}
+        self._children: list[subprocess.Popen[bytes]] = []
 
     # -- paths
 
@@ -256,6 +268,7 @@ class NodeCluster(ControlPlane):
                 start_new_session=True,
             )
             log.close()
+        self._children.append(proc)
         name = Path(cmd[1] if cmd[0] == sys.executable else cmd[0]).name
         needle = cmd[1] if cmd[0] == sys.executable else cmd[0]
         self.state.setdefault("processes", []).append({"pid": proc.pid, "needle": needle, "name": name})
@@ -305,9 +318,15 @@ class NodeCluster(ControlPlane):
             atexit.unregister(self.stop)
 
     def stop(self) -> None:
-        super().stop()  # our own Popen objects of etcd and kube-apiserver, if any
-        down(self.state)
+        problems = down(self.state)  # kubelet first; the API server before etcd
+        super().stop()  # reaps etcd and kube-apiserver (already stopped)
+        for proc in self._children:  # reap the rest (down() stopped them by pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        self._children.clear()
         self.state = {}
+        if problems:
+            raise AssertionError(f"the node was not removed cleanly: {problems}")
 
     # -- the parts
 
@@ -649,8 +668,9 @@ def down(state: dict[str, Any]) -> list[str]:
                     entry.unlink()
     for directory in HARD_CODED_DIRS:
         if directory not in state.get("dirs_before", HARD_CODED_DIRS) and os.path.isdir(directory):
-            if not os.listdir(directory) and _mounts_under([directory]) == [directory]:
-                _run("umount", directory, check=False)  # `ip netns add` makes /var/run/netns a mount
+            real = os.path.realpath(directory)  # /var/run is a link to /run; mountinfo names /run
+            if not os.listdir(directory) and _mounts_under([real]) == [real]:
+                _run("umount", real, check=False)  # `ip netns add` makes /var/run/netns a mount
             with contextlib.suppress(OSError):
                 os.rmdir(directory)  # only when empty
     if workdir and Path(workdir).exists():
