@@ -41,6 +41,8 @@ system-deps:
 # node) built from source (tools/kube-bin), cached outside the repo (~/.cache/dam-operator/kube-bin);
 # prints their directory as its last line. KUBEBUILDER_ASSETS=DIR: the binaries it holds are used.
 KUBE_BIN_OR_SKIP = @tools/kube-bin/build.sh || { [ "$${CI:-}" != true ] && echo "kube-bin: NO CONTROL-PLANE BINARIES: the real-Kubernetes tests will be skipped (make kube-bin says why)"; }
+# The node tier's images (operator from the Dockerfile, base/training, pause): cached by input hash.
+IMAGE_OR_SKIP = @tools/image/build.sh all >/dev/null || { [ "$${CI:-}" != true ] && echo "image: NO IMAGES: the real-node tests will be skipped (make image says why)"; }
 
 kube-bin:
 	tools/kube-bin/build.sh
@@ -79,10 +81,12 @@ unit: setup
 
 integration: setup system-deps
 	$(KUBE_BIN_OR_SKIP)
+	$(IMAGE_OR_SKIP)
 	$(BIN)/pytest tests/integration -q
 
 test: setup system-deps lint typecheck imports
 	$(KUBE_BIN_OR_SKIP)
+	$(IMAGE_OR_SKIP)
 	$(BIN)/pytest -q
 
 bench: setup

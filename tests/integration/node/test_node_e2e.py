@@ -27,7 +27,8 @@ import torch
 from tests.support.nodecluster import NodeCluster
 from tests.support.operator_harness import CHART, REPO, wait_for
 
-pytestmark = pytest.mark.slow
+# The node's start (~15 s), the chart's rollout and two 30 s windows of examples/damprofile.yaml.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 RELEASE = "dam-operator"
 SYSTEM_NS = "dam-system"
@@ -156,7 +157,7 @@ def test_readme_kubernetes_section_on_a_real_node_gives_data_for_a_starved_job(
     time.sleep(2)  # the operator's watch delivers the profile before the Pod is created (docs/testing.md)
     job = _training_job(
         "starved",
-        ["--scenario", "starved", "--seconds", "150", "--sample-delay-ms", "15", "--batch-size", "16"],
+        ["--scenario", "starved", "--seconds", "110", "--sample-delay-ms", "15", "--batch-size", "16"],
     )
     node.kubectl(*ml, "apply", "-f", "-", input=json.dumps(job))
 
