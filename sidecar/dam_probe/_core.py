@@ -145,6 +145,26 @@ def _worker_exit_signal(iterator: object, pid: int) -> int:
     return 0
 
 
+def killed_workers_of(iterator: object, wait_seconds: float = 0.2) -> list[tuple[int, int]]:
+    """``(pid, signal)`` of the iterator's workers that a signal ended; on the error path only.
+
+    ``multiprocessing.Process.join(timeout)`` reaps a worker that is dying but not yet reaped,
+    so its ``exitcode`` (``-signal``) is known; live workers cost at most ``wait_seconds`` in all.
+    """
+    found: list[tuple[int, int]] = []
+    deadline = time.monotonic() + wait_seconds
+    for worker in getattr(iterator, "_workers", None) or ():
+        try:
+            if getattr(worker, "exitcode", None) is None:
+                worker.join(max(0.0, deadline - time.monotonic()))
+            code, pid = getattr(worker, "exitcode", None), getattr(worker, "pid", None)
+        except Exception:
+            continue
+        if isinstance(code, int) and code < 0 and isinstance(pid, int):
+            found.append((pid, -code))
+    return sorted(found)
+
+
 def dataloader_worker_deaths(message: str, iterator: object = None) -> list[tuple[int, int]]:
     """``(pid, signal)`` of each DataLoader worker an error message says died (signal 0: not known)."""
     found: dict[int, int] = {}
@@ -354,6 +374,10 @@ class Probe:
             if getattr(exc, SEEN_MARK, False):
                 return
             found = dataloader_worker_deaths(str(exc), iterator)
+            if not found and isinstance(exc, (ConnectionError, EOFError)):
+                # A worker killed while it sent a batch can surface as the broken pipe itself
+                # (DataLoader re-raises it when the dead worker is not reaped yet): ask the workers.
+                found = killed_workers_of(iterator)
             if not found:
                 return
             with contextlib.suppress(AttributeError, TypeError):

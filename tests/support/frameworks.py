@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 JOBS = REPO / "tests" / "integration" / "frameworks" / "jobs"
 PY = sys.executable  # this venv's interpreter, with the frameworks
 DAM = [PY, "-m", "dam_operator.cli"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 # Nothing is fetched: the models are built from config objects, the data is synthetic. With these
 # set, any attempt to reach the Hub raises at once instead of hanging on a network timeout.

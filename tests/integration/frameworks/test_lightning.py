@@ -70,7 +70,7 @@ def test_lightning_ddp_on_two_gloo_ranks_names_the_rank_with_the_slow_loader_as_
         "6",
     )
     doc = verdict_of(proc)
-    ranks = {r["rank"]: r for r in doc["ranks"]}
+    ranks = {r["rank"]: r for r in doc.get("ranks", [])}
     assert set(ranks) == {0, 1}, explain(doc, proc)
     assert ranks[1]["dataWaitRatio"] > ranks[0]["dataWaitRatio"] + 0.2, doc["ranks"]
     straggler = doc["bottleneck"].get("straggler")
