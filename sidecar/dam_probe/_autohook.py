@@ -62,7 +62,9 @@ def timed_next(orig: Callable[[Any], Any], p: Probe = PROBE) -> Callable[[Any], 
         except StopIteration:
             p.stop(t0)
             raise
-        except RuntimeError as exc:  # "DataLoader worker (pid N) is killed by signal: Killed."
+        except (RuntimeError, ConnectionError, EOFError) as exc:
+            # "DataLoader worker (pid N) is killed by signal: Killed.", or the pipe of a worker that
+            # died mid-send, re-raised by DataLoader before the worker was reaped.
             p.worker_failed(exc, self)
             raise
         t1 = clock()

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from dam_probe._core import dataloader_worker_deaths
+import multiprocessing
+import time
+
+from dam_probe._core import dataloader_worker_deaths, killed_workers_of
 from dam_probe.bootstrap import install_into
 from dam_probe.layout import ProbeRecord, decode, encode, probe_files, read_file
 
@@ -38,8 +41,10 @@ loader = DataLoader(Samples(), batch_size=4, num_workers=2)
 try:
     for batch in loader:
         time.sleep({work})  # the main thread is in the "step" when SIGCHLD arrives
-except RuntimeError as exc:
-    print("caught:", exc)
+except (RuntimeError, ConnectionError, EOFError) as exc:
+    # DataLoader's own error, or (when the worker dies mid-send and is not reaped yet) the broken
+    # pipe it re-raises: torch's race, both seen on this machine.
+    print("caught:", type(exc).__name__, exc)
     if not CATCH:
         raise
 """
@@ -61,8 +66,8 @@ def test_a_worker_killed_by_sigkill_is_counted_in_the_probe_file(
     probes = tmp_path / "probes"
     env = python_env(PYTHONPATH=site_dir, DAM_PROBE_DIR=str(probes))
     result = run_python(TRAIN.format(catch=catch, work=work), env, timeout=120)
-    said = result.stdout + result.stderr  # either of DataLoader's two messages, as the timing falls
-    assert "killed by signal: Killed" in said or "exited unexpectedly" in said, said
+    said = result.stdout + result.stderr  # DataLoader's two messages or the pipe, as the timing falls
+    assert any(m in said for m in ("killed by signal: Killed", "exited unexpectedly", "ConnectionReset")), said
     assert result.returncode == (0 if catch else 1), result.stderr
     assert probe_lines(result.stderr) == []
     (path,) = probe_files(str(probes))
@@ -112,3 +117,34 @@ def test_worker_kill_fields_round_trip_and_read_as_unknown_without_their_flag() 
     assert int.from_bytes(image[648:652], "little") == 2
     assert int.from_bytes(image[652:656], "little") == 9
     assert int.from_bytes(image[92:96], "little") & 64
+
+
+def _sleep_forever() -> None:
+    time.sleep(60)
+
+
+def test_a_broken_pipe_from_a_killed_worker_is_attributed_by_asking_the_workers() -> None:
+    """DataLoader re-raises the pipe error itself (ConnectionResetError) when the killed worker is not
+    reaped yet: the probe then asks the iterator's worker processes which one a signal ended."""
+    ctx = multiprocessing.get_context("fork")
+    killed, alive = ctx.Process(target=_sleep_forever), ctx.Process(target=_sleep_forever)
+    killed.start()
+    alive.start()
+    try:
+        os_kill(killed.pid, signal.SIGKILL)
+
+        class Iterator:
+            _workers = (killed, alive)
+
+        assert killed_workers_of(Iterator(), wait_seconds=2.0) == [(killed.pid, signal.SIGKILL)]
+    finally:
+        alive.kill()
+        alive.join()
+        killed.join()
+
+
+def os_kill(pid: int | None, signum: int) -> None:
+    import os
+
+    assert pid is not None
+    os.kill(pid, signum)
