@@ -8,13 +8,12 @@ training loop was in when the error came.
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
+import time
 from pathlib import Path
 
 import pytest
-
-import multiprocessing
-import time
 
 from dam_probe._core import dataloader_worker_deaths, killed_workers_of
 from dam_probe.bootstrap import install_into
@@ -67,7 +66,9 @@ def test_a_worker_killed_by_sigkill_is_counted_in_the_probe_file(
     env = python_env(PYTHONPATH=site_dir, DAM_PROBE_DIR=str(probes))
     result = run_python(TRAIN.format(catch=catch, work=work), env, timeout=120)
     said = result.stdout + result.stderr  # DataLoader's two messages or the pipe, as the timing falls
-    assert any(m in said for m in ("killed by signal: Killed", "exited unexpectedly", "ConnectionReset")), said
+    assert any(m in said for m in ("killed by signal: Killed", "exited unexpectedly", "ConnectionReset")), (
+        said
+    )
     assert result.returncode == (0 if catch else 1), result.stderr
     assert probe_lines(result.stderr) == []
     (path,) = probe_files(str(probes))
