@@ -17,6 +17,10 @@ PROFILE_STEPS_PER_SECOND: Final = "dam_profile_steps_per_second"  # {namespace, 
 PROFILE_MFU_RATIO: Final = "dam_profile_mfu_ratio"  # {namespace, profile}
 PROFILE_PODS: Final = "dam_profile_pods"  # {namespace, profile, state=matched|instrumented|reporting}
 PROFILE_LAST_EVALUATION_TIMESTAMP_SECONDS: Final = "dam_profile_last_evaluation_timestamp_seconds"
+# Goodput (status.goodput): accelerator-seconds by use {namespace, profile, use}, counted since this
+# operator process started; the life-so-far ratio {namespace, profile}.
+PROFILE_ACCELERATOR_SECONDS_TOTAL: Final = "dam_profile_accelerator_seconds_total"
+PROFILE_GOODPUT_RATIO: Final = "dam_profile_goodput_ratio"
 # One series per entry of status.actions (bounded: about 10 per profile).
 PROFILE_ACTION_INFO: Final = "dam_profile_action_info"
 # {namespace, profile, action, lever, setting, before, after, outcome} = 1
@@ -33,6 +37,19 @@ OPERATOR_ACTIONS_TOTAL: Final = "dam_operator_actions_total"  # {outcome}
 OPERATOR_SOURCE_BODY_TOO_LARGE_TOTAL: Final = "dam_operator_source_body_too_large_total"  # {source}
 
 IRON_LAW_TERMS: Final = ("data", "compute", "latency")
+USE_PRODUCTIVE: Final = "productive"
+USE_RESTART: Final = "restart"
+ACCELERATOR_USES: Final = (
+    USE_PRODUCTIVE,
+    "startup",
+    "data-wait",
+    "communication",
+    "checkpoint",
+    USE_RESTART,
+    "other",
+)
+"""``use`` of dam_profile_accelerator_seconds_total: productive, or a badput cause. The probe's causes
+(dam_badput_seconds_total{cause}) and ``restart``, which only the operator sees."""
 POD_STATES: Final = ("matched", "instrumented", "reporting")
 
 # Closed sets of label values: every one is exported at 0 from the start, so that a

@@ -27,6 +27,7 @@ EXPECTED_ALERTS = {
     "DAMProbeDown",
     "DAMSidecarNoGPUAttribution",
     "DAMOperatorEvaluationErrors",
+    "DAMLowGoodput",
 }
 
 
@@ -77,8 +78,17 @@ def test_rule_unit_tests_pass(test_file: Path) -> None:
             "max by (namespace, pod) (dam_probe_up) == 0\n        for: 1m",
         ),
         ("max by (namespace, pod) (dam_probe_up) == 1\n", "max by (namespace, pod) (dam_probe_up) >= 0\n"),
+        (") < 0.50\n", ") < 0.30\n"),
+        ('{use="productive"}[30m]', '{use!="restart"}[30m]'),
     ],
-    ids=["gpu-busy-threshold", "wait-threshold", "probe-down-delay", "attribution-needs-live-probe"],
+    ids=[
+        "gpu-busy-threshold",
+        "wait-threshold",
+        "probe-down-delay",
+        "attribution-needs-live-probe",
+        "goodput-threshold",
+        "goodput-numerator",
+    ],
 )
 def test_rule_unit_tests_catch_a_changed_threshold(tmp_path: Path, original: str, mutated: str) -> None:
     text = RULES.read_text()
