@@ -65,7 +65,7 @@ def test_kubectl_get_shows_the_servers_printer_columns(
     control_plane.kubectl("apply", "-n", kube_namespace, "-f", str(EXAMPLE))
 
     plain = control_plane.kubectl("get", "damp", "-n", kube_namespace).stdout.splitlines()
-    assert plain[0].split() == ["NAME", "AXIS", "REGIME", "LEVER", "CONFIDENCE", "AGE"]
+    assert plain[0].split() == ["NAME", "AXIS", "REGIME", "LEVER", "CONFIDENCE", "GOODPUT", "AGE"]
     assert plain[1].split()[0] == "train-profile"
     wide = control_plane.kubectl("get", "damp", "-n", kube_namespace, "-o", "wide").stdout.splitlines()
     assert "REPORTING" in wide[0].split()  # priority-1 column: only in -o wide

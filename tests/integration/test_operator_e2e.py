@@ -156,7 +156,7 @@ def test_starved_training_pod_is_instrumented_and_diagnosed_data_bound(
 
         # The server's own Table, from the CRD's printer columns.
         rows = cp.kubectl("get", "damp", "-n", ns).stdout.splitlines()
-        assert rows[0].split() == ["NAME", "AXIS", "REGIME", "LEVER", "CONFIDENCE", "AGE"], rows
+        assert rows[0].split() == ["NAME", "AXIS", "REGIME", "LEVER", "CONFIDENCE", "GOODPUT", "AGE"], rows
         assert rows[1].split()[:3] == [PROFILE, "Data", "input-bound"], rows
 
         metrics = parse_snapshot(op.metrics(), "operator")
