@@ -22,10 +22,16 @@ table that is already imported is patched at once.
   DataLoader's. Without the variable this entry counts as done from the start, so the
   finder's lifetime is what it is without it. (Its batches need nothing: its iterators
   subclass ``_BaseDataLoaderIter`` and inherit the timed ``__next__``.)
+- ``torch.serialization`` and ``torch.distributed.checkpoint.state_dict_saver``: ``torch.save``,
+  ``dcp.save``, ``dcp.async_save`` (its blocking part) and ``dcp.save_state_dict`` are timed as
+  checkpoint badput (``dam_probe._goodput``; once per save, nothing per batch). A failure leaves
+  them untouched. The second module loads only with ``torch.distributed.checkpoint``, so in most
+  processes the finder stays in ``sys.meta_path``: one dictionary lookup per later import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -34,7 +40,7 @@ from time import perf_counter_ns
 from types import ModuleType
 from typing import Any, Final, cast
 
-from dam_probe import _comm
+from dam_probe import _comm, _goodput
 from dam_probe._core import PROBE, Probe
 
 TARGET: Final = "torch.utils.data.dataloader"
@@ -118,6 +124,18 @@ def _guarded_comm(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType
     return guarded
 
 
+def _guarded_checkpoint(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType], None]:
+    def guarded(module: ModuleType) -> None:
+        try:
+            patch(module)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                line = " ".join(f"{module.__name__}: {exc}".split())
+                sys.stderr.write(f"dam-probe: checkpoint saves not timed: {line}\n")
+
+    return guarded
+
+
 def _stateful_overrides(module: ModuleType) -> None:
     from dam_probe.overrides import patch_stateful_dataloader
 
@@ -130,6 +148,8 @@ PATCHES: Final[dict[str, Callable[[ModuleType], None]]] = {
     _comm.C10D: _guarded_comm(_comm.patch_c10d),
     _comm.DDP: _guarded_comm(_comm.patch_ddp),
     STATEFUL_MODULE: _stateful_overrides,
+    _goodput.SERIALIZATION: _guarded_checkpoint(_goodput.patch_serialization),
+    _goodput.DCP_SAVER: _guarded_checkpoint(_goodput.patch_dcp),
 }
 _done: set[str] = set()  # the modules of PATCHES patched in this process
 

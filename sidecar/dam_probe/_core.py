@@ -14,6 +14,9 @@ publish on their own deadline, ``comm_next_ns``, from the thread that launched
 them. Publishing itself is serialised by a lock, so a batch and a collective
 never write the file at the same time.
 
+Goodput (``dam_probe._goodput``): start-up, checkpoint saves, productive and other time, and
+the one-time FLOP count of a step, on the slow path and in the save wrappers only.
+
 The probe never raises into the training loop: an exception at publish time
 disables it for the rest of the process and prints one line on stderr.
 """
@@ -32,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from dam_probe._goodput import Accounting
 from dam_probe.cgroup import CgroupReader, MemoryReader
 from dam_probe.cleanup import remove_finished
 from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
@@ -247,6 +251,7 @@ class Probe:
         "directory",
         "disabled",
         "flops_per_step",
+        "goodput",
         "in_stream",
         "interval_ns",
         "killed_workers",
@@ -291,6 +296,9 @@ class Probe:
         # DataLoader workers that died, as DataLoader's own error says (``worker_failed``): their pids.
         self.killed_workers: set[int] = set()
         self.last_kill_signal = 0
+        # Goodput and badput by cause, checkpoint saves, the measured FLOPs (dam_probe._goodput):
+        # updated on the slow path and in the save wrappers only, never per batch.
+        self.goodput = Accounting()
         # Collectives (dam_probe._comm): cumulative, updated under comm_lock.
         self.comm_on = False  # the collective instrumentation is installed (flag bit 3 of the file)
         self.comm_sweep: Callable[[int], None] | None = None  # ends finished async collectives (_comm)
@@ -351,6 +359,7 @@ class Probe:
     def stop(self, t_ns: int) -> None:
         """A loader ran out at ``t_ns``: the last step ends there; the next batch starts a new stream."""
         if self.in_stream:
+            self.goodput.stream_closed(t_ns)
             self.closed_step_ns += t_ns - self.stream_start_ns
             self.in_stream = False
             if not self.disabled:
@@ -361,7 +370,9 @@ class Probe:
         if not self.in_stream:
             self.in_stream = True
             self.stream_start_ns = t0_ns  # the first batch's step is its own wait
+        self.goodput.before_publish(self, t0_ns)
         self.publish(t1_ns, batch)
+        self.goodput.after_publish(self)
 
     def worker_failed(self, exc: BaseException, iterator: object = None) -> None:
         """Counts the DataLoader workers that ``exc`` (DataLoader's own error) says died; never raises.
@@ -463,10 +474,14 @@ class Probe:
                     if self.comm_on
                     else None
                 )
+            step_ns, wait_ns = self.step_ns, self.wait_ns
+            goodput, checkpoints, measured_flops = self.goodput.figures(
+                self, wait_ns, step_ns, 0 if collectives is None else collectives[2]
+            )
             writer.publish(
                 self.steps,
-                self.wait_ns,
-                self.step_ns,
+                wait_ns,
+                step_ns,
                 batch_size=self.batch_size,
                 flops_per_step=self.flops_per_step,
                 device_uuids=self.device_uuids,
@@ -482,6 +497,9 @@ class Probe:
                 process=self.process.read(now_ns),
                 loader_kills=(len(self.killed_workers), self.last_kill_signal),
                 run_queue=self.run_queue.read(now_ns),
+                goodput=goodput,
+                checkpoints=checkpoints,
+                measured_flops=measured_flops,
             )
             return True
         except Exception as exc:
@@ -522,6 +540,7 @@ class Probe:
         self.run_queue.reset()
         self.killed_workers = set()
         self.last_kill_signal = 0
+        self.goodput.after_fork_in_child()
         # Locks held by another thread at fork time would stay held in the child forever.
         self.comm_lock = threading.Lock()
         self.publish_lock = threading.Lock()

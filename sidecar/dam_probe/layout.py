@@ -27,7 +27,10 @@ offset size   type    field
                       bit 3: the collective counters at 528..560 are valid (v2);
                       bit 4: the process figures at 592..632 are valid (v2);
                       bit 5: the run-queue delays at 632..648 are valid (v2);
-                      bit 6: the DataLoader worker kills at 648..656 are valid (v2))
+                      bit 6: the DataLoader worker kills at 648..656 are valid (v2);
+                      bit 7: the goodput accounting at 656..688 and 748 is valid (v2);
+                      bit 8: the checkpoint counters at 688..728 are valid (v2);
+                      bit 9: the measured FLOPs at 728..748 are valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
 104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
@@ -63,7 +66,27 @@ offset size   type    field
                       "worker (pid(s) N) exited unexpectedly"), one per pid (flag bit 6)
 652    4      u32     the signal that ended the latest of them (9 = SIGKILL, the OOM killer's;
                       0 = not known)
-656    368    -       reserved, zero
+656    8      u64     process start, Unix ns (``/proc/self/stat`` start time; flag bit 7)
+664    8      u64     startup: process start to the first batch asked for, ns
+672    8      u64     productive step time: step time less data wait, exposed communication
+                      and the checkpoint saves inside steps, ns, cumulative (never decreases)
+680    8      u64     other badput: elapsed time (process start to the latest publish) less
+                      productive time, startup, data wait, exposed communication and checkpoint
+                      saves, ns, cumulative (never decreases)
+688    8      u64     time the training thread blocked in checkpoint saves (``torch.save``,
+                      ``torch.distributed.checkpoint.save``, the blocking part of ``async_save``),
+                      ns, cumulative (flag bit 8)
+696    8      u64     the part of it inside step time (between two batches), ns, cumulative
+704    8      u64     checkpoint saves, cumulative
+712    8      u64     end of the latest save, Unix ns (0 = no save yet)
+720    8      u64     steps when it ended
+728    8      f64     FLOPs of one training step counted by ``FlopCounterMode`` (flag bit 9)
+736    8      u64     wall time of the steps counted, with the counter on, ns
+744    4      u32     steps counted (usually 1)
+748    4      u32     FLOP counting state (flag bit 7): 0 pending, 1 measured, 2 declared by
+                      the job (not counted), 3 turned off (``DAM_PROBE_FLOPS=0``), 4 not possible
+                      (no torch, a compiled model, an error)
+752    272    -       reserved, zero
 ====== ====== ======= ==========================================================
 
 Seqlock protocol: the writer increments ``sequence`` to an odd value, writes
@@ -75,7 +98,8 @@ the file as busy. Counters are cumulative, so a missed sample never loses time.
 Unknown is never zero: a version-1 file, or a field whose flag bit is clear,
 reads as ``None`` in ``ProbeRecord`` (rank, local rank, world size, the
 collective counters, the memory fields, the process figures, the run-queue
-delays), whatever the bytes hold. The cgroup CPU fields (offsets 96..120)
+delays, the goodput, checkpoint and measured-FLOP fields), whatever the bytes
+hold. The cgroup CPU fields (offsets 96..120)
 were reserved zero bytes before they were defined and carry their own flag
 bit, so version-1 files may have them too.
 
@@ -109,6 +133,15 @@ FLAG_COLLECTIVES: Final = 8  # the collective counters are valid (version 2)
 FLAG_PROCESS: Final = 16  # the process CPU / memory figures are valid (version 2)
 FLAG_RUN_QUEUE: Final = 32  # the run-queue delays are valid (version 2)
 FLAG_LOADER_KILLS: Final = 64  # the DataLoader worker kill fields are valid (version 2)
+FLAG_GOODPUT: Final = 128  # the goodput accounting is valid (version 2)
+FLAG_CHECKPOINTS: Final = 256  # the checkpoint counters are valid (version 2)
+FLAG_FLOPS_MEASURED: Final = 512  # the measured FLOPs per step are valid (version 2)
+FLOPS_PENDING: Final = 0
+FLOPS_MEASURED: Final = 1
+FLOPS_DECLARED: Final = 2
+FLOPS_OFF: Final = 3
+FLOPS_UNAVAILABLE: Final = 4
+FLOPS_STATES: Final = (FLOPS_PENDING, FLOPS_MEASURED, FLOPS_DECLARED, FLOPS_OFF, FLOPS_UNAVAILABLE)
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
 UNKNOWN_RANK: Final = -1
@@ -127,6 +160,12 @@ _RUN_QUEUE = struct.Struct("<QQ")  # run-queue delay ns: main, workers (offset 6
 _RUN_QUEUE_OFFSET: Final = 632
 _LOADER_KILLS = struct.Struct("<II")  # workers killed, last signal (offset 648..656, flag bit 6)
 _LOADER_KILLS_OFFSET: Final = 648
+_GOODPUT = struct.Struct("<QQQQ")  # process start, startup, productive, other (656..688, bit 7)
+_GOODPUT_OFFSET: Final = 656
+_CHECKPOINTS = struct.Struct("<QQQQQ")  # blocked, inside steps, saves, last end, steps (688..728, bit 8)
+_CHECKPOINTS_OFFSET: Final = 688
+_FLOPS = struct.Struct("<dQII")  # measured FLOPs, wall ns, steps, state (728..752; state under bit 7)
+_FLOPS_OFFSET: Final = 728
 _I32_MAX: Final = 2**31 - 1
 _U32_MAX: Final = 2**32 - 1
 
@@ -233,6 +272,22 @@ class ProbeRecord:
     # Version 2, flag bit 5: run-queue delay (dam_probe.schedstat); None: not read.
     run_queue_ns: int | None = None  # the process's main thread
     worker_run_queue_ns: int | None = None  # its DataLoader workers, live and ended
+    # Version 2, flag bit 7: goodput accounting (dam_probe._goodput); None: not published.
+    process_start_ns: int | None = None  # Unix ns
+    startup_ns: int | None = None  # process start to the first batch asked for
+    productive_ns: int | None = None
+    other_ns: int | None = None
+    flops_state: int | None = None  # FLOPS_* (pending, measured, declared, off, unavailable)
+    # Version 2, flag bit 8: checkpoint saves; None: not instrumented (torch.save never wrapped).
+    checkpoint_ns: int | None = None
+    checkpoint_step_ns: int | None = None  # the part inside step time
+    checkpoints: int | None = None
+    last_checkpoint_ns: int | None = None  # Unix ns; 0: no save yet
+    last_checkpoint_steps: int | None = None
+    # Version 2, flag bit 9: FLOPs of one step counted by FlopCounterMode; None: not measured.
+    measured_flops_per_step: float | None = None
+    flops_measured_ns: int | None = None  # wall time of the counted steps, counter on
+    flops_measured_steps: int | None = None
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
@@ -252,6 +307,31 @@ class ProbeRecord:
             raise ValueError("loader_kill_signal needs loader_worker_kills")
         if self.run_queue_ns is None and self.worker_run_queue_ns is not None:
             raise ValueError("worker_run_queue_ns needs run_queue_ns")
+        goodput = (
+            self.process_start_ns,
+            self.startup_ns,
+            self.productive_ns,
+            self.other_ns,
+            self.flops_state,
+        )
+        if any(v is None for v in goodput) and any(v is not None for v in goodput):
+            raise ValueError("process_start_ns, startup_ns, productive_ns, other_ns, flops_state go together")
+        checkpoint = (
+            self.checkpoint_ns,
+            self.checkpoint_step_ns,
+            self.checkpoints,
+            self.last_checkpoint_ns,
+            self.last_checkpoint_steps,
+        )
+        if any(v is None for v in checkpoint) and any(v is not None for v in checkpoint):
+            raise ValueError("the five checkpoint fields go together")
+        flops = (self.measured_flops_per_step, self.flops_measured_ns, self.flops_measured_steps)
+        if any(v is None for v in flops) and any(v is not None for v in flops):
+            raise ValueError("measured_flops_per_step, flops_measured_ns, flops_measured_steps go together")
+        if self.measured_flops_per_step is not None and not (
+            math.isfinite(self.measured_flops_per_step) and self.measured_flops_per_step >= 0
+        ):
+            raise ValueError(f"measured_flops_per_step must be finite, >= 0: {self.measured_flops_per_step}")
         for name in ("rank", "local_rank", "world_size"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= _I32_MAX:
@@ -276,6 +356,16 @@ class ProbeRecord:
     @property
     def step_seconds(self) -> float:
         return self.step_ns / 1e9
+
+    @property
+    def effective_flops_per_step(self) -> tuple[float, str]:
+        """``(FLOPs per step, source)``: declared by the job when it did, else measured by the
+        probe; ``(0.0, "")`` when neither is known."""
+        if self.flops_per_step > 0:
+            return self.flops_per_step, "declared"
+        if self.measured_flops_per_step is not None and self.measured_flops_per_step > 0:
+            return self.measured_flops_per_step, "measured"
+        return 0.0, ""
 
     @property
     def collective_seconds(self) -> float | None:
@@ -318,6 +408,9 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         flags |= 0 if record.process_cpu_ns is None else FLAG_PROCESS
         flags |= 0 if record.loader_worker_kills is None else FLAG_LOADER_KILLS
         flags |= 0 if record.run_queue_ns is None else FLAG_RUN_QUEUE
+        flags |= 0 if record.productive_ns is None else FLAG_GOODPUT
+        flags |= 0 if record.checkpoint_ns is None else FLAG_CHECKPOINTS
+        flags |= 0 if record.measured_flops_per_step is None else FLAG_FLOPS_MEASURED
     _PAYLOAD.pack_into(
         buf,
         _PAYLOAD_OFFSET,
@@ -375,6 +468,57 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
             min(record.loader_worker_kills or 0, _U32_MAX),
             min(record.loader_kill_signal or 0, _U32_MAX),
         )
+        _GOODPUT.pack_into(
+            buf,
+            _GOODPUT_OFFSET,
+            record.process_start_ns or 0,
+            record.startup_ns or 0,
+            record.productive_ns or 0,
+            record.other_ns or 0,
+        )
+        _CHECKPOINTS.pack_into(
+            buf,
+            _CHECKPOINTS_OFFSET,
+            record.checkpoint_ns or 0,
+            record.checkpoint_step_ns or 0,
+            record.checkpoints or 0,
+            record.last_checkpoint_ns or 0,
+            record.last_checkpoint_steps or 0,
+        )
+        _FLOPS.pack_into(
+            buf,
+            _FLOPS_OFFSET,
+            float(record.measured_flops_per_step or 0.0),
+            record.flops_measured_ns or 0,
+            min(record.flops_measured_steps or 0, _U32_MAX),
+            min(record.flops_state or 0, _U32_MAX),
+        )
+
+
+def _goodput_kwargs(
+    goodput: tuple[int, int, int, int, int] | None,
+    checkpoints: tuple[int, int, int, int, int] | None,
+    measured_flops: tuple[float, int, int] | None,
+) -> dict[str, int | float]:
+    out: dict[str, int | float] = {}
+    if goodput is not None:
+        out.update(zip(_GOODPUT_NAMES, goodput, strict=True))
+    if checkpoints is not None:
+        out.update(zip(_CHECKPOINT_NAMES, checkpoints, strict=True))
+    if measured_flops is not None:
+        out.update(zip(_FLOPS_NAMES, measured_flops, strict=True))
+    return out
+
+
+_GOODPUT_NAMES: Final = ("process_start_ns", "startup_ns", "productive_ns", "other_ns", "flops_state")
+_CHECKPOINT_NAMES: Final = (
+    "checkpoint_ns",
+    "checkpoint_step_ns",
+    "checkpoints",
+    "last_checkpoint_ns",
+    "last_checkpoint_steps",
+)
+_FLOPS_NAMES: Final = ("measured_flops_per_step", "flops_measured_ns", "flops_measured_steps")
 
 
 def _process_fields(process: tuple[int, int, int, int, int, int] | None) -> dict[str, int]:
@@ -405,7 +549,7 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         raw = bytes(data[off : off + UUID_BYTES]).split(b"\0", 1)[0]
         uuids.append(raw.decode("ascii", "replace"))
     cgroup = bool(flags & FLAG_CGROUP)  # clear in files written before the cgroup fields existed
-    extra: dict[str, int | None] = {}
+    extra: dict[str, int | float | None] = {}
     if version >= 2:
         (rank, local_rank, world, _, colls, coll_ns, exposed_ns, coll_bytes, mem, mem_limit, ooms, mem_id) = (
             _PAYLOAD_V2.unpack_from(data, _V2_OFFSET)
@@ -442,6 +586,7 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         if flags & FLAG_LOADER_KILLS:
             kills, kill_signal = _LOADER_KILLS.unpack_from(data, _LOADER_KILLS_OFFSET)
             extra.update(loader_worker_kills=kills, loader_kill_signal=kill_signal)
+        extra.update(_goodput_fields(data, flags))
     return sequence, ProbeRecord(
         pid=pid,
         start_time_ns=start,
@@ -459,6 +604,39 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         version=version,
         **extra,  # type: ignore[arg-type]
     )
+
+
+def _goodput_fields(data: bytes, flags: int) -> dict[str, int | float]:
+    """The goodput, checkpoint and measured-FLOP fields of a version-2 image, by their flag bits."""
+    out: dict[str, int | float] = {}
+    measured, measured_ns, measured_steps, state = _FLOPS.unpack_from(data, _FLOPS_OFFSET)
+    if flags & FLAG_GOODPUT:
+        start, startup, productive, other = _GOODPUT.unpack_from(data, _GOODPUT_OFFSET)
+        out.update(
+            process_start_ns=start,
+            startup_ns=startup,
+            productive_ns=productive,
+            other_ns=other,
+            flops_state=state if state in FLOPS_STATES else FLOPS_UNAVAILABLE,
+        )
+    if flags & FLAG_CHECKPOINTS:
+        blocked, inside, saves, last, steps = _CHECKPOINTS.unpack_from(data, _CHECKPOINTS_OFFSET)
+        out.update(
+            checkpoint_ns=blocked,
+            checkpoint_step_ns=inside,
+            checkpoints=saves,
+            last_checkpoint_ns=last,
+            last_checkpoint_steps=steps,
+        )
+    if flags & FLAG_FLOPS_MEASURED:
+        if not math.isfinite(measured) or measured < 0:
+            raise ProbeFormatError(f"invalid measured FLOPs per step {measured}")
+        out.update(
+            measured_flops_per_step=measured,
+            flops_measured_ns=measured_ns,
+            flops_measured_steps=measured_steps,
+        )
+    return out
 
 
 def _check_header(data: bytes) -> int:
@@ -624,12 +802,18 @@ class ProbeWriter:
         process: tuple[int, int, int, int, int, int] | None = None,
         loader_kills: tuple[int, int] | None = None,
         run_queue: tuple[int, int] | None = None,
+        goodput: tuple[int, int, int, int, int] | None = None,
+        checkpoints: tuple[int, int, int, int, int] | None = None,
+        measured_flops: tuple[float, int, int] | None = None,
     ) -> None:
         """Publishes one update; ``collectives`` is ``(count, ns, exposed ns, bytes)``,
         ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``, ``process`` is
         ``(main CPU ns, worker CPU ns, main RSS, worker RSS, workers, PID namespace)``, ``loader_kills``
         is ``(DataLoader workers killed, signal of the latest (0 = not known))``, ``run_queue`` is
-        ``(main thread's run-queue delay ns, the workers' ns)``; None = unknown."""
+        ``(main thread's run-queue delay ns, the workers' ns)``, ``goodput`` is ``(process start Unix
+        ns, startup ns, productive ns, other ns, FLOP counting state)``, ``checkpoints`` is ``(blocked
+        ns, of it inside steps ns, saves, latest end Unix ns, steps then)``, ``measured_flops`` is
+        ``(FLOPs per step, wall ns of the counted steps, steps counted)``; None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy)
         # window covers one memory copy only.
         scratch = self._scratch
@@ -668,6 +852,7 @@ class ProbeWriter:
                 loader_kill_signal=None if loader_kills is None else loader_kills[1],
                 run_queue_ns=None if run_queue is None else run_queue[0],
                 worker_run_queue_ns=None if run_queue is None else run_queue[1],
+                **_goodput_kwargs(goodput, checkpoints, measured_flops),  # type: ignore[arg-type]
             ),
         )
         mm = self._mm

@@ -1,0 +1,421 @@
+"""Goodput and badput by cause, checkpoint saves, and the FLOPs of one step: the probe's accounting.
+
+Where a process's wall time goes, from its start to the latest publish (``elapsed``):
+
+- ``startup``: process start (``/proc/self/stat`` start time) to the first batch asked for;
+- ``data wait``: time blocked in ``next()`` on the loader (the probe's wait counter);
+- ``communication``: exposed communication (``dam_probe._comm``), when collectives are timed;
+- ``checkpoint``: time the training thread blocked in ``torch.save``,
+  ``torch.distributed.checkpoint.save`` and the blocking part of ``async_save`` (the staging it
+  does before it returns; the write in its background thread is not counted);
+- ``productive``: step time less the data wait, the exposed communication and the checkpoint
+  saves that happened inside steps (a save between two batches of a loop is part of the step
+  time the probe covers; a save after the loop ended is not);
+- ``other``: what is left (evaluation outside the loader loop, time between epochs, the end).
+
+Both ``productive`` and ``other`` are published as high-water marks, so every published figure is
+a counter that never decreases (a collective timed outside the loop, or a publish in the middle
+of a step, would otherwise make one of them dip for a moment). Their sum may exceed the elapsed
+time by at most about one step.
+
+Cost: nothing on the per-batch path. The accounting runs on the probe's slow path (at most ten
+times a second, at a batch boundary) and in the save wrappers (once per checkpoint).
+
+The FLOPs of one training step are counted once, when the job declared none
+(``dam_probe.set_flops_per_step``): after ``FLOPS_AFTER_STEPS`` batches, at a batch boundary,
+PyTorch's own ``torch.utils.flop_counter.FlopCounterMode`` is entered, and it is left at the next
+batch boundary (the probe forces its slow path there), in the training thread only. Every step of
+this is guarded: any error leaves the mode, marks the count "not possible" and training goes on.
+
+Standard library only: torch is looked up in ``sys.modules``; ``torch.utils.flop_counter`` is
+imported only when torch is already loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from time import perf_counter_ns
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final
+
+from dam_probe.layout import (
+    FLOPS_DECLARED,
+    FLOPS_MEASURED,
+    FLOPS_OFF,
+    FLOPS_PENDING,
+    FLOPS_UNAVAILABLE,
+)
+
+if TYPE_CHECKING:
+    from dam_probe._core import Probe
+
+ENV_FLOPS: Final = "DAM_PROBE_FLOPS"  # 0/false/no/off: never count FLOPs
+FLOPS_AFTER_STEPS: Final = 10
+"""The FLOP count starts at the first slow path after this many batches (warm-up: lazy
+initialisation, autotuning and the first optimizer step are behind)."""
+FLOPS_MAX_ATTEMPTS: Final = 3
+"""A count cut short (the loader ran out before the next batch) is retried this often."""
+MARK: Final = "_dam_probe_checkpoint"
+SERIALIZATION: Final = "torch.serialization"
+DCP_SAVER: Final = "torch.distributed.checkpoint.state_dict_saver"
+DCP_PACKAGE: Final = "torch.distributed.checkpoint"
+DCP_FUNCTIONS: Final = ("save", "async_save", "save_state_dict")
+_OFF: Final = frozenset({"0", "false", "no", "off"})
+_IMPORTED_NS: Final = time.time_ns()  # fallback process start: when the probe was imported
+_MAX_AGE_NS: Final = 10 * 365 * 86400 * 10**9
+
+
+def process_start_unix_ns(stat_path: str = "/proc/self/stat") -> int:
+    """This process's start, Unix ns: its start time in ``/proc/self/stat`` (field 22, clock ticks
+    since boot) against ``CLOCK_BOOTTIME`` (the clock that field counts on, proc(5)). Falls back to
+    when the probe was imported (``sitecustomize`` imports it as the interpreter starts)."""
+    try:
+        with open(stat_path, "rb") as fh:
+            data = fh.read()
+        fields = data[data.rindex(b")") + 2 :].split()  # after "pid (comm)": field 3 is index 0
+        start_ticks = int(fields[19])
+        ticks = os.sysconf("SC_CLK_TCK")
+        age_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - start_ticks * 1_000_000_000 // ticks
+        if 0 <= age_ns < _MAX_AGE_NS:
+            return time.time_ns() - age_ns
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    return _IMPORTED_NS
+
+
+def flops_off_by_env(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(ENV_FLOPS, "").strip().lower() in _OFF
+
+
+def _compiled() -> bool:
+    """True when ``torch.compile`` (TorchDynamo) compiled a graph in this process: the counter sees
+    no op inside a compiled region (Inductor's fused kernels), so the count would be wrong."""
+    dynamo: Any = sys.modules.get("torch._dynamo")
+    if dynamo is None:
+        return False
+    try:
+        return bool(dynamo.utils.counters["stats"]["unique_graphs"])
+    except Exception:
+        return True  # cannot tell: do not count
+
+
+class FlopCount:
+    """The one-time FLOP count of a training step (see the module docstring)."""
+
+    __slots__ = (
+        "attempts",
+        "measured",
+        "measured_ns",
+        "measured_steps",
+        "mode",
+        "start_ns",
+        "start_steps",
+        "state",
+        "thread",
+    )
+
+    def __init__(self) -> None:
+        self.state = FLOPS_PENDING
+        self.mode: Any = None  # the FlopCounterMode while it is entered
+        self.thread = 0
+        self.start_steps = 0
+        self.start_ns = 0
+        self.attempts = 0
+        self.measured: float | None = None
+        self.measured_ns = 0
+        self.measured_steps = 0
+
+    def figures(self) -> tuple[float, int, int] | None:
+        if self.measured is None:
+            return None
+        return self.measured, self.measured_ns, self.measured_steps
+
+    def at_batch(self, p: Probe) -> None:
+        """On the slow path, after the publish, in the thread that takes the batches. Never raises."""
+        try:
+            if self.mode is not None:
+                self._finish(p)
+            elif self.state == FLOPS_PENDING:
+                self._maybe_start(p)
+        except Exception:
+            self._give_up()
+
+    def _maybe_start(self, p: Probe) -> None:
+        if p.flops_per_step > 0:
+            self.state = FLOPS_DECLARED
+            return
+        if p.steps < FLOPS_AFTER_STEPS:
+            return
+        if flops_off_by_env():
+            self.state = FLOPS_OFF
+            return
+        if sys.modules.get("torch") is None or _compiled():
+            self.state = FLOPS_UNAVAILABLE
+            return
+        from torch.utils.flop_counter import FlopCounterMode  # torch is loaded: this is cheap
+
+        mode: Any = FlopCounterMode(display=False)
+        mode.__enter__()
+        self.mode = mode
+        self.thread = threading.get_ident()
+        self.start_steps = p.steps
+        self.start_ns = perf_counter_ns()
+        p.next_publish_ns = 0  # the next batch takes the slow path and ends the count
+
+    def _finish(self, p: Probe) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        steps = p.steps - self.start_steps
+        if steps <= 0:
+            p.next_publish_ns = 0
+            return
+        mode, self.mode = self.mode, None
+        mode.__exit__(None, None, None)
+        total = float(mode.get_total_flops())
+        if total > 0:
+            self.measured = total / steps
+            self.measured_ns = perf_counter_ns() - self.start_ns
+            self.measured_steps = steps
+            self.state = FLOPS_MEASURED
+        else:
+            self.state = FLOPS_UNAVAILABLE  # no op with a FLOP formula ran (custom kernels only)
+
+    def cut_short(self) -> None:
+        """The loader ran out while counting (training thread): leave the mode, retry later."""
+        if self.mode is None or threading.get_ident() != self.thread:
+            return
+        self.attempts += 1
+        self._leave()
+        if self.attempts >= FLOPS_MAX_ATTEMPTS:
+            self.state = FLOPS_UNAVAILABLE
+
+    def _leave(self) -> None:
+        mode, self.mode = self.mode, None
+        if mode is not None:
+            with contextlib.suppress(Exception):
+                mode.__exit__(None, None, None)
+
+    def _give_up(self) -> None:
+        if self.mode is not None and threading.get_ident() == self.thread:
+            self._leave()
+        self.mode = None
+        self.state = FLOPS_UNAVAILABLE
+
+    def after_fork_in_child(self) -> None:
+        """A forked child: the mode pushed in the forking thread (now the child's only thread) goes."""
+        self._leave()
+        self.__init__()  # type: ignore[misc]
+
+
+class Accounting:
+    """Goodput counters of one process (held by ``Probe.goodput``)."""
+
+    __slots__ = (
+        "checkpoints_on",
+        "ckpt_count",
+        "ckpt_depth",
+        "ckpt_ns",
+        "ckpt_step_ns",
+        "first_batch",
+        "flops",
+        "last_ckpt_ns",
+        "last_ckpt_steps",
+        "other_hw",
+        "pending",
+        "process_start_ns",
+        "productive_hw",
+        "startup_ns",
+        "train_thread",
+    )
+
+    def __init__(self) -> None:
+        self.checkpoints_on = False  # a save function is wrapped (flag bit 8 of the file)
+        self.flops = FlopCount()
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero (a new process: a forked child keeps the wrappers, ``checkpoints_on``)."""
+        self.first_batch = False
+        self.process_start_ns = 0
+        self.startup_ns = 0
+        self.train_thread = 0  # the thread that took the first batch
+        self.ckpt_depth = 0
+        self.ckpt_ns = 0
+        self.ckpt_step_ns = 0
+        self.ckpt_count = 0
+        self.last_ckpt_ns = 0
+        self.last_ckpt_steps = 0
+        # Saves inside the current stream of batches not yet covered by its step time:
+        # (end perf_counter_ns, duration ns). A save is covered once a later batch arrives.
+        self.pending: list[tuple[int, int]] = []
+        self.productive_hw = 0
+        self.other_hw = 0
+
+    # -- the training thread --------------------------------------------------------------
+
+    def before_publish(self, p: Probe, t0_ns: int) -> None:
+        """Slow path, before the publish: the first batch ends start-up; covered saves move into
+        the step time. Never raises."""
+        try:
+            if not self.first_batch:
+                self.first_batch = True
+                self.train_thread = threading.get_ident()
+                start = process_start_unix_ns()
+                asked_unix = time.time_ns() - (perf_counter_ns() - t0_ns)
+                self.process_start_ns = start
+                self.startup_ns = max(0, asked_unix - start)
+            if self.pending:
+                self._cover(p.last_ns)
+        except Exception:
+            pass
+
+    def after_publish(self, p: Probe) -> None:
+        self.flops.at_batch(p)
+
+    def stream_closed(self, t_ns: int) -> None:
+        """The loader ran out at ``t_ns`` (training thread): saves before it were inside steps."""
+        if self.pending:
+            self._cover(t_ns)
+            self.pending = []
+        self.flops.cut_short()
+
+    def _cover(self, until_ns: int) -> None:
+        keep = []
+        for end, dt in self.pending:
+            if end <= until_ns:
+                self.ckpt_step_ns += dt
+            else:
+                keep.append((end, dt))
+        self.pending = keep
+
+    def checkpoint_done(self, p: Probe, t0_ns: int, t1_ns: int) -> None:
+        """A save in the training thread blocked it from ``t0_ns`` to ``t1_ns``. Never raises."""
+        try:
+            dt = max(0, t1_ns - t0_ns)
+            self.ckpt_ns += dt
+            self.ckpt_count += 1
+            self.last_ckpt_ns = time.time_ns()
+            self.last_ckpt_steps = p.steps
+            if p.in_stream and t0_ns >= p.stream_start_ns:
+                self.pending.append((t1_ns, dt))
+            if not p.disabled:
+                p.next_publish_ns = 0  # the next batch publishes: the save is on file at once
+        except Exception:
+            pass
+
+    # -- publishing (under the probe's publish lock) ----------------------------------------
+
+    def figures(
+        self, p: Probe, wait_ns: int, step_ns: int, exposed_ns: int
+    ) -> tuple[
+        tuple[int, int, int, int, int] | None,
+        tuple[int, int, int, int, int] | None,
+        tuple[float, int, int] | None,
+    ]:
+        """``(goodput, checkpoints, measured FLOPs)`` for ``ProbeWriter.publish``; None where unknown."""
+        checkpoints = (
+            (self.ckpt_ns, self.ckpt_step_ns, self.ckpt_count, self.last_ckpt_ns, self.last_ckpt_steps)
+            if self.checkpoints_on
+            else None
+        )
+        flops = self.flops.figures()
+        if not self.first_batch:
+            return None, checkpoints, flops
+        productive = max(0, step_ns - wait_ns - exposed_ns - self.ckpt_step_ns)
+        self.productive_hw = max(self.productive_hw, productive)
+        elapsed = max(0, time.time_ns() - self.process_start_ns)
+        lost = self.startup_ns + wait_ns + exposed_ns + self.ckpt_ns
+        self.other_hw = max(self.other_hw, elapsed - self.productive_hw - lost)
+        state = self.flops.state
+        if state == FLOPS_PENDING and p.flops_per_step > 0:
+            state = FLOPS_DECLARED
+        goodput = (self.process_start_ns, self.startup_ns, self.productive_hw, self.other_hw, state)
+        return goodput, checkpoints, flops
+
+    def after_fork_in_child(self) -> None:
+        self.flops.after_fork_in_child()
+        self.reset()
+
+
+# -- the save wrappers (installed by dam_probe._autohook) -----------------------------------
+
+
+def timed_save(orig: Callable[..., Any], p: Probe | None = None) -> Callable[..., Any]:
+    """A save function that counts the time the training thread blocks in it (once when nested:
+    ``dcp.save`` calling ``torch.save``); calls from other threads (``async_save``'s writer) pass."""
+    if p is None:
+        from dam_probe._core import PROBE
+
+        p = PROBE
+    acc = p.goodput
+    clock = perf_counter_ns
+    ident = threading.get_ident
+    probe = p
+
+    @functools.wraps(orig)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        if acc.ckpt_depth or ident() != acc.train_thread:
+            return orig(*args, **kwargs)
+        acc.ckpt_depth = 1
+        t0 = clock()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            acc.ckpt_depth = 0
+            acc.checkpoint_done(probe, t0, clock())
+
+    setattr(save, MARK, True)
+    return save
+
+
+def _wrap(module: ModuleType, name: str, p: Probe | None) -> Callable[..., Any] | None:
+    """Replaces ``module.name`` by its timed version; returns the original (None: absent or done)."""
+    orig = module.__dict__.get(name)
+    if orig is None or not callable(orig) or getattr(orig, MARK, False):
+        return None
+    setattr(module, name, timed_save(orig, p))
+    return orig  # type: ignore[no-any-return]
+
+
+def _rebind(holder: Any, name: str, orig: object, module: ModuleType) -> None:
+    """A module that already copied the original (``torch.save``) gets the wrapper too."""
+    if holder is not None and holder.__dict__.get(name) is orig:
+        setattr(holder, name, getattr(module, name))
+
+
+def patch_serialization(module: ModuleType, p: Probe | None = None) -> bool:
+    """Wraps ``torch.serialization.save``. Run right after that module's body: ``torch/__init__``
+    binds ``torch.save`` afterwards (``from torch.serialization import load, save``), so it binds
+    the wrapper; an already bound ``torch.save`` is rebound."""
+    orig = _wrap(module, "save", p)
+    if orig is not None:
+        _rebind(sys.modules.get("torch"), "save", orig, module)
+    _accounting(p).checkpoints_on = True
+    return True
+
+
+def patch_dcp(module: ModuleType, p: Probe | None = None) -> bool:
+    """Wraps ``save``, ``async_save`` and ``save_state_dict`` of
+    ``torch.distributed.checkpoint.state_dict_saver``; the package re-exports them
+    (``from .state_dict_saver import async_save, save, save_state_dict``) after this body ran."""
+    for name in DCP_FUNCTIONS:
+        orig = _wrap(module, name, p)
+        if orig is not None:
+            _rebind(sys.modules.get(DCP_PACKAGE), name, orig, module)
+    _accounting(p).checkpoints_on = True
+    return True
+
+
+def _accounting(p: Probe | None) -> Accounting:
+    if p is None:
+        from dam_probe._core import PROBE
+
+        p = PROBE
+    return p.goodput
