@@ -7,17 +7,19 @@ the webhook's overrides for a new pod are a function of the status alone (``desi
 
 The policy (docs/automation.md says the same for users):
 
-- **When**: only in mode ``Apply`` or ``InPlace``; only from a published verdict that is
-  ``input-bound`` with an applicable lever and a confidence of at least ``minConfidence``; only
+- **When**: only in mode ``Apply`` or ``InPlace``; only from a published verdict whose lever is
+  an Apply lever for the verdict's regime (``levers.applicable``: today the input-pipeline levers
+  of an ``input-bound`` verdict) with a confidence of at least ``minConfidence``; only
   while no action is pending or waiting for its rollback; only when every measured pod runs the
   current settings (its ``dam.mlsys.dev/action`` annotation is the one the webhook gives new pods
   now), so that the before-figures describe the settings the change starts from.
-- **What** (one setting at a time): ``increase-dataloader-workers`` climbs ``num_workers``
-  0 → 1 → 2 → 4 → … up to ``maxWorkers`` and the container's CPU limit divided by the ranks in
-  the pod; once that climb stops, ``prefetch_factor`` 2 → 4 → 8 … up to ``maxPrefetchFactor``
-  (needs workers). ``raise-prefetch-factor`` and ``enable-pin-memory`` (with GPUs) likewise;
-  ``raise-cpu-limit`` doubles the training container's CPU limit, capped at ``maxCpu`` (never
-  without it). Other levers (``use-sequential-shards``: a code change) are not applied.
+- **What** (one setting at a time, the Apply lever table ``levers.APPLY`` and its one climb,
+  ``climb.next_value``): ``increase-dataloader-workers`` climbs ``num_workers`` 0 → 1 → 2 → 4 → …
+  up to ``maxWorkers`` and the container's CPU limit divided by the ranks in the pod; once that
+  climb stops, ``prefetch_factor`` 2 → 4 → 8 … up to ``maxPrefetchFactor`` (needs workers).
+  ``raise-prefetch-factor`` and ``enable-pin-memory`` (with GPUs) likewise; ``raise-cpu-limit``
+  doubles the training container's CPU limit, capped at ``maxCpu`` (never without it). Other
+  levers (``use-sequential-shards``: a code change) are not in the table and not applied.
 - **Before**: the mean per-pod steps/s and data wait of the window that triggered the action.
 - **Pending** until a pod that carries it (annotation ``ID:applied``, or resized in place) has
   reported ``warmupWindows`` + 1 full windows; the last one is the **after** (mean over carriers;
@@ -41,15 +43,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from dam_operator.cluster import status as st
 from dam_operator.cluster.injection import ActionOverrides
 from dam_operator.cluster.registry import PodInfo
 from dam_operator.cluster.spec import ActionsSpec, DAMProfileSpec, quantity_value
-from dam_operator.diagnosis.model import Observation, Regime, Verdict
-from dam_probe.overrides import TORCH_PREFETCH_DEFAULT, OverrideError, loader_override_env
+from dam_operator.diagnosis import climb, levers
+from dam_operator.diagnosis.climb import IMPROVED, NO_CHANGE, WORSE, ApplyLever, Channel, Kind
+from dam_operator.diagnosis.model import Observation, Verdict
+from dam_probe.overrides import OverrideError, loader_override_env
 
 __all__ = [
     "EVENT_OUTCOMES",
@@ -68,12 +72,11 @@ __all__ = [
 ]
 
 Outcome = Literal["pending", "improved", "no-change", "worse", "rolled-back"]
-SettingName = Literal["num_workers", "prefetch_factor", "pin_memory", "cpu"]
+
+CHANNELS: Final = frozenset({Channel.LOADER, Channel.POD_CPU})
+"""What the operator can apply: the probe's DataLoader overrides, the training container's CPU."""
 
 PENDING: Final = "pending"
-IMPROVED: Final = "improved"
-NO_CHANGE: Final = "no-change"
-WORSE: Final = "worse"
 ROLLED_BACK: Final = "rolled-back"
 OUTCOMES: Final = (PENDING, IMPROVED, NO_CHANGE, WORSE, ROLLED_BACK)
 KEPT: Final = frozenset({PENDING, IMPROVED})
@@ -83,13 +86,10 @@ BLOCKING: Final = frozenset({NO_CHANGE, WORSE, ROLLED_BACK})
 
 APPLIED: Final = "applied"
 WITHHELD: Final = "withheld"
-LOADER_SETTINGS: Final = ("num_workers", "prefetch_factor", "pin_memory")
 
 MAX_HISTORY: Final = 10
 CPU_REACHED: Final = 0.95
 """A pod counts as carrying a CPU raise once its measured CPU limit is this share of the target."""
-MIN_CPU_STEP: Final = 1.05
-"""A CPU raise smaller than 5 % is not worth a pod restart."""
 
 REASON_PLANNED: Final = "ActionPlanned"
 REASON_APPLIED: Final = "ActionApplied"
@@ -115,13 +115,25 @@ class _Wire(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
 
+def _apply_setting(name: str) -> str:
+    if name not in levers.APPLY_SETTINGS:
+        raise ValueError(f"unknown setting {name!r} (Apply levers set {', '.join(levers.APPLY_SETTINGS)})")
+    return name
+
+
+def _on_pod_cpu(name: str) -> bool:
+    """The setting is the training container's CPU limit (resized in place, measured on the pod)."""
+    lever = levers.APPLY_SETTINGS.get(name)
+    return lever is not None and lever.channel is Channel.POD_CPU
+
+
 class Setting(_Wire):
-    name: SettingName
+    name: Annotated[str, AfterValidator(_apply_setting)]
     before: Annotated[str, Field(max_length=64)]
     after: Annotated[str, Field(max_length=64)]
 
     def describe(self) -> str:
-        name = "CPU limit" if self.name == "cpu" else self.name
+        name = "CPU limit" if _on_pod_cpu(self.name) else self.name
         return f"{name} {self.before} → {self.after}"
 
 
@@ -206,19 +218,9 @@ def kept_settings(entries: Iterable[ActionEntry]) -> dict[str, str]:
     return out
 
 
-def _loader_value(name: str, value: str) -> int | bool | None:
-    if name == "pin_memory":
-        return {"true": True, "false": False}.get(value)
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
-
 def cpu_quantity(cores: float) -> str:
     """Cores as a Kubernetes quantity: whole cores as ``4``, else millicores (``1500m``)."""
-    milli = max(1, round(cores * 1000))
-    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+    return climb.render(Kind.MILLICORES, max(1, round(cores * 1000)))
 
 
 def desired_for(spec: DAMProfileSpec, status: Mapping[str, Any] | None) -> ActionOverrides | None:
@@ -234,21 +236,24 @@ def desired_for(spec: DAMProfileSpec, status: Mapping[str, Any] | None) -> Actio
         return None
     kept = kept_settings(entries)
     loader: dict[str, int | bool] = {}
-    for name in LOADER_SETTINGS:
-        value = _loader_value(name, kept[name]) if name in kept else None
-        if value is not None:
-            loader[name] = value
+    cpu = None
+    for lever in levers.APPLY.values():
+        if lever.setting not in kept:
+            continue
+        if lever.channel is Channel.LOADER:
+            value = climb.parse(lever.kind, kept[lever.setting])
+            if value is not None:
+                loader[lever.setting] = value
+        elif lever.channel is Channel.POD_CPU and spec.actions.max_cpu is not None:
+            try:
+                cores = min(quantity_value(kept[lever.setting]), quantity_value(spec.actions.max_cpu))
+                cpu = cpu_quantity(cores) if cores > 0 else None
+            except ValueError:
+                cpu = None
     try:
         loader_override_env(loader)
     except OverrideError:
         loader = {}  # a status edited by hand: never let it break the pod's creation
-    cpu = None
-    if "cpu" in kept and spec.actions.max_cpu is not None:
-        try:
-            cores = min(quantity_value(kept["cpu"]), quantity_value(spec.actions.max_cpu))
-            cpu = cpu_quantity(cores) if cores > 0 else None
-        except ValueError:
-            cpu = None
     return ActionOverrides(label=label, loader=loader, cpu=cpu)
 
 
@@ -284,13 +289,12 @@ def figures(observations: Iterable[Observation]) -> Figures | None:
     )
 
 
-def judge(before: Figures, after: Figures, margin: float) -> Outcome:
-    """improved / worse / no-change on steps/s, with the noise margin."""
-    if after.steps_per_second >= before.steps_per_second * (1.0 + margin):
-        return IMPROVED
-    if after.steps_per_second <= before.steps_per_second * (1.0 - margin):
-        return WORSE
-    return NO_CHANGE
+def judge(before: Figures, after: Figures, margin: float, lever: str | None = None) -> Outcome:
+    """improved / worse / no-change on steps/s, with the noise margin (``lever``'s own judge)."""
+    entry = levers.APPLY.get(lever) if lever is not None else None
+    judged = entry.judge if entry is not None else climb.judge
+    rule = climb.Judging(margin=margin)
+    return judged(climb.Rate(before.steps_per_second), climb.Rate(after.steps_per_second), rule).outcome
 
 
 def _change(before: Figures, after: Figures) -> str:
@@ -325,7 +329,7 @@ def _outcome_event(e: ActionEntry, margin: float) -> tuple[str, st.EventSpec]:
 
 def _reached(e: ActionEntry, obs: Observation) -> bool:
     """A CPU raise counts once the pod's measured CPU limit reached it (a resize may be deferred)."""
-    if e.setting.name != "cpu" or obs.cpu_limit_cores is None:
+    if not _on_pod_cpu(e.setting.name) or obs.cpu_limit_cores is None:
         return True
     try:
         return obs.cpu_limit_cores >= CPU_REACHED * quantity_value(e.setting.after)
@@ -353,7 +357,7 @@ def _progress(
         update={
             "measured_windows": windows,
             "after": after,
-            "outcome": judge(e.before, after, cfg.noise_margin),
+            "outcome": judge(e.before, after, cfg.noise_margin, e.lever),
             "judged_at": now,
         }
     )
@@ -389,21 +393,32 @@ def _current(name: str, label: str | None, entries: Sequence[ActionEntry]) -> bo
     )
 
 
-def _workers_now(obs: Sequence[Observation], kept: Mapping[str, str]) -> int | None:
-    """num_workers of one loader: the pod's worker processes per rank (fewest over the pods)."""
-    per_loader = [round(o.worker_count / max(1, o.ranks or 1)) for o in obs if o.worker_count is not None]
-    if per_loader:
-        return min(per_loader)
-    value = _loader_value("num_workers", kept["num_workers"]) if "num_workers" in kept else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _value_now(lever: ApplyLever, obs: Sequence[Observation], kept: Mapping[str, str]) -> int | None:
+    """A setting's current value: what the pods report (a pod resource: only that), else the
+    value the status gives new pods, else, for a setting the pods do not report, its default.
+    None: unknown, and then it is not climbed."""
+    seen = lever.observe(obs) if lever.observe is not None else None
+    if seen is not None or lever.channel is Channel.POD_CPU:
+        return seen
+    if lever.setting in kept:
+        return climb.parse(lever.kind, kept[lever.setting])
+    return lever.default if lever.observe is None else None
 
 
-def _cpu_limit(obs: Sequence[Observation]) -> float | None:
-    limits = [o.cpu_limit_cores for o in obs if o.cpu_limit_cores]
-    return min(limits) if limits else None
+def _bounds(cfg: ActionsSpec, obs: Sequence[Observation]) -> climb.Bounds:
+    limit = climb.cpu_limit_cores(obs)
+    ranks = max((o.ranks or 1) for o in obs) if obs else 1
+    return climb.Bounds(
+        cpus_per_loader=None if limit is None else max(1, math.floor(limit / ranks + 1e-9)),
+        max_workers=cfg.max_workers,
+        max_prefetch_factor=cfg.max_prefetch_factor,
+        max_cpu_millicores=(
+            None if cfg.max_cpu is None else math.floor(quantity_value(cfg.max_cpu) * 1000 + 1e-6)
+        ),
+    )
 
 
-Step = tuple[str, SettingName, str, str]
+Step = tuple[str, str, str, str]
 """(lever, setting, before, after)."""
 
 
@@ -414,52 +429,22 @@ def next_setting(
     generation: int | None,
     obs: Sequence[Observation],
 ) -> Step | None:
-    """The next change for ``lever``, or None when there is nothing (left) to try."""
+    """The next change for ``lever`` (its own setting, then each lever its climb hands on to),
+    or None when there is nothing (left) to try. A setting whose change was not kept in this
+    generation is not climbed again."""
     kept = kept_settings(entries)
     blocked = {e.setting.name for e in entries if e.generation == generation and e.outcome in BLOCKING}
-
-    def workers() -> Step | None:
-        current = _workers_now(obs, kept)
-        if "num_workers" in blocked or current is None:
-            return None
-        cap = cfg.max_workers
-        limit = _cpu_limit(obs)
-        if limit is not None:
-            ranks = max((o.ranks or 1) for o in obs)
-            cap = min(cap, max(1, math.floor(limit / ranks + 1e-9)))
-        nxt = min(1 if current == 0 else current * 2, cap)
-        return (
-            ("increase-dataloader-workers", "num_workers", str(current), str(nxt)) if nxt > current else None
-        )
-
-    def prefetch() -> Step | None:
-        if "prefetch_factor" in blocked or not _workers_now(obs, kept):
-            return None
-        current = _loader_value("prefetch_factor", kept.get("prefetch_factor", str(TORCH_PREFETCH_DEFAULT)))
-        if not isinstance(current, int) or isinstance(current, bool):
-            return None
-        nxt = min(current * 2, cfg.max_prefetch_factor)
-        return ("raise-prefetch-factor", "prefetch_factor", str(current), str(nxt)) if nxt > current else None
-
-    def pin() -> Step | None:
-        if "pin_memory" in blocked or kept.get("pin_memory") == "true" or not any(o.gpu_count for o in obs):
-            return None
-        return ("enable-pin-memory", "pin_memory", "false", "true")
-
-    def cpu() -> Step | None:
-        limit = _cpu_limit(obs)
-        if cfg.max_cpu is None or "cpu" in blocked or limit is None:
-            return None
-        target = min(2.0 * limit, quantity_value(cfg.max_cpu))
-        if target < limit * MIN_CPU_STEP:
-            return None
-        return ("raise-cpu-limit", "cpu", cpu_quantity(limit), cpu_quantity(math.floor(target * 1000) / 1000))
-
-    if lever == "increase-dataloader-workers":
-        return workers() or prefetch()
-    return {"raise-prefetch-factor": prefetch, "enable-pin-memory": pin, "raise-cpu-limit": cpu}.get(
-        lever, lambda: None
-    )()
+    values = {a.setting: _value_now(a, obs, kept) for a in levers.APPLY.values()}
+    facts = climb.Facts(values, gpus=max((o.gpu_count or 0 for o in obs), default=0))
+    bounds = _bounds(cfg, obs)
+    for entry in levers.chain(lever, CHANNELS):
+        current = values[entry.setting]
+        if entry.setting in blocked or current is None or not entry.needs(facts):
+            continue
+        nxt = climb.next_value(entry, current, entry.bound(bounds))
+        if nxt is not None:
+            return entry.id, entry.setting, climb.render(entry.kind, current), climb.render(entry.kind, nxt)
+    return None
 
 
 def _plan(
@@ -476,7 +461,7 @@ def _plan(
     if verdict is None or not spec.sidecar.inject or not measured:
         return None
     b = verdict.bottleneck
-    if b.regime != Regime.INPUT_BOUND or b.confidence < cfg.min_confidence:
+    if levers.applicable(b.lever, b.regime, CHANNELS) is None or b.confidence < cfg.min_confidence:
         return None
     if any(e.outcome in (PENDING, WORSE) for e in entries):
         return None  # one at a time; a worse change is rolled back first
@@ -499,7 +484,7 @@ def _plan(
     )
     how = (
         "the running pods are resized now, and new pods of the job get it"
-        if cfg.mode == "InPlace" and name == "cpu"
+        if cfg.mode == "InPlace" and _on_pod_cpu(name)
         else "the next pod created for the job gets it (restart the job to apply it now)"
     )
     message = (
@@ -573,7 +558,7 @@ def window_actions(
         entry, event = planned
         entries.append(entry)
         events.append(event)
-        if cfg.mode == "InPlace" and entry.setting.name == "cpu":
+        if cfg.mode == "InPlace" and _on_pod_cpu(entry.setting.name):
             resizes = [ResizeRequest(n, entry.id, entry.setting.after) for n in sorted(measured)]
     new = [e.wire() for e in trim(entries, generation)]
     old = status.get("actions")

@@ -1,5 +1,9 @@
 """The lever catalogue of docs/architecture.md (regimes, axes, levers): kebab-case identifiers
 with a human sentence, and for each regime the levers that work and the ones that would be wasted.
+
+``APPLY`` (at the end) is the Apply lever table: the levers a program can pull itself — ``dam
+tune`` and the operator's Apply mode both read it (``climb`` says what an entry holds). Adding
+one is one entry there, its identifier and sentence here (docs/CONTRIBUTING.md, "Add a lever").
 """
 
 from __future__ import annotations
@@ -7,26 +11,42 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Final
 
+from dam_operator.diagnosis import climb
+from dam_operator.diagnosis.climb import ApplyLever, Channel, Kind
 from dam_operator.diagnosis.model import Regime
+from dam_probe.overrides import TORCH_PREFETCH_DEFAULT
+
+# Lever identifiers that code names (the Apply levers; the engine's verdicts name them too).
+INCREASE_DATALOADER_WORKERS: Final = "increase-dataloader-workers"
+RAISE_PREFETCH_FACTOR: Final = "raise-prefetch-factor"
+ENABLE_PIN_MEMORY: Final = "enable-pin-memory"
+RAISE_CPU_LIMIT: Final = "raise-cpu-limit"
+
+# Settings an Apply lever changes: the DataLoader's argument names (the probe's overrides know
+# the same), and the training container's CPU limit.
+NUM_WORKERS: Final = "num_workers"
+PREFETCH_FACTOR: Final = "prefetch_factor"
+PIN_MEMORY: Final = "pin_memory"
+CPU: Final = "cpu"
 
 LEVERS: Final = MappingProxyType(
     {
         # --- Data: the input path -------------------------------------------------
-        "increase-dataloader-workers": (
+        INCREASE_DATALOADER_WORKERS: (
             "Raise DataLoader num_workers so batches are decoded in parallel ahead of the training loop."
         ),
-        "enable-pin-memory": (
+        ENABLE_PIN_MEMORY: (
             "Set pin_memory=True on the DataLoader (and non_blocking=True on .to(device)) "
             "so host-to-device copies run asynchronously."
         ),
-        "raise-prefetch-factor": (
+        RAISE_PREFETCH_FACTOR: (
             "Raise the DataLoader prefetch_factor so each worker keeps more batches ready."
         ),
         "use-sequential-shards": (
             "Store the data as pre-decoded sequential shards (WebDataset, TFRecord, tensors) "
             "instead of per-sample JPEG decode and random file reads."
         ),
-        "raise-cpu-limit": (
+        RAISE_CPU_LIMIT: (
             "Raise the container's CPU limit (or request): the job is throttled or saturates its CPU quota."
         ),
         "raise-cpu-request": (
@@ -116,11 +136,11 @@ LEVERS: Final = MappingProxyType(
 EFFECTIVE: Final = MappingProxyType(
     {
         Regime.INPUT_BOUND: (
-            "increase-dataloader-workers",
-            "enable-pin-memory",
-            "raise-prefetch-factor",
+            INCREASE_DATALOADER_WORKERS,
+            ENABLE_PIN_MEMORY,
+            RAISE_PREFETCH_FACTOR,
             "use-sequential-shards",
-            "raise-cpu-limit",
+            RAISE_CPU_LIMIT,
             "raise-cpu-request",
         ),
         Regime.MEMORY_BOUND: (
@@ -192,3 +212,79 @@ def detail(lever: str, regime: Regime, *, also: tuple[str, ...] | None = None) -
     if others:
         text += " Also effective: " + ", ".join(others) + "."
     return text
+
+
+# --- the Apply lever table ----------------------------------------------------------------------
+
+APPLY: Final = MappingProxyType(
+    {
+        INCREASE_DATALOADER_WORKERS: ApplyLever(
+            INCREASE_DATALOADER_WORKERS,
+            setting=NUM_WORKERS,
+            channel=Channel.LOADER,
+            kind=Kind.COUNT,
+            ladder=climb.powers_of_two,
+            bound=climb.workers_bound,
+            default=0,
+            observe=climb.loader_workers,
+            # One worker only overlaps loading with the step; two parallelise it.
+            not_final=((0, 1),),
+            then=RAISE_PREFETCH_FACTOR,
+        ),
+        RAISE_PREFETCH_FACTOR: ApplyLever(
+            RAISE_PREFETCH_FACTOR,
+            setting=PREFETCH_FACTOR,
+            channel=Channel.LOADER,
+            kind=Kind.COUNT,
+            ladder=climb.doubling,
+            bound=climb.prefetch_bound,
+            default=TORCH_PREFETCH_DEFAULT,
+            needs=lambda facts: bool(facts.values.get(NUM_WORKERS)),
+            needs_text="num_workers > 0",
+        ),
+        ENABLE_PIN_MEMORY: ApplyLever(
+            ENABLE_PIN_MEMORY,
+            setting=PIN_MEMORY,
+            channel=Channel.LOADER,
+            kind=Kind.SWITCH,
+            ladder=climb.switch_on,
+            bound=climb.no_bound,
+            default=False,
+            needs=climb.has_gpu,
+            needs_text="a GPU",
+        ),
+        RAISE_CPU_LIMIT: ApplyLever(
+            RAISE_CPU_LIMIT,
+            setting=CPU,
+            channel=Channel.POD_CPU,
+            kind=Kind.MILLICORES,
+            ladder=climb.double_cpu,
+            bound=climb.cpu_raise_bound,
+            observe=climb.cpu_limit_millicores,
+        ),
+    }
+)
+"""The levers ``dam tune`` and the operator's Apply mode can pull themselves, by identifier."""
+
+APPLY_SETTINGS: Final = MappingProxyType({lever.setting: lever for lever in APPLY.values()})
+"""Each Apply setting's lever (one lever per setting)."""
+
+
+def applicable(lever: str, regime: Regime, channels: frozenset[Channel]) -> ApplyLever | None:
+    """The Apply lever a verdict names, when a caller that applies ``channels`` can pull it for
+    a job in ``regime``; None otherwise (not a setting, another regime, or not reachable here)."""
+    entry = APPLY.get(lever)
+    if entry is None or regime not in entry.regimes or entry.channel not in channels:
+        return None
+    return entry
+
+
+def chain(lever: str, channels: frozenset[Channel]) -> list[ApplyLever]:
+    """The Apply levers a verdict's lever climbs, in order: its own, then each ``then`` (those
+    a caller that applies ``channels`` can pull)."""
+    seen: list[ApplyLever] = []
+    entry = APPLY.get(lever)
+    while entry is not None and entry not in seen:
+        seen.append(entry)
+        entry = APPLY.get(entry.then) if entry.then is not None else None
+    return [e for e in seen if e.channel in channels]

@@ -4,13 +4,18 @@
    measured for ``--window`` seconds once ``--warmup`` seconds have passed since its
    first training step; then it is stopped (SIGTERM to its whole process group, SIGKILL
    after a grace period). The window is diagnosed.
-2. **Only an input-bound job is touched.** Any other verdict (compute-bound, unknown, …)
-   ends the run with the reason; so does an input-bound verdict whose lever is not a
-   DataLoader setting (``raise-cpu-limit``, ``use-sequential-shards``).
-3. **Hill climb.** CMD is restarted with one setting changed through the probe's
-   DataLoader overrides (``DAM_LOADER_OVERRIDES``, ``dam_probe.overrides``) and measured
-   again the same way: ``num_workers`` 0 → 1 → 2 → 4 …, bounded by the CPUs the job may
-   use (its affinity and its cgroup CPU limit), then ``prefetch_factor`` 2 → 4 → 8 → 16.
+2. **Only a lever it can pull is pulled.** The verdict's lever must be an Apply lever
+   (``levers.APPLY``, the table the operator's Apply mode reads too) for the verdict's
+   regime that reaches the job through the probe's DataLoader overrides: today the
+   input-pipeline levers of an input-bound job. Any other verdict (compute-bound,
+   unknown, …) ends the run with the reason; so does an input-bound verdict whose lever is
+   not a DataLoader setting (``raise-cpu-limit``, ``use-sequential-shards``).
+3. **Hill climb** (the table's ladders and its one climb, ``climb.next_value``). CMD is
+   restarted with one setting changed through the probe's DataLoader overrides
+   (``DAM_LOADER_OVERRIDES``, ``dam_probe.overrides``) and measured again the same way:
+   for ``increase-dataloader-workers``, ``num_workers`` 0 → 1 → 2 → 4 …, bounded by the
+   CPUs the job may use (its affinity and its cgroup CPU limit), then ``prefetch_factor``
+   2 → 4 → 8 → 16.
    A change is **kept** only when its steps/s beat the best so far by more than the
    measurement's noise and by at least ``MIN_GAIN`` (5 %). A lever's climb stops at its
    first step that gains nothing — except 0 → 1 worker, which moves loading out of the
@@ -47,6 +52,9 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any, Final, Protocol
 
+from dam_operator.diagnosis import climb, levers
+from dam_operator.diagnosis.climb import ApplyLever, Channel, Tried
+from dam_operator.diagnosis.levers import NUM_WORKERS, PREFETCH_FACTOR
 from dam_operator.diagnosis.model import Observation, Regime, Verdict
 from dam_operator.diagnosis.window import observation_from_snapshots
 from dam_operator.local.child import (
@@ -63,22 +71,12 @@ from dam_operator.local.child import (
 )
 from dam_operator.local.session import steps_of, verdict_between
 from dam_probe.cgroup import CgroupReader
-from dam_probe.overrides import (
-    ENV_LOADER_OVERRIDES,
-    MAX_PREFETCH,
-    TORCH_PREFETCH_DEFAULT,
-    loader_override_env,
-)
+from dam_probe.overrides import ENV_LOADER_OVERRIDES, MAX_PREFETCH, loader_override_env
 from dam_sidecar.promtext import Snapshot
 
 PROG: Final = "dam tune"
-NUM_WORKERS: Final = "num_workers"
-PREFETCH_FACTOR: Final = "prefetch_factor"
-LEVERS: Final = (NUM_WORKERS, PREFETCH_FACTOR)
-LOADER_LEVERS: Final = frozenset(
-    {"increase-dataloader-workers", "raise-prefetch-factor", "enable-pin-memory"}
-)
-"""Input-bound verdicts whose lever is a DataLoader setting: the ones ``dam tune`` may act on."""
+CHANNELS: Final = frozenset({Channel.LOADER})
+"""What ``dam tune`` can apply: the probe's DataLoader overrides in the command's environment."""
 MIN_GAIN: Final = 0.05
 """A change must gain at least this share of the best steps/s (as well as beat the noise)."""
 NOISE_SIGMAS: Final = 2.0
@@ -107,25 +105,28 @@ def standard_error(rates: Sequence[float]) -> float | None:
     return statistics.stdev(rates) / math.sqrt(len(rates))
 
 
-def noise_margin(a_se: float | None, b_se: float | None) -> float:
-    """``NOISE_SIGMAS`` × the standard error of the difference of two means (0 when unknown)."""
-    return NOISE_SIGMAS * math.sqrt((a_se or 0.0) ** 2 + (b_se or 0.0) ** 2)
+JUDGING: Final = climb.Judging(sigmas=NOISE_SIGMAS, min_gain=MIN_GAIN)
+"""How ``dam tune`` judges a trial against the best so far."""
 
 
 def judge(
-    candidate_rate: float, candidate_se: float | None, best_rate: float, best_se: float | None
+    candidate_rate: float,
+    candidate_se: float | None,
+    best_rate: float,
+    best_se: float | None,
+    lever: ApplyLever | None = None,
 ) -> tuple[bool, str]:
-    """Whether a candidate's steps/s beat the best's beyond the noise (and by ``MIN_GAIN``), and why."""
-    gain = candidate_rate - best_rate
-    margin = noise_margin(candidate_se, best_se)
-    floor = MIN_GAIN * best_rate
-    pct = f"{gain / best_rate:+.1%}" if best_rate > 0 else f"{gain:+.2f} steps/s"
-    if gain > margin and gain > floor:
-        return True, f"{pct}, beyond the noise (±{margin:.2f} steps/s)"
-    if gain < -margin:
-        return False, f"{pct}: slower, beyond the noise (±{margin:.2f} steps/s)"
-    if gain <= margin:
-        return False, f"{pct}, within the noise (±{margin:.2f} steps/s)"
+    """Whether a candidate's steps/s beat the best's beyond the noise (and by ``MIN_GAIN``), and why
+    (``lever``'s own judge, ``climb.judge`` by default)."""
+    judged = lever.judge if lever is not None else climb.judge
+    j = judged(climb.Rate(best_rate, best_se), climb.Rate(candidate_rate, candidate_se), JUDGING)
+    pct = f"{j.gain / best_rate:+.1%}" if best_rate > 0 else f"{j.gain:+.2f} steps/s"
+    if j.reason == "beyond-noise":
+        return True, f"{pct}, beyond the noise (±{j.noise:.2f} steps/s)"
+    if j.reason == "slower":
+        return False, f"{pct}: slower, beyond the noise (±{j.noise:.2f} steps/s)"
+    if j.reason == "within-noise":
+        return False, f"{pct}, within the noise (±{j.noise:.2f} steps/s)"
     return False, f"{pct}, less than the {MIN_GAIN:.0%} worth a change"
 
 
@@ -141,36 +142,11 @@ def cpu_bound(affinity_cpus: int | None, cgroup_limit_cores: float | None) -> in
     return max(1, min(bounds)) if bounds else 1
 
 
-def next_rung(lever: str, value: int, bound: int) -> int | None:
-    """The next value of a lever above ``value``: doubling (0 → 1 → 2 → 4 …), capped at ``bound``.
-
-    The bound itself is tried when it lies between two rungs (6 CPUs: 4 → 6).
-    """
-    # num_workers: 0 → 1, then the next power of two; prefetch_factor: doubling.
-    rung = 1 << value.bit_length() if lever == NUM_WORKERS else max(value * 2, 1)
-    if rung <= bound:
-        return rung
-    return bound if bound > value else None
-
-
-def next_value(lever: str, best: int, last_tried: int | None, last_kept: bool, bound: int) -> int | None:
-    """The hill climb's next value for ``lever``, or None when its climb is over.
-
-    From the best value so far, one rung up. After a step that gained nothing the climb
-    stops, except 0 → 1 worker: one worker only moves loading out of the training process
-    (it overlaps loading with the step but does not parallelise it), so 2 are still tried.
-    """
-    if last_tried is None or last_kept:
-        return next_rung(lever, best, bound)
-    if lever == NUM_WORKERS and best == 0 and last_tried == 1:
-        return next_rung(lever, 1, bound)
-    return None
-
-
-def lever_value(settings: Mapping[str, int], lever: str) -> int:
-    """A setting's effective value (torch's defaults: 0 workers, prefetch_factor 2)."""
-    default = TORCH_PREFETCH_DEFAULT if lever == PREFETCH_FACTOR else 0
-    return settings.get(lever, default)
+def setting_value(settings: Mapping[str, int], setting: str) -> int | None:
+    """A setting's effective value: the one set, else the table's default (torch's: 0 workers,
+    prefetch_factor 2, no pinned memory); None when neither says."""
+    lever = levers.APPLY_SETTINGS.get(setting)
+    return settings.get(setting, lever.default if lever is not None else None)
 
 
 def changed_settings(baseline: Mapping[str, int], settings: Mapping[str, int]) -> Settings:
@@ -207,6 +183,7 @@ class Measurement:
     worker_count: int | None
     run_seconds: float
     note: str | None = None
+    gpu_count: int | None = None
 
     @property
     def regime(self) -> Regime:
@@ -257,6 +234,7 @@ def measurement_from(
         worker_count=obs.worker_count,
         run_seconds=run_seconds,
         note=note,
+        gpu_count=obs.gpu_count,
     )
 
 
@@ -411,15 +389,16 @@ def _not_tunable(m: Measurement) -> str | None:
     if b.regime is Regime.UNKNOWN:
         missing = "; ".join(b.missing[:2]) or "too little evidence"
         return f"nothing changed: no verdict for the baseline (unknown: {missing})"
-    if b.regime is not Regime.INPUT_BOUND:
+    served = sorted({r.value for a in levers.APPLY.values() if a.channel in CHANNELS for r in a.regimes})
+    if b.regime.value not in served:
         first = f" ({b.evidence[0]})" if b.evidence else ""
         return (
-            f"nothing changed: the job is {b.regime.value} ({b.axis.value} axis), not input-bound{first}; "
-            "DataLoader settings cannot speed it up"
+            f"nothing changed: the job is {b.regime.value} ({b.axis.value} axis), not {' or '.join(served)}"
+            f"{first}; DataLoader settings cannot speed it up"
         )
-    if b.lever not in LOADER_LEVERS:
+    if levers.applicable(b.lever, b.regime, CHANNELS) is None:
         return (
-            f"nothing changed: the job is input-bound, but its lever is {b.lever} ({b.lever_detail}); "
+            f"nothing changed: the job is {b.regime.value}, but its lever is {b.lever} ({b.lever_detail}); "
             "more DataLoader workers or prefetching cannot help"
         )
     return None
@@ -446,8 +425,66 @@ class Runner(Protocol):
     def probe_messages(self) -> list[str]: ...
 
 
+@dataclass
+class _Climb:
+    """The state of ``tune``'s hill climb: the best measurement so far and what was tried."""
+
+    baseline: Measurement
+    best: Measurement
+    trials: list[Trial] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stop: str | None = None
+
+
+def _climb_lever(tuner: Runner, state: _Climb, lever: ApplyLever, bound: int | None) -> None:
+    """Climb one setting from the best so far until its climb is over (a note) or all stops."""
+    say = tuner.say
+    last: Tried | None = None
+    while state.stop is None:
+        best = setting_value(state.best.settings, lever.setting)
+        value = None if best is None else climb.next_value(lever, best, bound, last)
+        if value is None:
+            state.notes.append(_lever_end(lever, state.best, last, bound))
+            return
+        longest = max([state.baseline.run_seconds, *(t.measurement.run_seconds for t in state.trials)])
+        if tuner.remaining() < longest:
+            state.stop = f"the budget ({tuner.args.budget:g} s) is spent: {len(state.trials)} trial(s) run"
+            return
+        settings = {**state.best.settings, lever.setting: value}
+        n = len(state.trials) + 1
+        say(f"{PROG}: trial {n}: {_settings_text(settings)}")
+        try:
+            m = tuner.measure(settings, state.baseline.settings)
+        except MeasureError as exc:
+            state.stop = f"trial {n} ({_settings_text(settings)}) gave no measurement: {exc}"
+            return
+        if lever.setting == NUM_WORKERS and m.worker_count is not None and m.worker_count != value:
+            probe = "; ".join(tuner.probe_messages()) or "no message from the probe"
+            state.stop = (
+                f"the probe could not set num_workers={value} (the command ran {m.worker_count} "
+                f"worker(s)): {probe}"
+            )
+            return
+        best_m = state.best
+        kept, why = judge(
+            m.steps_per_second, m.standard_error, best_m.steps_per_second, best_m.standard_error, lever
+        )
+        state.trials.append(Trial(m, kept, why))
+        say(f"{PROG}: trial {n}: {_summary(m)}: {'kept' if kept else 'not kept'} ({why})")
+        last = Tried(value, kept)
+        if kept:
+            state.best = m
+            if m.regime not in lever.regimes:
+                served = " or ".join(sorted(r.value for r in lever.regimes))
+                state.stop = (
+                    f"with {_settings_text(m.settings)} the job is no longer {served} "
+                    f"({m.regime.value}): the loader keeps up"
+                )
+
+
 def tune(tuner: Runner, bound: int) -> Result:
-    """The whole procedure: baseline, then the hill climb over ``LEVERS`` (see the module doc)."""
+    """The whole procedure: baseline, then the hill climb over the verdict's levers (see the
+    module doc); ``bound``: the CPUs the job may use."""
     say = tuner.say
     say(f"{PROG}: baseline run (warm-up {tuner.args.warmup:g} s, window {tuner.args.window:g} s)")
     try:
@@ -463,56 +500,18 @@ def tune(tuner: Runner, bound: int) -> Result:
     if why_not is not None:
         return Result(baseline, [], baseline, {}, why_not)
 
-    best = baseline
-    trials: list[Trial] = []
-    notes: list[str] = []
-    stop: str | None = None
-    for lever in LEVERS:
-        if lever == PREFETCH_FACTOR and lever_value(best.settings, NUM_WORKERS) == 0:
-            notes.append("prefetch_factor not tried: it needs num_workers > 0")
+    state = _Climb(baseline, baseline)
+    bounds = climb.Bounds(cpus_per_loader=bound, max_prefetch_factor=PREFETCH_CAP)
+    for lever in levers.chain(baseline.verdict.bottleneck.lever, CHANNELS):
+        values = {a.setting: setting_value(state.best.settings, a.setting) for a in levers.APPLY.values()}
+        if not lever.needs(climb.Facts(values, gpus=baseline.gpu_count or 0)):
+            state.notes.append(f"{lever.setting} not tried: it needs {lever.needs_text}")
             break
-        lever_bound = bound if lever == NUM_WORKERS else PREFETCH_CAP
-        last_tried: int | None = None
-        last_kept = False
-        while stop is None:
-            value = next_value(lever, lever_value(best.settings, lever), last_tried, last_kept, lever_bound)
-            if value is None:
-                notes.append(_lever_end(lever, best, last_tried, last_kept, lever_bound))
-                break
-            longest = max([baseline.run_seconds, *(t.measurement.run_seconds for t in trials)])
-            if tuner.remaining() < longest:
-                stop = f"the budget ({tuner.args.budget:g} s) is spent: {len(trials)} trial(s) run"
-                break
-            settings = {**best.settings, lever: value}
-            say(f"{PROG}: trial {len(trials) + 1}: {_settings_text(settings)}")
-            try:
-                m = tuner.measure(settings, base_settings)
-            except MeasureError as exc:
-                stop = f"trial {len(trials) + 1} ({_settings_text(settings)}) gave no measurement: {exc}"
-                break
-            if lever == NUM_WORKERS and m.worker_count is not None and m.worker_count != value:
-                probe = "; ".join(tuner.probe_messages()) or "no message from the probe"
-                stop = (
-                    f"the probe could not set num_workers={value} (the command ran {m.worker_count} "
-                    f"worker(s)): {probe}"
-                )
-                break
-            kept, why = judge(
-                m.steps_per_second, m.standard_error, best.steps_per_second, best.standard_error
-            )
-            trials.append(Trial(m, kept, why))
-            say(f"{PROG}: trial {len(trials)}: {_summary(m)}: {'kept' if kept else 'not kept'} ({why})")
-            last_tried, last_kept = value, kept
-            if kept:
-                best = m
-                if m.regime is not Regime.INPUT_BOUND:
-                    stop = (
-                        f"with {_settings_text(m.settings)} the job is no longer input-bound "
-                        f"({m.regime.value}): the loader keeps up"
-                    )
-        if stop is not None:
+        _climb_lever(tuner, state, lever, lever.bound(bounds))
+        if state.stop is not None:
             break
 
+    best = state.best
     applied = changed_settings(baseline.settings, best.settings) if best is not baseline else {}
     if applied:
         ratio = best.steps_per_second / baseline.steps_per_second if baseline.steps_per_second else math.inf
@@ -522,18 +521,18 @@ def tune(tuner: Runner, bound: int) -> Result:
         )
     else:
         head = "nothing changed: no setting beat the baseline"
-    tail = [stop] if stop else notes
+    tail = [state.stop] if state.stop else state.notes
     reason = "; ".join([head, *[t for t in tail if t]]) + f". Noise: {NOISE_NOTE}."
-    return Result(baseline, trials, best, applied, reason)
+    return Result(baseline, state.trials, best, applied, reason)
 
 
-def _lever_end(lever: str, best: Measurement, last_tried: int | None, last_kept: bool, bound: int) -> str:
-    value = lever_value(best.settings, lever)
-    if last_tried is not None and not last_kept:
-        return f"{lever} {last_tried} gained nothing over {value}"
-    if lever == NUM_WORKERS:
+def _lever_end(lever: ApplyLever, best: Measurement, last: Tried | None, bound: int | None) -> str:
+    value = setting_value(best.settings, lever.setting)
+    if last is not None and not last.kept:
+        return f"{lever.setting} {last.value} gained nothing over {value}"
+    if lever.setting == NUM_WORKERS:
         return f"num_workers at the CPU bound ({bound} CPU{'s' if bound != 1 else ''} for this job)"
-    return f"{lever} at its bound ({bound})"
+    return f"{lever.setting} at its bound ({bound})"
 
 
 def _settings_text(settings: Mapping[str, int]) -> str:

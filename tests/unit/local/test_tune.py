@@ -1,4 +1,7 @@
-"""`dam tune`'s pure parts: noise, the keep rule, the hill climb, the CPU bound, the measurement window."""
+"""`dam tune`'s pure parts: noise, the keep rule, the hill climb, the CPU bound, the measurement window.
+
+The ladders and the one climb ``dam tune`` shares with the operator's Apply mode are tested in
+tests/unit/diagnosis/test_apply_levers.py."""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ from dam_operator.diagnosis.model import Axis, Bottleneck, Regime, Verdict, Wind
 from dam_operator.local.tune import (
     MIN_GAIN,
     NUM_WORKERS,
-    PREFETCH_FACTOR,
     MeasureError,
     Measurement,
     Settings,
@@ -21,8 +23,6 @@ from dam_operator.local.tune import (
     interval_rates,
     judge,
     measurement_from,
-    next_rung,
-    next_value,
     paste_lines,
     standard_error,
     tune,
@@ -78,29 +78,6 @@ def test_cpu_bound_is_the_smaller_of_affinity_and_the_cgroup_limit(
     affinity: int | None, limit: float | None, expected: int
 ) -> None:
     assert cpu_bound(affinity, limit) == expected
-
-
-def test_workers_climb_by_powers_of_two_up_to_the_bound() -> None:
-    assert [next_rung(NUM_WORKERS, v, 8) for v in (0, 1, 2, 3, 4, 8)] == [1, 2, 4, 4, 8, None]
-    assert next_rung(NUM_WORKERS, 4, 6) == 6, "the bound itself between two rungs"
-    assert next_rung(NUM_WORKERS, 2, 2) is None
-
-
-def test_prefetch_doubles_up_to_its_cap() -> None:
-    assert [next_rung(PREFETCH_FACTOR, v, 16) for v in (2, 4, 8, 16)] == [4, 8, 16, None]
-
-
-def test_the_climb_continues_after_a_kept_step_and_stops_after_one_that_gains_nothing() -> None:
-    assert next_value(NUM_WORKERS, 0, None, False, 8) == 1
-    assert next_value(NUM_WORKERS, 2, 2, True, 8) == 4
-    assert next_value(NUM_WORKERS, 2, 4, False, 8) is None
-    assert next_value(PREFETCH_FACTOR, 2, 4, False, 16) is None
-
-
-def test_one_worker_that_gains_nothing_still_leads_to_two() -> None:
-    # One worker only overlaps loading with the step; two parallelise it.
-    assert next_value(NUM_WORKERS, 0, 1, False, 8) == 2
-    assert next_value(NUM_WORKERS, 0, 1, False, 1) is None, "never past the CPU bound"
 
 
 def test_paste_lines_give_the_code_and_a_variable_the_probe_accepts() -> None:
