@@ -107,6 +107,19 @@ def test_an_allowed_network_lifts_the_loopback_rule_for_its_addresses_only() -> 
     assert policy.check_url("http://169.254.169.254/") is not None
 
 
+@pytest.mark.parametrize("url", ["http://localhost:9090", "http://prometheus.localhost:9090"])
+def test_a_loopback_name_is_refused_with_a_network_setting_that_lifts_it(url: str) -> None:
+    """The fix the refusal names works: its example is a value the setting takes, and with it set
+    the name passes the spec's check (its addresses are checked again at connect time)."""
+    problem = OPEN.check_url(url)
+    assert problem is not None
+    example = problem.split("(e.g. ")[1].split(")")[0]
+    OperatorSettings(prometheus_allowed_networks=example)  # a valid value, not "localhost"
+    assert _policy(prometheus_allowed_networks=example).check_url(url) is None
+    assert _policy(prometheus_allowed_networks="127.0.0.1/32").check_url(url) is None
+    assert _policy(prometheus_allowed_networks="10.0.0.0/8").check_url(url) is not None
+
+
 @pytest.mark.parametrize(
     "url",
     [
