@@ -639,15 +639,15 @@ class _Rules:
             ev.append("GPU utilization not measured: judged from the data wait alone")
 
         finding = _Finding(
-            Regime.INPUT_BOUND, "increase-dataloader-workers", conf, evidence=ev, missing=missing
+            Regime.INPUT_BOUND, levers.INCREASE_DATALOADER_WORKERS, conf, evidence=ev, missing=missing
         )
         limit_saturated, limit_sentence = self.cpu_limit_saturated()
         if self.throttled():
-            finding.lever = "raise-cpu-limit"
+            finding.lever = levers.RAISE_CPU_LIMIT
             finding.boundary, finding.boundary_set = Axis.MACHINE, True
             ev.append(self.throttle_sentence() + ": the host CPU quota starves the loader")
         elif limit_saturated:
-            finding.lever = "raise-cpu-limit"
+            finding.lever = levers.RAISE_CPU_LIMIT
             finding.boundary, finding.boundary_set = Axis.MACHINE, True
             ev.append(limit_sentence)
         elif (starved_by_node := self.loader_contended()) is not None:
@@ -842,7 +842,7 @@ class _Rules:
             ev.append(self.throttle_sentence() + ": the host cannot issue work fast enough")
             return _Finding(
                 Regime.LATENCY_BOUND,
-                "raise-cpu-limit",
+                levers.RAISE_CPU_LIMIT,
                 conf,
                 boundary=Axis.MACHINE,
                 boundary_set=True,
@@ -888,7 +888,7 @@ class _Rules:
             ev.append(self.throttle_sentence() + ": the CPU quota limits the arithmetic")
             return _Finding(
                 Regime.COMPUTE_BOUND,
-                "raise-cpu-limit",
+                levers.RAISE_CPU_LIMIT,
                 base - 0.1,
                 boundary=None,
                 boundary_set=True,
@@ -935,7 +935,7 @@ class _Rules:
                 base - 0.15,
                 evidence=ev,
                 missing=missing,
-                also=("raise-cpu-limit",),
+                also=(levers.RAISE_CPU_LIMIT,),
             )
         ev.append("neither the data wait nor CPU use explains the step time")
         return _Finding(
