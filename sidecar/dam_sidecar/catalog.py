@@ -49,8 +49,36 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         n.MODEL_FLOPS_PER_STEP,
         "gauge",
-        "Model FLOPs per step declared by the training script (absent when unknown).",
-        source="probe",
+        "FLOPs of one training step: declared by the training script (source=declared), else counted "
+        "once by the probe with torch's FlopCounterMode after warm-up (source=measured); absent when "
+        "unknown (label rank when the process has one).",
+        (n.RANK_LABEL, n.SOURCE_LABEL),
+        "probe",
+    ),
+    MetricSpec(
+        n.GOODPUT_SECONDS_TOTAL,
+        "counter",
+        "Productive step time since the process started: step time less data wait, exposed "
+        "communication and checkpoint saves (label rank when the process has one).",
+        RANK,
+        "probe",
+    ),
+    MetricSpec(
+        n.BADPUT_SECONDS_TOTAL,
+        "counter",
+        "Time lost since the process started, by cause: startup (process start to the first batch), "
+        "data-wait, communication (exposed), checkpoint (blocked in torch.save and "
+        "torch.distributed.checkpoint saves), other (the rest of the elapsed time); goodput plus "
+        "badput is the elapsed time (label rank when the process has one).",
+        (n.CAUSE_LABEL, n.RANK_LABEL),
+        "probe",
+    ),
+    MetricSpec(
+        n.CHECKPOINTS_TOTAL,
+        "counter",
+        "Checkpoint saves the training thread blocked in (label rank when the process has one).",
+        RANK,
+        "probe",
     ),
     MetricSpec(
         n.COLLECTIVE_SECONDS_TOTAL,

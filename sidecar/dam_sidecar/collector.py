@@ -115,6 +115,12 @@ def _per_rank(name: str) -> Family:
     return Family(name, spec.kind, spec.help, (n.RANK_LABEL,), optional_labels=True)
 
 
+def _labelled(name: str, labels: tuple[str, ...]) -> Family:
+    """A probe family with more labels; ``rank`` is left out where the process has none."""
+    spec = BY_NAME[name]
+    return Family(name, spec.kind, spec.help, labels, optional_labels=True)
+
+
 def _rank_value(rank: int | None) -> str:
     return "" if rank is None else str(rank)
 
@@ -385,19 +391,54 @@ class SidecarCollector(Collector):
             k = _counter(n.DATALOADER_WORKER_KILLS_TOTAL)
             k.add_metric([], p.loader_worker_kills)
             yield k
-        for name, attr in ((n.BATCH_SIZE, "batch_size"), (n.MODEL_FLOPS_PER_STEP, "flops_per_step")):
-            g = _per_rank(name)
-            for r in ranks:
-                value = float(getattr(r, attr))
-                if r.live and value > 0:
-                    g.add_metric([_rank_value(r.rank)], value)
-            if g.samples:
-                yield g
+        g = _per_rank(n.BATCH_SIZE)
+        for r in ranks:
+            if r.live and r.batch_size > 0:
+                g.add_metric([_rank_value(r.rank)], float(r.batch_size))
+        if g.samples:
+            yield g
+        flops = _labelled(n.MODEL_FLOPS_PER_STEP, (n.RANK_LABEL, n.SOURCE_LABEL))
+        for r in ranks:
+            if r.live and r.flops_per_step > 0:
+                source = r.flops_per_step_source or n.FLOPS_DECLARED
+                flops.add_metric([_rank_value(r.rank), source], float(r.flops_per_step))
+        if flops.samples:
+            yield flops
+        yield from self._goodput_families(ranks)
         if p.rank_info:
             info = _gauge(n.PROCESS_RANK_INFO, ("rank", "local_rank", "world_size"))
             for i in p.rank_info:
                 info.add_metric([str(i.rank), _rank_value(i.local_rank), _rank_value(i.world_size)], 1.0)
             yield info
+
+    def _goodput_families(self, ranks: tuple[RankSample, ...]) -> Iterator[Family]:
+        """Goodput and badput by cause, for the ranks whose probes account for them."""
+        known = [r for r in ranks if r.productive_seconds is not None]
+        if not known:
+            return
+        good = _per_rank(n.GOODPUT_SECONDS_TOTAL)
+        bad = _labelled(n.BADPUT_SECONDS_TOTAL, (n.CAUSE_LABEL, n.RANK_LABEL))
+        saves = _per_rank(n.CHECKPOINTS_TOTAL)
+        for r in known:
+            rank = _rank_value(r.rank)
+            good.add_metric([rank], r.productive_seconds or 0.0)
+            causes = {
+                n.CAUSE_STARTUP: r.startup_seconds,
+                n.CAUSE_DATA_WAIT: r.wait_seconds,
+                # Without timed collectives (no torch.distributed) nothing waited on a peer.
+                n.CAUSE_COMMUNICATION: r.collective_exposed_seconds if r.collectives is not None else 0.0,
+                # Without timed saves (torch never loaded) nothing was saved with torch.
+                n.CAUSE_CHECKPOINT: r.checkpoint_seconds or 0.0,
+                n.CAUSE_OTHER: r.other_seconds,
+            }
+            for cause in n.BADPUT_CAUSES:
+                bad.add_metric([cause, rank], float(causes[cause]))
+            if r.checkpoint_seconds is not None:
+                saves.add_metric([rank], float(r.checkpoints))
+        yield good
+        yield bad
+        if saves.samples:
+            yield saves
 
     def _gpu_families(self, s: NvmlSample, attribution: Attribution) -> Iterator[Family]:
         up = _gauge(n.NVML_UP)

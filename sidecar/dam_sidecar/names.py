@@ -16,6 +16,10 @@ STEPS_TOTAL: Final = "dam_steps_total"
 PROBE_UP: Final = "dam_probe_up"
 BATCH_SIZE: Final = "dam_batch_size"
 MODEL_FLOPS_PER_STEP: Final = "dam_model_flops_per_step"
+# Goodput: productive step time and the time lost by cause (from the probe, per rank).
+GOODPUT_SECONDS_TOTAL: Final = "dam_goodput_seconds_total"
+BADPUT_SECONDS_TOTAL: Final = "dam_badput_seconds_total"
+CHECKPOINTS_TOTAL: Final = "dam_checkpoints_total"
 # Communication (torch.distributed collectives and DDP gradient buckets, from the probe).
 COLLECTIVE_SECONDS_TOTAL: Final = "dam_collective_seconds_total"
 COLLECTIVE_EXPOSED_SECONDS_TOTAL: Final = "dam_collective_exposed_seconds_total"
@@ -79,6 +83,19 @@ CPU_SOURCE_NONE: Final = "none"
 CPU_SOURCES: Final = (CPU_SOURCE_CGROUP, CPU_SOURCE_PROBE, CPU_SOURCE_NONE)
 # The same three sources for the container memory figures (dam_container_memory_source{source}).
 MEMORY_SOURCES: Final = CPU_SOURCES
+# dam_badput_seconds_total{cause}: the process's causes (``restart`` is the operator's).
+CAUSE_LABEL: Final = "cause"
+CAUSE_STARTUP: Final = "startup"
+CAUSE_DATA_WAIT: Final = "data-wait"
+CAUSE_COMMUNICATION: Final = "communication"
+CAUSE_CHECKPOINT: Final = "checkpoint"
+CAUSE_OTHER: Final = "other"
+CAUSE_RESTART: Final = "restart"
+BADPUT_CAUSES: Final = (CAUSE_STARTUP, CAUSE_DATA_WAIT, CAUSE_COMMUNICATION, CAUSE_CHECKPOINT, CAUSE_OTHER)
+# dam_model_flops_per_step{source}: declared by the job, or measured once by the probe.
+SOURCE_LABEL: Final = "source"
+FLOPS_DECLARED: Final = "declared"
+FLOPS_MEASURED: Final = "measured"
 # Labels of the per-rank and interconnect series.
 RANK_LABEL: Final = "rank"
 DIRECTION_TX: Final = "tx"

@@ -22,6 +22,10 @@ the rank of its latest record; when that changes (a process that learns its
 rank from ``torch.distributed`` after it started publishing), what it had
 counted stays with the old key and only what it counts afterwards goes to the
 new one, so no per-rank counter ever goes down.
+
+Goodput: the probes' productive, start-up, other and checkpoint counters (layout flag bits 7
+and 8) are carried like the others; a rank whose processes never published them reads None
+(unknown), not zero. Its FLOPs per step are the newest live record's, declared or measured.
 """
 
 from __future__ import annotations
@@ -70,6 +74,14 @@ class RankSample:
     batch_size: int = 0  # from the newest live record of this rank
     flops_per_step: float = 0.0
     live: bool = False
+    # Goodput (layout flag bit 7): None until a process of this rank published it.
+    productive_seconds: float | None = None
+    startup_seconds: float = 0.0
+    other_seconds: float = 0.0
+    # Checkpoint saves (flag bit 8): None until a process of this rank timed its saves.
+    checkpoint_seconds: float | None = None
+    checkpoints: int = 0
+    flops_per_step_source: str = ""  # "declared", "measured" or "" (unknown), with flops_per_step
 
 
 @dataclass(frozen=True)
@@ -123,6 +135,11 @@ class _Totals:
     collective_ns: int = 0
     exposed_ns: int = 0
     collective_bytes: int = 0
+    productive_ns: int = 0
+    startup_ns: int = 0
+    other_ns: int = 0
+    checkpoint_ns: int = 0
+    checkpoints: int = 0
 
     @classmethod
     def of(cls, r: ProbeRecord) -> _Totals:
@@ -134,6 +151,11 @@ class _Totals:
             r.collective_ns or 0,
             r.collective_exposed_ns or 0,
             r.collective_bytes or 0,
+            r.productive_ns or 0,
+            r.startup_ns or 0,
+            r.other_ns or 0,
+            r.checkpoint_ns or 0,
+            r.checkpoints or 0,
         )
 
     def add(self, other: _Totals, sign: int = 1) -> None:
@@ -188,6 +210,8 @@ class ProbeReader:
     _rank_of: dict[Key, RankKey] = field(default_factory=dict)  # the rank a live process counts under
     _base: dict[Key, _Totals] = field(default_factory=dict)  # its totals when it took that rank
     _coll_known: set[RankKey] = field(default_factory=set)  # ranks that ever published collectives
+    _goodput_known: set[RankKey] = field(default_factory=set)  # ... goodput accounting (flag bit 7)
+    _ckpt_known: set[RankKey] = field(default_factory=set)  # ... checkpoint counters (flag bit 8)
     _folded: set[Key] = field(default_factory=set)
     _cgroup_marks: dict[int, int] = field(default_factory=dict)  # cgroup id -> highest throttled ns
     _cgroup_carried_ns: int = 0
@@ -289,6 +313,10 @@ class ProbeReader:
         """Counts a live process under the rank of its latest record (see the module docstring)."""
         if rec.collectives is not None:
             self._coll_known.add(rec.rank)
+        if rec.productive_ns is not None:
+            self._goodput_known.add(rec.rank)
+        if rec.checkpoint_ns is not None:
+            self._ckpt_known.add(rec.rank)
         if key not in self._rank_of:
             self._rank_of[key] = rec.rank
             self._base[key] = _Totals()
@@ -373,7 +401,7 @@ class ProbeReader:
             live_pids=tuple(sorted({r.pid for r in current.values()})),
             device_uuids=tuple(uuids),
             batch_size=newest.batch_size if newest else 0,
-            flops_per_step=newest.flops_per_step if newest else 0.0,
+            flops_per_step=newest.effective_flops_per_step[0] if newest else 0.0,
             files=len(paths),
             cgroup_throttled_seconds=cgroup_throttled,
             cgroup_limit_cores=cgroup_limit,
@@ -400,6 +428,7 @@ class ProbeReader:
         for rank in sorted(totals, key=lambda k: (k is None, k or 0)):
             t, n = totals[rank], newest.get(rank)
             known = rank in self._coll_known
+            flops, source = n.effective_flops_per_step if n else (0.0, "")
             out.append(
                 RankSample(
                     rank=rank,
@@ -411,8 +440,14 @@ class ProbeReader:
                     collective_exposed_seconds=t.exposed_ns / 1e9,
                     collective_bytes=t.collective_bytes,
                     batch_size=n.batch_size if n else 0,
-                    flops_per_step=n.flops_per_step if n else 0.0,
+                    flops_per_step=flops,
                     live=n is not None,
+                    productive_seconds=t.productive_ns / 1e9 if rank in self._goodput_known else None,
+                    startup_seconds=t.startup_ns / 1e9,
+                    other_seconds=t.other_ns / 1e9,
+                    checkpoint_seconds=t.checkpoint_ns / 1e9 if rank in self._ckpt_known else None,
+                    checkpoints=t.checkpoints,
+                    flops_per_step_source=source,
                 )
             )
         return tuple(out)
