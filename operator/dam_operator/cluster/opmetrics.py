@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -80,6 +80,8 @@ class _ProfileFigures:
     pods: tuple[int, int, int] | None = None  # matched, instrumented, reporting
     last_evaluation: float | None = None
     actions: tuple[_ActionFigures, ...] = ()
+    accelerator_seconds: dict[str, float] | None = None  # use -> accelerator-seconds, this process
+    goodput: float | None = None  # status.goodput.ratio
 
 
 class _ProfileCollector(Collector):
@@ -141,8 +143,24 @@ class _ProfileCollector(Collector):
             "Steps per second per pod before an action and after it (once measured).",
             labels=[*per_profile, "action", "phase"],
         )
+        accelerator_seconds = CounterMetricFamily(
+            n.PROFILE_ACCELERATOR_SECONDS_TOTAL,
+            "Accelerator-seconds of the profile's job by use (productive, or the badput cause), counted "
+            "by this operator process: sum by (use) (increase(...)) gives the fleet's accelerator-hours.",
+            labels=[*per_profile, "use"],
+        )
+        goodput = GaugeMetricFamily(
+            n.PROFILE_GOODPUT_RATIO,
+            "Productive step time / elapsed time over the job's life so far (status.goodput.ratio), 0-1.",
+            labels=per_profile,
+        )
         for (namespace, profile), f in self._owner.figures().items():
             key = [namespace, profile]
+            if f.accelerator_seconds is not None:
+                for use in n.ACCELERATOR_USES:
+                    accelerator_seconds.add_metric([*key, use], f.accelerator_seconds.get(use, 0.0))
+            if f.goodput is not None:
+                goodput.add_metric(key, f.goodput)
             for a in f.actions:
                 action_info.add_metric(
                     [*key, a.action, a.lever, a.setting, a.before, a.after, a.outcome], 1.0
@@ -175,6 +193,8 @@ class _ProfileCollector(Collector):
             last,
             action_info,
             action_steps,
+            accelerator_seconds,
+            goodput,
         )
 
 
@@ -275,6 +295,8 @@ class OperatorMetrics:
                 pods=old.pods if old else None,
                 last_evaluation=old.last_evaluation if old else None,
                 actions=old.actions if old else (),
+                accelerator_seconds=old.accelerator_seconds if old else None,
+                goodput=old.goodput if old else None,
             )
             if timestamp_seconds is not None:
                 f.last_evaluation = timestamp_seconds
@@ -291,6 +313,29 @@ class OperatorMetrics:
             if figures or (namespace, profile) in self._figures:
                 self._entry(namespace, profile).actions = figures
 
+    def observe_goodput(
+        self,
+        namespace: str,
+        profile: str,
+        *,
+        accelerator_seconds: Mapping[str, float] | None,
+        ratio: float | None,
+    ) -> None:
+        """The profile's goodput: accelerator-seconds by use counted since this process started
+        (None: its accelerators are unknown, no series) and the life-so-far ratio.
+
+        A counter must never go down while the process lives: each use keeps the larger of what
+        it exported and what it is given (the ledger only adds, so this is a guard)."""
+        with self._lock:
+            f = self._entry(namespace, profile)
+            if accelerator_seconds is not None:
+                before = f.accelerator_seconds or {}
+                f.accelerator_seconds = {
+                    use: max(before.get(use, 0.0), float(accelerator_seconds.get(use, 0.0)))
+                    for use in n.ACCELERATOR_USES
+                }
+            f.goodput = ratio
+
     def forget_profile(self, namespace: str, profile: str) -> None:
         """Remove every series of the profile (it was deleted or became invalid)."""
         with self._lock:
@@ -302,7 +347,16 @@ class OperatorMetrics:
     def figures(self) -> dict[ProfileKey, _ProfileFigures]:
         """A consistent copy of the per-profile state (what the next scrape will show)."""
         with self._lock:
-            return {k: replace(v, iron_law=dict(v.iron_law)) for k, v in self._figures.items()}
+            return {
+                k: replace(
+                    v,
+                    iron_law=dict(v.iron_law),
+                    accelerator_seconds=None
+                    if v.accelerator_seconds is None
+                    else dict(v.accelerator_seconds),
+                )
+                for k, v in self._figures.items()
+            }
 
     def profiles_with_series(self) -> set[ProfileKey]:
         with self._lock:

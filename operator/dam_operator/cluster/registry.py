@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dam_operator.cluster.injection import ANNOTATION_ACTION, pod_notes
+from dam_operator.cluster.injection import ANNOTATION_ACTION, SIDECAR_CONTAINER, pod_notes
 from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
 
 ProfileKey = tuple[str, str]
@@ -65,6 +65,52 @@ def oom_record(pod_status: Mapping[str, Any]) -> OomRecord | None:
     return latest
 
 
+@dataclass(frozen=True, slots=True)
+class RestartRecord:
+    """The kubelet's record of the training containers' restarts (every container but the sidecar)."""
+
+    count: int
+    """``restartCount`` summed over the pod's containers (the kubelet raises it at each restart)."""
+    finished_at: str | None
+    """RFC 3339 ``lastState.terminated.finishedAt`` of the latest restart: when the old process ended."""
+    started_at: str | None
+    """RFC 3339 ``state.running.startedAt`` of that container: when the new one started."""
+    terminated_at: str | None
+    """RFC 3339 ``state.terminated.finishedAt``: when a container that is down now ended (a Failed pod)."""
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def restart_record(pod_status: Mapping[str, Any], skip: str = SIDECAR_CONTAINER) -> RestartRecord:
+    """The training containers' restarts, from ``containerStatuses`` (the ``skip`` container aside).
+
+    The kubelet keeps the previous termination in ``lastState.terminated`` and the current start
+    in ``state.running.startedAt`` (core/v1 ContainerStatus); the container whose last
+    termination is the latest tells the restart's downtime. A native sidecar lives in
+    ``initContainerStatuses`` and is not read; a plain sidecar container is skipped by name.
+    """
+    count = 0
+    finished: str | None = None
+    started: str | None = None
+    terminated: str | None = None
+    for cs in pod_status.get("containerStatuses") or ():
+        if not isinstance(cs, Mapping) or cs.get("name") == skip:
+            continue
+        n = cs.get("restartCount")
+        count += n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+        state = _mapping(cs.get("state"))
+        end = str(_mapping(_mapping(cs.get("lastState")).get("terminated")).get("finishedAt") or "")
+        if end and (finished is None or end > finished):
+            finished = end
+            started = str(_mapping(state.get("running")).get("startedAt") or "") or None
+        down = str(_mapping(state.get("terminated")).get("finishedAt") or "")
+        if down and (terminated is None or down > terminated):
+            terminated = down
+    return RestartRecord(count, finished, started, terminated)
+
+
 def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
     """The latest ``finishedAt`` of an ``OOMKilled`` termination (``oom_record``)."""
     record = oom_record(pod_status)
@@ -92,6 +138,8 @@ class PodInfo:
     """The ``dam.mlsys.dev/action`` annotation the webhook set (``"ID:applied"``/``"ID:withheld"``)."""
     notes: tuple[str, ...] = ()
     """How the webhook (did not) instrument it (``injection.pod_notes``); empty for most pods."""
+    restart: RestartRecord | None = None
+    """Its training containers' restarts (``restart_record``); None when not read (tests)."""
 
     @property
     def key(self) -> ProfileKey:
@@ -127,6 +175,7 @@ class PodInfo:
             oom=oom,
             action=str((meta.get("annotations") or {}).get(ANNOTATION_ACTION) or "") or None,
             notes=pod_notes(body),
+            restart=restart_record(status),
         )
 
 
@@ -314,6 +363,19 @@ class Registry:
             in_ns[name]
             for name in candidates
             if name in in_ns and in_ns[name].active and selector_matches(selector, in_ns[name].labels)
+        ]
+        return sorted(out, key=lambda p: p.name)
+
+    def finished_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
+        """Finished pods (Failed, Succeeded) of the profile, by name: a Failed pod's replacement
+        takes over its rank, and the time between is the job's restart badput."""
+        if entry.spec is None:
+            return []
+        selector = entry.spec.selector
+        out = [
+            p
+            for p in self._pods.get(entry.namespace, {}).values()
+            if p.phase in TERMINAL_PHASES and selector_matches(selector, p.labels)
         ]
         return sorted(out, key=lambda p: p.name)
 

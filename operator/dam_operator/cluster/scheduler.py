@@ -54,6 +54,7 @@ from pydantic import ValidationError
 
 from dam_operator.cluster import status as st
 from dam_operator.cluster.actions import EVENT_OUTCOMES, record_resizes
+from dam_operator.cluster.goodput import GoodputLedger
 from dam_operator.cluster.injection import resize_patch
 from dam_operator.cluster.kube import ApiError, NotFoundError
 from dam_operator.cluster.opmetrics import OperatorMetrics
@@ -109,6 +110,8 @@ class _ProfileState:
     """Each pod's last memory gauges (``window.memory_mark``): the evidence of a pod that dies."""
     published: tuple[str, str] | None = None
     """(axis, regime) last written to the status (or read from it on resume)."""
+    goodput: GoodputLedger = field(default_factory=GoodputLedger)
+    """The job's goodput so far (``cluster.goodput``), resumed from ``status.goodput``."""
 
 
 def _utcnow() -> dt.datetime:
@@ -151,7 +154,10 @@ class Evaluator:
         state = self._state.get(entry.key)
         if state is None or state.uid != entry.uid:
             state = _ProfileState(
-                uid=entry.uid, stabilizer=Stabilizer(confirm_windows=confirm), confirm_windows=confirm
+                uid=entry.uid,
+                stabilizer=Stabilizer(confirm_windows=confirm),
+                confirm_windows=confirm,
+                goodput=GoodputLedger.resume(entry.status),
             )
             restored = _bottleneck_from(entry.status.get("bottleneck"))
             if restored is not None:
@@ -246,6 +252,8 @@ class Evaluator:
             max_baseline_seconds=self._max_baseline_windows * spec.evaluation.window_seconds,
             ended=self._registry.oom_ended_pods_for(entry),
             marks=state.marks,
+            goodput=state.goodput,
+            finished=self._registry.finished_pods_for(entry),
         )
         state.snapshots = result.baselines
         state.marks = result.marks
@@ -260,6 +268,13 @@ class Evaluator:
         if result.verdict is not None:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
         self._metrics.observe_actions(entry.namespace, entry.name, status.get("actions"))
+        gp = state.goodput
+        self._metrics.observe_goodput(
+            entry.namespace,
+            entry.name,
+            accelerator_seconds=gp.accelerator_seconds if gp.accelerators_known else None,
+            ratio=(gp.status() or {}).get("ratio"),
+        )
         self._metrics.evaluation(ok=True)
         at = st.format_time(when)
         for event in result.events:

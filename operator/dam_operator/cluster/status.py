@@ -410,6 +410,16 @@ def evaluation_patch(
     return {"status": status}
 
 
+def goodput_patch(previous: Any, goodput: Mapping[str, Any] | None) -> Any:
+    """``status.goodput`` as a merge patch over the previous one: keys gone become null; None
+    (no goodput known) leaves an absent field absent and removes nothing a resumed ledger holds."""
+    if goodput is None:
+        return None
+    if isinstance(previous, Mapping):
+        return null_out(previous, goodput)
+    return dict(goodput)
+
+
 def invalid_patch(
     previous_status: Mapping[str, Any] | None, error: str, generation: int | None, now: str
 ) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from dam_operator.cluster import status as st
 from dam_operator.cluster.actions import ResizeRequest, window_actions
+from dam_operator.cluster.goodput import GoodputLedger
 from dam_operator.cluster.registry import PodInfo
 from dam_operator.cluster.sources import SourceError
 from dam_operator.cluster.spec import DAMProfileSpec
@@ -267,6 +268,8 @@ def window_step(
     max_baseline_seconds: float,
     ended: Sequence[PodInfo] = (),
     marks: Mapping[str, Snapshot] | None = None,
+    goodput: GoodputLedger | None = None,
+    finished: Sequence[PodInfo] = (),
 ) -> StepResult:
     """One window: difference each pod against its baseline, aggregate, diagnose, stabilize.
 
@@ -275,6 +278,9 @@ def window_step(
     (``ended``: Failed with ``restartPolicy: Never``, its sidecar gone with it) while no pod of
     the profile forms a window, joins the job with ``oom_killed`` and its last memory gauges
     (``marks``), and the evidence says so.
+
+    ``goodput``: the profile's ledger (``cluster.goodput``), updated in place from the pods'
+    latest scrapes and the profile's ``finished`` pods; the patch carries ``status.goodput``.
     """
     scrape = classify(pods, results)
     counts = count_pods(pods, scrape)
@@ -378,6 +384,9 @@ def window_step(
     )
     if acted.actions is not None:
         patch["status"]["actions"] = acted.actions
+    if goodput is not None:
+        goodput.update(pods=pods, answered=scrape.answered, finished=finished)
+        patch["status"]["goodput"] = st.goodput_patch(status.get("goodput"), goodput.status())
     previous = None if published is None else {"axis": published[0], "regime": published[1]}
     old_bottleneck = status.get("bottleneck")
     events = [

@@ -1,0 +1,402 @@
+"""Goodput over a job's life in the cluster: the pods' cumulative counters, kept in one ledger.
+
+Each training process's probe counts, from the process's start, its productive step time
+(``dam_goodput_seconds_total``) and its badput by cause (``dam_badput_seconds_total{cause}``:
+startup, data-wait, communication, checkpoint, other); the probe's ``other`` is the elapsed time
+less everything else, so a process's series add up to its elapsed time. The operator reads them
+at every window from each pod's latest scrape and adds what the cluster alone sees: ``restart``,
+the time a container restart (or a Failed pod's replacement) cost.
+
+The ledger counts increments, like Prometheus' ``increase()``: per pod and process (the ``rank``
+label, ``""`` without one) the difference from the previous scrape; a process any of whose
+series went down is a new process (its file replaced the old one's), whose values count whole. A pod
+seen for the first time counts whole too: its processes' lives so far are the job's.
+
+Units. Figures are summed over processes, then divided by the job's processes at that moment
+(every tracked pod's process count), so a job of 8 ranks that trained an hour reads about
+3,600 s of ``elapsedSeconds``, not 28,800; a restarted pod's incarnations add up in sequence.
+Accelerator-seconds are each pod's increments times its accelerators per process: the GPUs its
+sidecar attributes to the job (``dam_gpu_info``, or the per-GPU ratios). A CPU-only job (NVML
+answers, no GPU is the job's) has 0 accelerators: its ``acceleratorSecondsLost`` is 0 and the
+fleet's accelerator-hours count GPUs only. A pod whose GPUs are unknown (NVML down, attribution
+``none``) adds no accelerator-seconds; when no pod's are known, ``acceleratorSecondsLost`` is
+absent (unknown is never zero).
+
+Restarts. The kubelet raises ``restartCount`` and keeps the old container's end in
+``lastState.terminated.finishedAt`` and the new one's start in ``state.running.startedAt``
+(core/v1 ContainerStatus). A restart seen at a window adds, per process of the pod, that
+downtime plus the new process's startup (its start to its first batch), moved from ``startup``
+to ``restart``: the time from the failure to the next first step. A new pod whose process takes
+the rank (or, without ranks, the place) of a pod that went Failed is that pod's replacement:
+the time from the Failed pod's end (``state.terminated.finishedAt``, else its last scrape) to the
+new process's start counts the same way. The progress lost since the last checkpoint is NOT
+counted: the sidecar exports no time of the last save, so the work redone after a restart reads
+as productive time a second time (docs/damprofile.md says so).
+
+Operator restarts. ``resume`` takes the totals from ``status.goodput``; a process first seen
+after that which started before the status was last written (``lastEvaluationTime``) was
+counted already: its scrape is a baseline, not an increment. What it did between that write
+and the operator's return is lost (the operator's downtime, plus at most the status'
+tolerance of 1 %). The metric (``accelerator_seconds``) counts only this process's increments:
+a Prometheus counter that starts at 0 when the operator starts.
+
+Pure: no I/O, no clock; the window step passes the pods and scrapes in and reads ``status()``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dam_operator.cluster.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART
+from dam_operator.cluster.registry import PodInfo
+from dam_sidecar import names
+from dam_sidecar.promtext import Snapshot
+
+PROBE_CAUSES: tuple[str, ...] = names.BADPUT_CAUSES
+"""``cause`` values of ``dam_badput_seconds_total`` (the probe's; ``restart`` is the operator's)."""
+PROBE_USES: tuple[str, ...] = (USE_PRODUCTIVE, *PROBE_CAUSES)
+BADPUT_USES: tuple[str, ...] = tuple(u for u in ACCELERATOR_USES if u != USE_PRODUCTIVE)
+STATUS_KEYS: Mapping[str, str] = {
+    "startup": "startup",
+    "data-wait": "dataWait",
+    "communication": "communication",
+    "checkpoint": "checkpoint",
+    USE_RESTART: "restart",
+    "other": "other",
+}
+"""``status.goodput.badputSeconds`` keys by cause."""
+STARTUP = "startup"
+MAX_VACANCIES = 256
+"""Failed pods' places kept for a replacement; the oldest go first beyond this."""
+MAX_PROCESSES_PER_POD = 1024
+"""Process series (ranks) one pod may hold in the ledger; more are ignored (bounded memory)."""
+
+
+def _zeros() -> dict[str, float]:
+    return dict.fromkeys(ACCELERATOR_USES, 0.0)
+
+
+def _valid(value: float) -> float | None:
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def parse_time(value: str | None) -> float | None:
+    """Unix seconds of an RFC 3339 time (the kubelet's, the status'); None when absent or garbage."""
+    if not value:
+        return None
+    try:
+        at = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.UTC)
+    return at.timestamp()
+
+
+# ---------------------------------------------------------------- one scrape
+
+
+@dataclass(frozen=True)
+class PodReading:
+    """One pod's goodput series at one scrape."""
+
+    at: float
+    """The sidecar's sample time, Unix seconds."""
+    processes: dict[str, dict[str, float]]
+    """Process key (its ``rank`` label, ``""`` without) → use → cumulative seconds."""
+    process_count: int
+    """Training processes behind the series (ranks; without ranks, the probe's live processes)."""
+    accelerators: int | None
+    """The pod's GPUs as its sidecar attributes them; 0 for a CPU-only job; None: unknown."""
+
+
+def pod_accelerators(snapshot: Snapshot) -> int | None:
+    """GPUs the sidecar reports as the job's: distinct ``uuid`` (else ``gpu``) of ``dam_gpu_info``
+    or of the per-GPU utilization; 0 when NVML answers and attributes none to the job (CPU-only);
+    None when NVML is down or the sidecar cannot tell which GPUs are the job's."""
+    keys: set[str] = set()
+    for name in (names.GPU_INFO, names.GPU_UTILIZATION_RATIO):
+        for s in snapshot.samples(name):
+            key = s.label("uuid") or s.label("gpu")
+            if key:
+                keys.add(key)
+        if keys:
+            return len(keys)
+    nvml_up = any(s.value == 1.0 for s in snapshot.samples(names.NVML_UP))
+    attribution = next(
+        (s.label("state") for s in snapshot.samples(names.GPU_ATTRIBUTION) if s.value == 1.0), ""
+    )
+    return 0 if nvml_up and attribution != "none" else None
+
+
+def read_pod(snapshot: Snapshot) -> PodReading | None:
+    """The pod's goodput and badput series by process; None without a time or a goodput series
+    (a sidecar or probe from before goodput)."""
+    if snapshot.timestamp_seconds is None:
+        return None
+    processes: dict[str, dict[str, float]] = {}
+    for s in snapshot.samples(names.GOODPUT_SECONDS_TOTAL):
+        value = _valid(s.value)
+        key = s.label(names.RANK_LABEL)
+        if value is None or (key not in processes and len(processes) >= MAX_PROCESSES_PER_POD):
+            continue
+        figures = processes.setdefault(key, dict.fromkeys(PROBE_USES, 0.0))
+        figures[USE_PRODUCTIVE] += value
+    for s in snapshot.samples(names.BADPUT_SECONDS_TOTAL):
+        value = _valid(s.value)
+        cause = s.label(names.CAUSE_LABEL)
+        found = processes.get(s.label(names.RANK_LABEL))
+        if value is not None and found is not None and cause in PROBE_CAUSES:
+            found[cause] += value
+    if not processes:
+        return None
+    count = len(processes)
+    if set(processes) == {""}:
+        live = [v for s in snapshot.samples(names.PROBE_PROCESSES) if (v := _valid(s.value)) is not None]
+        count = max(1, min(MAX_PROCESSES_PER_POD, round(sum(live)))) if live else 1
+    return PodReading(snapshot.timestamp_seconds, processes, count, pod_accelerators(snapshot))
+
+
+# ---------------------------------------------------------------- the ledger
+
+
+@dataclass
+class _Process:
+    last: dict[str, float]
+    seen_at: float
+    restarting: bool = False
+    """A restarted process before its first batch: its startup is the restart's."""
+
+
+@dataclass
+class _Pod:
+    uid: str
+    restarts: int
+    processes: dict[str, _Process] = field(default_factory=dict)
+    count: int = 1
+    share: float | None = None
+    """Accelerators per process (None: unknown)."""
+    seen_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Vacancy:
+    """A Failed pod's process, waiting for the pod that takes its place."""
+
+    key: str
+    failed_at: float
+
+
+def _downtime(start: float | None, failed_at: float | None) -> float:
+    if start is None or failed_at is None:
+        return 0.0
+    return max(0.0, start - failed_at)
+
+
+@dataclass
+class GoodputLedger:
+    """A profile's goodput so far; ``update`` it every window, read ``status()``.
+
+    ``seconds``: the job's seconds by use (see the module's units). ``accelerator_seconds``:
+    accelerator-seconds by use counted by this ledger (what the operator's counter exports).
+    """
+
+    seconds: dict[str, float] = field(default_factory=_zeros)
+    accelerator_seconds: dict[str, float] = field(default_factory=_zeros)
+    lost_before: float = 0.0
+    """``acceleratorSecondsLost`` resumed from the status (counted by an earlier operator)."""
+    accelerators_known: bool = False
+    accelerators: float | None = None
+    restarts: int = 0
+    resumed_at: float | None = None
+    resume_pending: bool = False
+    """Resumed without a ``lastEvaluationTime``: the first update's time stands in for it."""
+    pods: dict[str, _Pod] = field(default_factory=dict)
+    vacancies: list[_Vacancy] = field(default_factory=list)
+
+    # ------------------------------------------------------------ resume
+
+    @classmethod
+    def resume(cls, status: Mapping[str, Any]) -> GoodputLedger:
+        """A ledger that continues the totals of ``status.goodput`` (none there: from zero)."""
+        ledger = cls()
+        raw = status.get("goodput")
+        if not isinstance(raw, Mapping):
+            return ledger
+
+        def number(value: Any) -> float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            return max(0.0, float(value)) if ok else 0.0
+
+        ledger.seconds[USE_PRODUCTIVE] = number(raw.get("productiveSeconds"))
+        found = raw.get("badputSeconds")
+        badput: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        for cause, key in STATUS_KEYS.items():
+            ledger.seconds[cause] = number(badput.get(key))
+        lost = raw.get("acceleratorSecondsLost")
+        if lost is not None:
+            ledger.lost_before = number(lost)
+            ledger.accelerators_known = True
+        restarts = raw.get("restarts")
+        ledger.restarts = int(number(restarts))
+        ledger.resumed_at = parse_time(status.get("lastEvaluationTime"))
+        ledger.resume_pending = ledger.resumed_at is None
+        return ledger
+
+    # ------------------------------------------------------------ update
+
+    def update(
+        self,
+        *,
+        pods: Sequence[PodInfo],
+        answered: Mapping[str, Snapshot],
+        finished: Sequence[PodInfo] = (),
+    ) -> None:
+        """One window: the active ``pods``, the scrapes that ``answered``, and the profile's
+        ``finished`` pods (a Failed one leaves its place to a replacement)."""
+        active = {p.name: p for p in pods}
+        failed = {p.name: p for p in finished if p.phase == "Failed"}
+        self._retire(active, failed)
+        readings = {name: r for name, snap in sorted(answered.items()) if (r := read_pod(snap)) is not None}
+        if self.resume_pending and readings:
+            self.resumed_at = min(r.at for r in readings.values())
+            self.resume_pending = False
+        process_seconds = _zeros()
+        accel = _zeros()
+        for name, reading in readings.items():
+            info = active.get(name)
+            if info is None:
+                continue
+            increments, share = self._read(info, reading)
+            for use, value in increments.items():
+                process_seconds[use] += value
+                if share is not None:
+                    accel[use] += value * share
+        live = sum(p.count for p in self.pods.values())
+        if live > 0:
+            for use in ACCELERATOR_USES:
+                self.seconds[use] += process_seconds[use] / live
+        for use in ACCELERATOR_USES:
+            self.accelerator_seconds[use] += accel[use]
+        shares = [(p.share, p.count) for p in self.pods.values() if p.share is not None]
+        if shares:
+            self.accelerators_known = True
+            self.accelerators = math.fsum(s * c for s, c in shares)
+        elif self.pods:
+            self.accelerators = None
+
+    def _retire(self, active: Mapping[str, PodInfo], failed: Mapping[str, PodInfo]) -> None:
+        """Pods no longer active leave the ledger; a Failed one leaves its places to a replacement."""
+        for name in list(self.pods):
+            pod = self.pods[name]
+            info = active.get(name)
+            if info is not None and info.uid == pod.uid:
+                continue
+            del self.pods[name]
+            ended = failed.get(name)
+            if ended is None or ended.uid != pod.uid:
+                continue
+            record = ended.restart
+            at = parse_time(record.terminated_at if record else None) or pod.seen_at
+            self.vacancies.extend(_Vacancy(key, at) for key in sorted(pod.processes))
+        del self.vacancies[:-MAX_VACANCIES]
+
+    def _take_vacancy(self, key: str) -> _Vacancy | None:
+        for i, vacancy in enumerate(self.vacancies):
+            if vacancy.key == key:
+                return self.vacancies.pop(i)
+        return None
+
+    def _read(self, info: PodInfo, reading: PodReading) -> tuple[dict[str, float], float | None]:
+        """Increments of one pod's processes (process-seconds by use) and its accelerators per process."""
+        record = info.restart
+        restarts = record.count if record is not None else 0
+        pod = self.pods.get(info.name)
+        first_sight = pod is None
+        if pod is None:
+            pod = self.pods[info.name] = _Pod(uid=info.uid, restarts=restarts)
+        restarted = restarts > pod.restarts
+        if restarted:
+            self.restarts += restarts - pod.restarts
+        started = parse_time(record.started_at if record else None)
+        downtime = (
+            _downtime(started, parse_time(record.finished_at if record else None)) if restarted else 0.0
+        )
+        share = pod.share if reading.accelerators is None else reading.accelerators / reading.process_count
+        replaced = False
+        out = _zeros()
+        for key, values in reading.processes.items():
+            start = reading.at - math.fsum(values.values()) if started is None else started
+            prev = pod.processes.get(key)
+            restart = 0.0
+            restarting = prev is not None and prev.restarting
+            if prev is not None:
+                if any(v < prev.last[u] for u, v in values.items()):
+                    delta = dict(values)  # a new process's file replaced the old one's
+                else:
+                    delta = {u: v - prev.last[u] for u, v in values.items()}
+            elif first_sight and self.resumed_at is not None and start < self.resumed_at:
+                # Counted by the operator before its restart (to within the status' tolerance).
+                delta = dict.fromkeys(values, 0.0)
+            else:
+                delta = dict(values)
+                vacancy = self._take_vacancy(key) if first_sight else None
+                if vacancy is not None:
+                    replaced, restarting = True, True
+                    restart = _downtime(start, vacancy.failed_at)
+            if restarted:
+                restarting, restart = True, downtime
+            if restarting:
+                # The new process's start to its first batch belongs to the restart; its startup
+                # counter stops growing at the first batch, and so does this.
+                grew = delta.get(STARTUP, 0.0)
+                restart += grew
+                delta[STARTUP] = 0.0
+                restarting = grew > 0 or delta.get(USE_PRODUCTIVE, 0.0) <= 0
+            delta[USE_RESTART] = restart
+            for use, value in delta.items():
+                out[use] += value
+            if prev is None and len(pod.processes) >= MAX_PROCESSES_PER_POD:
+                continue
+            pod.processes[key] = _Process(dict(values), reading.at, restarting)
+        if replaced:
+            self.restarts += 1
+        pod.restarts = restarts
+        pod.count = reading.process_count
+        pod.share = share
+        pod.seen_at = reading.at
+        return out, share
+
+    # ------------------------------------------------------------ read
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return math.fsum(self.seconds.values())
+
+    def lost_accelerator_seconds(self) -> float | None:
+        if not self.accelerators_known:
+            return None
+        return self.lost_before + math.fsum(self.accelerator_seconds[u] for u in BADPUT_USES)
+
+    def status(self) -> dict[str, Any] | None:
+        """``status.goodput``; None while no process has reported goodput."""
+        elapsed = self.elapsed_seconds
+        if elapsed <= 0:
+            return None
+        out: dict[str, Any] = {
+            "ratio": round(min(1.0, self.seconds[USE_PRODUCTIVE] / elapsed), 4),
+            "elapsedSeconds": round(elapsed, 1),
+            "productiveSeconds": round(self.seconds[USE_PRODUCTIVE], 1),
+            "badputSeconds": {key: round(self.seconds[cause], 1) for cause, key in STATUS_KEYS.items()},
+            "restarts": self.restarts,
+        }
+        lost = self.lost_accelerator_seconds()
+        if lost is not None:
+            out["acceleratorSecondsLost"] = round(lost, 1)
+        if self.accelerators is not None:
+            out["accelerators"] = round(self.accelerators, 3)
+        return out

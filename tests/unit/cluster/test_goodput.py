@@ -1,0 +1,419 @@
+"""Goodput in the cluster: the pods' cumulative counters summed into the job's life so far, restarts
+counted from the kubelet's container status, the operator's accelerator-seconds counter by use."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from dam_operator.cluster import metric_names as mn
+from dam_operator.cluster import status as st
+from dam_operator.cluster.goodput import PROBE_CAUSES, STATUS_KEYS, GoodputLedger, read_pod
+from dam_operator.cluster.opmetrics import OperatorMetrics
+from dam_operator.cluster.registry import PodInfo, RestartRecord, restart_record
+from dam_operator.cluster.spec import parse_spec
+from dam_operator.cluster.window import window_step
+from dam_operator.diagnosis.hysteresis import Stabilizer
+from dam_sidecar import names
+from dam_sidecar.promtext import Sample, Snapshot, parse_snapshot
+
+ROOT = Path(__file__).resolve().parents[3]
+T0 = 1_800_000_000.0  # Unix seconds: a scrape time
+
+
+def _iso(t: float) -> str:
+    return st.format_time(dt.datetime.fromtimestamp(t, dt.UTC))
+
+
+def _pod(
+    name: str, *, uid: str = "", restart: RestartRecord | None = None, phase: str = "Running"
+) -> PodInfo:
+    return PodInfo(
+        "ns",
+        name,
+        {"app": "t"},
+        uid=uid or f"uid-{name}",
+        pod_ip="10.0.0.1",
+        phase=phase,
+        instrumented=True,
+        restart=restart,
+    )
+
+
+def _snap(
+    at: float,
+    processes: Mapping[str, Mapping[str, float]],
+    *,
+    gpus: int | None = 1,
+    nvml: bool = True,
+) -> Snapshot:
+    """A sidecar's scrape: per process (rank label, "" without) its productive seconds and badput by cause."""
+    samples = []
+    for rank, figures in processes.items():
+        labels = ((names.RANK_LABEL, rank),) if rank else ()
+        samples.append(Sample(names.GOODPUT_SECONDS_TOTAL, labels, figures.get("productive", 0.0)))
+        for cause in PROBE_CAUSES:
+            samples.append(
+                Sample(names.BADPUT_SECONDS_TOTAL, (("cause", cause), *labels), figures.get(cause, 0.0))
+            )
+    for i in range(gpus or 0):
+        samples.append(Sample(names.GPU_INFO, (("gpu", str(i)), ("uuid", f"GPU-{i}"), ("name", "H100")), 1))
+    if nvml:
+        samples.append(Sample(names.NVML_UP, (), 1.0 if gpus is not None else 0.0))
+    return Snapshot(samples, at)
+
+
+def test_the_operators_uses_are_productive_the_probes_causes_and_restart() -> None:
+    assert set(mn.ACCELERATOR_USES) == {mn.USE_PRODUCTIVE, *names.BADPUT_CAUSES, names.CAUSE_RESTART}
+    assert set(STATUS_KEYS) == set(mn.ACCELERATOR_USES) - {mn.USE_PRODUCTIVE}
+
+
+def test_the_job_is_the_mean_of_its_ranks_and_accelerator_seconds_are_badput_times_gpus() -> None:
+    ledger = GoodputLedger()
+    pods = [_pod("a"), _pod("b")]
+    ledger.update(
+        pods=pods,
+        answered={
+            "a": _snap(T0, {"0": {"productive": 80, "startup": 10, "data-wait": 10}}, gpus=2),
+            "b": _snap(T0, {"1": {"productive": 60, "startup": 10, "data-wait": 30}}, gpus=2),
+        },
+    )
+    out = ledger.status()
+    assert out is not None
+    # Each rank lived 100 s: the job's elapsed is 100 s, not 200.
+    assert out["elapsedSeconds"] == pytest.approx(100.0)
+    assert out["productiveSeconds"] == pytest.approx(70.0)
+    assert out["ratio"] == pytest.approx(0.70)
+    assert out["badputSeconds"] == {
+        "startup": 10.0,
+        "dataWait": 20.0,
+        "communication": 0.0,
+        "checkpoint": 0.0,
+        "restart": 0.0,
+        "other": 0.0,
+    }
+    # Rank 0 lost 20 s on 2 GPUs, rank 1 40 s on 2 GPUs.
+    assert out["acceleratorSecondsLost"] == pytest.approx(120.0)
+    assert out["accelerators"] == 4
+    assert ledger.accelerator_seconds["productive"] == pytest.approx(280.0)
+
+
+def test_later_windows_add_only_what_each_process_did_since_its_last_scrape() -> None:
+    ledger = GoodputLedger()
+    pods = [_pod("a")]
+    ledger.update(pods=pods, answered={"a": _snap(T0, {"": {"productive": 50, "startup": 10}})})
+    ledger.update(
+        pods=pods, answered={"a": _snap(T0 + 30, {"": {"productive": 70, "startup": 10, "other": 10}})}
+    )
+    ledger.update(pods=pods, answered={})  # a missed scrape adds nothing
+    out = ledger.status()
+    assert out is not None
+    assert out["elapsedSeconds"] == pytest.approx(90.0)
+    assert out["productiveSeconds"] == pytest.approx(70.0)
+    assert out["badputSeconds"]["other"] == pytest.approx(10.0)
+
+
+def test_a_series_that_went_down_is_a_new_process_counted_whole() -> None:
+    ledger = GoodputLedger()
+    pods = [_pod("a")]
+    ledger.update(pods=pods, answered={"a": _snap(T0, {"": {"productive": 100, "startup": 5}})})
+    ledger.update(pods=pods, answered={"a": _snap(T0 + 60, {"": {"productive": 20, "startup": 5}})})
+    out = ledger.status()
+    assert out is not None
+    assert out["productiveSeconds"] == pytest.approx(120.0)
+    assert out["badputSeconds"]["startup"] == pytest.approx(10.0)
+
+
+def test_a_container_restart_adds_its_downtime_and_the_new_processs_startup_as_restart() -> None:
+    ledger = GoodputLedger()
+    before = RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=before)], answered={"a": _snap(T0, {"": {"productive": 100, "startup": 5}})}
+    )
+    # It died at T0+10, the kubelet started it again at T0+40; the new process took 8 s to its first batch.
+    after = RestartRecord(count=1, finished_at=_iso(T0 + 10), started_at=_iso(T0 + 40), terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 60, {"": {"productive": 12, "startup": 8}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["restart"] == pytest.approx(30.0 + 8.0)
+    assert out["badputSeconds"]["startup"] == pytest.approx(5.0)  # the first process's only
+    assert out["productiveSeconds"] == pytest.approx(112.0)
+    assert out["restarts"] == 1
+    assert out["acceleratorSecondsLost"] == pytest.approx(5.0 + 38.0)
+    # The new process's startup goes on counting as restart until its first batch, and no further.
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 90, {"": {"productive": 40, "startup": 8}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["restart"] == pytest.approx(38.0)
+    assert out["productiveSeconds"] == pytest.approx(140.0)
+
+
+def test_a_restart_whose_old_probe_file_is_still_summed_in_counts_no_time_twice() -> None:
+    """The sidecar still reads the dead process's file: the pod's sum does not go down."""
+    ledger = GoodputLedger()
+    before = RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=before)], answered={"a": _snap(T0, {"": {"productive": 100, "startup": 5}})}
+    )
+    after = RestartRecord(count=1, finished_at=_iso(T0 + 10), started_at=_iso(T0 + 20), terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 60, {"": {"productive": 100 + 30, "startup": 5 + 4}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["productiveSeconds"] == pytest.approx(130.0)
+    assert out["badputSeconds"]["restart"] == pytest.approx(10.0 + 4.0)
+    assert out["badputSeconds"]["startup"] == pytest.approx(5.0)
+
+
+def test_a_failed_pods_replacement_taking_its_rank_adds_the_gap_as_restart() -> None:
+    ledger = GoodputLedger()
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1")],
+        answered={
+            "w-0": _snap(T0, {"0": {"productive": 90, "startup": 10}}),
+            "w-1": _snap(T0, {"1": {"productive": 90, "startup": 10}}),
+        },
+    )
+    failed = _pod(
+        "w-1",
+        phase="Failed",
+        restart=RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=_iso(T0 + 5)),
+    )
+    # The Job controller made w-1b; its rank-1 process started at T0+65 (60 s after the failure) and
+    # has been running 15 s, 5 of them before its first batch.
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1b")],
+        finished=[failed],
+        answered={
+            "w-0": _snap(T0 + 80, {"0": {"productive": 100, "startup": 10, "communication": 70}}),
+            "w-1b": _snap(T0 + 80, {"1": {"productive": 10, "startup": 5}}),
+        },
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["restarts"] == 1
+    # Process-seconds (60 s gap + 5 s startup) over the job's 2 processes.
+    assert out["badputSeconds"]["restart"] == pytest.approx(65.0 / 2)
+    assert out["badputSeconds"]["startup"] == pytest.approx(10.0)
+    assert out["acceleratorSecondsLost"] == pytest.approx(10 + 10 + 70 + 65)
+
+
+def test_a_new_pod_without_a_failed_predecessor_is_no_restart() -> None:
+    ledger = GoodputLedger()
+    ledger.update(pods=[_pod("a")], answered={"a": _snap(T0, {"0": {"productive": 10, "startup": 5}})})
+    ledger.update(
+        pods=[_pod("a"), _pod("b")],
+        finished=[_pod("gone", phase="Succeeded")],
+        answered={
+            "a": _snap(T0 + 15, {"0": {"productive": 25, "startup": 5}}),
+            "b": _snap(T0 + 15, {"1": {"productive": 10, "startup": 5}}),
+        },
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["restarts"] == 0 and out["badputSeconds"]["restart"] == 0
+
+
+def test_after_an_operator_restart_the_status_resumes_and_running_processes_are_not_counted_twice() -> None:
+    first = GoodputLedger()
+    pods = [_pod("a")]
+    first.update(
+        pods=pods, answered={"a": _snap(T0, {"": {"productive": 600, "startup": 30, "data-wait": 70}})}
+    )
+    written = {"goodput": first.status(), "lastEvaluationTime": _iso(T0)}
+
+    resumed = GoodputLedger.resume(written)
+    # The same process, 20 s later (the operator's downtime), then 30 s more.
+    resumed.update(
+        pods=pods, answered={"a": _snap(T0 + 20, {"": {"productive": 615, "startup": 30, "data-wait": 75}})}
+    )
+    resumed.update(
+        pods=pods, answered={"a": _snap(T0 + 50, {"": {"productive": 640, "startup": 30, "data-wait": 80}})}
+    )
+    out = resumed.status()
+    assert out is not None
+    assert out["productiveSeconds"] == pytest.approx(600 + 25)  # the 20 s down are lost, nothing doubles
+    assert out["badputSeconds"]["dataWait"] == pytest.approx(70 + 5)
+    # The counter starts at 0 with this operator process: only what it counted.
+    assert resumed.accelerator_seconds["productive"] == pytest.approx(25.0)
+    assert out["acceleratorSecondsLost"] == pytest.approx(100.0 + 5.0)
+
+    # A process that started after the status was written counts whole.
+    late = GoodputLedger.resume(written)
+    late.update(pods=[_pod("b")], answered={"b": _snap(T0 + 100, {"": {"productive": 40, "startup": 10}})})
+    assert late.status()["productiveSeconds"] == pytest.approx(640.0)  # type: ignore[index]
+
+
+def test_a_cpu_only_job_loses_zero_accelerator_seconds_and_unknown_gpus_are_not_zero() -> None:
+    cpu = GoodputLedger()
+    cpu.update(pods=[_pod("a")], answered={"a": _snap(T0, {"": {"productive": 50, "data-wait": 50}}, gpus=0)})
+    out = cpu.status()
+    assert out is not None
+    assert out["ratio"] == pytest.approx(0.5)
+    assert out["acceleratorSecondsLost"] == 0.0 and out["accelerators"] == 0
+
+    unknown = GoodputLedger()
+    unknown.update(pods=[_pod("a")], answered={"a": _snap(T0, {"": {"productive": 50}}, gpus=None)})
+    out = unknown.status()
+    assert out is not None
+    assert "acceleratorSecondsLost" not in out and "accelerators" not in out
+
+
+def test_a_pod_without_goodput_series_reports_no_goodput() -> None:
+    ledger = GoodputLedger()
+    old = parse_snapshot(f"{names.STEPS_TOTAL} 10\n{names.STEP_SECONDS_TOTAL} 5\n", timestamp_seconds=T0)
+    ledger.update(pods=[_pod("a")], answered={"a": old})
+    assert read_pod(old) is None
+    assert ledger.status() is None
+
+
+def test_garbage_values_are_dropped_not_counted() -> None:
+    text = (
+        f'{names.GOODPUT_SECONDS_TOTAL} NaN\n{names.GOODPUT_SECONDS_TOTAL}{{rank="1"}} 30\n'
+        f'{names.BADPUT_SECONDS_TOTAL}{{rank="1",cause="startup"}} -4\n'
+        f'{names.BADPUT_SECONDS_TOTAL}{{rank="1",cause="made-up"}} 99\n'
+        f'{names.BADPUT_SECONDS_TOTAL}{{rank="1",cause="other"}} 10\n'
+    )
+    reading = read_pod(parse_snapshot(text, timestamp_seconds=T0))
+    assert reading is not None
+    assert reading.processes == {"1": {"productive": 30.0, **dict.fromkeys(PROBE_CAUSES, 0.0), "other": 10.0}}
+
+
+def test_restart_record_reads_the_training_containers_not_the_sidecar() -> None:
+    status: dict[str, Any] = {
+        "containerStatuses": [
+            {
+                "name": "train",
+                "restartCount": 2,
+                "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-11-30T12:00:10Z"}},
+                "state": {"running": {"startedAt": "2026-11-30T12:00:40Z"}},
+            },
+            {
+                "name": "dam-sidecar",
+                "restartCount": 5,
+                "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-11-30T13:00:00Z"}},
+                "state": {"running": {"startedAt": "2026-11-30T13:00:01Z"}},
+            },
+        ]
+    }
+    record = restart_record(status)
+    assert record == RestartRecord(2, "2026-11-30T12:00:10Z", "2026-11-30T12:00:40Z", None)
+    pod = PodInfo.from_body({"metadata": {"name": "p", "namespace": "ns"}, "status": status}, True)
+    assert pod.restart == record
+    failed = restart_record(
+        {
+            "containerStatuses": [
+                {"name": "train", "state": {"terminated": {"finishedAt": "2026-11-30T12:05:00Z"}}}
+            ]
+        }
+    )
+    assert failed.terminated_at == "2026-11-30T12:05:00Z" and failed.count == 0
+
+
+def test_the_window_step_writes_status_goodput_and_removes_keys_gone_from_it() -> None:
+    spec = parse_spec({"selector": {"matchLabels": {"app": "t"}}, "evaluation": {"windowSeconds": 30}})
+    ledger = GoodputLedger()
+    previous = {"goodput": {"ratio": 0.1, "stale": 1}}
+    result = window_step(
+        spec=spec,
+        status=previous,
+        generation=1,
+        pods=[_pod("a")],
+        results={"a": _snap(T0, {"": {"productive": 90, "startup": 10}})},
+        baselines={},
+        stabilizer=Stabilizer(confirm_windows=1),
+        published=None,
+        when=dt.datetime.fromtimestamp(T0, dt.UTC),
+        webhook_enabled=True,
+        max_baseline_seconds=600.0,
+        goodput=ledger,
+    )
+    goodput = result.patch["status"]["goodput"]
+    assert goodput["ratio"] == pytest.approx(0.9)
+    assert goodput["stale"] is None
+    assert st.changes_status(previous, result.patch)
+
+
+def test_the_status_it_writes_is_valid_against_the_crd() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / "damprofile.yaml").read_text())
+    version = crd["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    ledger = GoodputLedger()
+    ledger.update(pods=[_pod("a")], answered={"a": _snap(T0, {"0": {"productive": 90, "checkpoint": 10}})})
+    goodput = ledger.status()
+    assert goodput is not None
+    assert set(goodput["badputSeconds"]) == set(STATUS_KEYS.values())
+    assert set(goodput) <= set(schema["properties"]["status"]["properties"]["goodput"]["properties"])
+    doc = {
+        "apiVersion": "dam.mlsys.dev/v1alpha1",
+        "kind": "DAMProfile",
+        "metadata": {"name": "p"},
+        "spec": {"selector": {"matchLabels": {"app": "t"}}},
+        "status": {"goodput": goodput},
+    }
+    assert list(jsonschema.Draft4Validator(schema).iter_errors(doc)) == []
+    columns = [
+        (c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"] if not c.get("priority")
+    ]
+    assert columns == [
+        ("Axis", ".status.bottleneck.axis"),
+        ("Regime", ".status.bottleneck.regime"),
+        ("Lever", ".status.bottleneck.lever"),
+        ("Confidence", ".status.bottleneck.confidence"),
+        ("Goodput", ".status.goodput.ratio"),
+        ("Age", ".metadata.creationTimestamp"),
+    ]
+
+
+def _series(registry: CollectorRegistry, name: str) -> dict[tuple[str, str, str], float]:
+    out = {}
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name == name:
+                out[(s.labels["namespace"], s.labels["profile"], s.labels.get("use", ""))] = s.value
+    return out
+
+
+def test_accelerator_seconds_are_a_counter_by_use_summed_over_the_fleet_and_gone_with_the_profile() -> None:
+    registry = CollectorRegistry()
+    metrics = OperatorMetrics(registry)
+    for profile, lost in (("a", 30.0), ("b", 50.0)):
+        ledger = GoodputLedger()
+        ledger.update(
+            pods=[_pod(profile)],
+            answered={profile: _snap(T0, {"": {"productive": 100 - lost, "data-wait": lost}}, gpus=2)},
+        )
+        metrics.observe_goodput(
+            "ns", profile, accelerator_seconds=ledger.accelerator_seconds, ratio=ledger.status()["ratio"]
+        )
+    series = _series(registry, mn.PROFILE_ACCELERATOR_SECONDS_TOTAL)
+    assert {use for _, _, use in series} == set(mn.ACCELERATOR_USES)
+    fleet = {use: sum(v for (_, _, u), v in series.items() if u == use) for use in mn.ACCELERATOR_USES}
+    assert fleet["data-wait"] == pytest.approx(2 * 30 + 2 * 50)
+    assert fleet["productive"] == pytest.approx(2 * 70 + 2 * 50)
+    assert _series(registry, mn.PROFILE_GOODPUT_RATIO)[("ns", "a", "")] == pytest.approx(0.7)
+
+    # Never down while the operator lives, even when handed less.
+    metrics.observe_goodput("ns", "a", accelerator_seconds={"data-wait": 1.0}, ratio=0.7)
+    assert _series(registry, mn.PROFILE_ACCELERATOR_SECONDS_TOTAL)[("ns", "a", "data-wait")] == pytest.approx(
+        60
+    )
+
+    metrics.forget_profile("ns", "a")
+    assert {p for _, p, _ in _series(registry, mn.PROFILE_ACCELERATOR_SECONDS_TOTAL)} == {"b"}
+    assert set(_series(registry, mn.PROFILE_GOODPUT_RATIO)) == {("ns", "b", "")}
