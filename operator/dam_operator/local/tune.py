@@ -532,6 +532,8 @@ def _lever_end(lever: ApplyLever, best: Measurement, last: Tried | None, bound: 
         return f"{lever.setting} {last.value} gained nothing over {value}"
     if lever.setting == NUM_WORKERS:
         return f"num_workers at the CPU bound ({bound} CPU{'s' if bound != 1 else ''} for this job)"
+    if bound is None:
+        return f"{lever.setting} at {value}, the end of its ladder"
     return f"{lever.setting} at its bound ({bound})"
 
 

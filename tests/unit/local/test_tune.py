@@ -6,6 +6,7 @@ tests/unit/diagnosis/test_apply_levers.py."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -283,3 +284,20 @@ def test_json_has_exactly_the_documented_shape() -> None:
     assert all(set(t) == {"settings", "stepsPerSecond", "dataWaitRatio", "kept"} for t in doc["trials"])
     assert doc["applied"] == {"num_workers": 2}
     json.dumps(doc)  # serialisable
+
+
+def test_a_switch_lever_is_tried_once_with_the_workers_it_needs_and_its_end_reads_as_such() -> None:
+    # enable-pin-memory climbs its own setting (the table's chain), only with a GPU and never twice.
+    runner = FakeRunner(lambda s: 30.0 if s.get("pin_memory") else 20.0, lever="enable-pin-memory")
+    result = tune(runner, bound=4)
+    assert result.trials == [] and "pin_memory not tried: it needs a GPU" in result.reason
+    gpu_runner = GpuRunner(lambda s: 30.0 if s.get("pin_memory") else 20.0, lever="enable-pin-memory")
+    result = tune(gpu_runner, bound=4)
+    assert [t.measurement.settings for t in result.trials] == [{"num_workers": 0, "pin_memory": True}]
+    assert result.applied == {"pin_memory": True}
+    assert "pin_memory at True, the end of its ladder" in result.reason
+
+
+class GpuRunner(FakeRunner):
+    def measure(self, settings: Settings, baseline: Settings) -> Measurement:
+        return dataclasses.replace(super().measure(settings, baseline), gpu_count=1)
