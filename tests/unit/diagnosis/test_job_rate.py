@@ -44,7 +44,9 @@ def test_ranks_in_several_pods_give_the_median_ranks_rate() -> None:
 
 
 def test_independent_processes_without_ranks_add_up() -> None:
-    job = aggregate({"a": Observation(steps_per_second=2.0, steps=20), "b": Observation(steps_per_second=3.0)})
+    job = aggregate(
+        {"a": Observation(steps_per_second=2.0, steps=20), "b": Observation(steps_per_second=3.0)}
+    )
     assert job.steps_per_second == 5.0
 
 

@@ -24,7 +24,9 @@ TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _stat(pid: int, ppid: int, state: str, utime: int, stime: int, cutime: int = 0, cstime: int = 0) -> str:
+def _stat(  # noqa: PLR0917 (the fields of /proc/<pid>/stat, in their order)
+    pid: int, ppid: int, state: str, utime: int, stime: int, cutime: int = 0, cstime: int = 0
+) -> str:
     # Fields 1..22; the command name holds a space and a parenthesis, as real ones may.
     rest = [state, str(ppid)] + ["0"] * 9 + [str(utime), str(stime), str(cutime), str(cstime)] + ["0"] * 7
     return f"{pid} (py thon) x) " + " ".join(rest) + "\n"
@@ -161,7 +163,9 @@ def test_a_training_process_publishes_its_own_and_its_dataloader_workers_cpu_and
         for i, _ in enumerate(dam_probe.instrument(loader)):
             if i == 80:
                 kids = [int(p) for p in open(f"/proc/self/task/{{os.getpid()}}/children").read().split()]
-                cpu = lambda pid: sum(int(f) for f in open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[11:13])
+                cpu = lambda pid: sum(  # noqa: E731
+                    int(f) for f in open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[11:13]
+                )
                 time.sleep(1.1)  # the next publish re-reads /proc
                 seen = {{"kids": len(kids), "worker_cpu_ns": sum(cpu(k) for k in kids) * 10**9 // ticks,
                          "main_cpu_ns": cpu(os.getpid()) * 10**9 // ticks}}

@@ -26,7 +26,11 @@ GIB = 2**30
 
 
 def _collector(tmp_path: Path) -> tuple[SidecarCollector, Path, Path]:
-    probes, proc, cg = touch_dir(tmp_path / "probes"), touch_dir(tmp_path / "proc"), touch_dir(tmp_path / "cg")
+    probes, proc, cg = (
+        touch_dir(tmp_path / "probes"),
+        touch_dir(tmp_path / "proc"),
+        touch_dir(tmp_path / "cg"),
+    )
     errors = ErrorLog()
     collector = SidecarCollector(
         probe=ProbeReader(str(probes), errors, proc_root=str(proc)),
