@@ -9,7 +9,8 @@ Prometheus (the Debian binary) scrapes, once a second on loopback:
   controller, so ``DAM_CGROUP_ROOT`` points at a small cgroup v2 tree whose ``cpu.stat``
   the writer advances (and whose memory files hold a usage, a limit and one OOM kill);
 - the operator's metrics (``OperatorMetrics`` on its own registry) holding a verdict of
-  the real diagnosis engine, served by ``prometheus_client``.
+  the real diagnosis engine, served by ``prometheus_client``, and two profiles' goodput:
+  accelerator-seconds by use that a thread advances at known rates (``GOODPUT_RATES``).
 
 The target labels ``namespace``/``pod`` are set like the chart's PodMonitor and
 ServiceMonitor (``honor_labels`` for the operator) would set them.
@@ -24,8 +25,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
+from dam_operator.cluster import metric_names as mn
 from dam_operator.cluster.opmetrics import OperatorMetrics
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Observation, Verdict
@@ -46,6 +49,7 @@ NAMESPACE, POD, PROFILE = "ml", "train-0", "resnet"
 WAIT_SHARE = 0.30  # share of each step the writer spends "waiting on the loader"
 SCRAPE_SECONDS = 1
 RATE_INTERVAL = "5s"  # Grafana's $__rate_interval for a 1 s scrape: at least 4 scrapes
+RANGE = "1m"  # Grafana's $__range: the dashboard's time range
 DEADLINE_SECONDS = 60.0
 
 pytestmark = [
@@ -61,6 +65,12 @@ _ACTION = {
     "outcome": "improved",
     "before": {"stepsPerSecond": 4.0, "dataWaitRatio": 0.6},
     "after": {"stepsPerSecond": 7.0, "dataWaitRatio": 0.1},
+}
+
+# Accelerator-seconds per second by use of two profiles' jobs (their GPUs times their shares).
+GOODPUT_RATES = {
+    PROFILE: {"productive": 1.6, "data-wait": 0.4},
+    "bert": {"productive": 0.5, "checkpoint": 0.5},
 }
 
 FAKE_UUIDS = tuple(f"GPU-fake-{i:04d}-0000-0000-000000000000" for i in range(2))
@@ -127,6 +137,20 @@ def _input_bound_verdict() -> Verdict:
     )
 
 
+def _advance_goodput(metrics: OperatorMetrics, stop: threading.Event) -> None:
+    """The operator's goodput counters, as its windows would advance them (0.2 s windows)."""
+    totals = {profile: dict.fromkeys(mn.ACCELERATOR_USES, 0.0) for profile in GOODPUT_RATES}
+    last = time.monotonic()
+    while not stop.wait(0.2):
+        now = time.monotonic()
+        for profile, rates in GOODPUT_RATES.items():
+            for use, rate in rates.items():
+                totals[profile][use] += rate * (now - last)
+            ratio = rates.get("productive", 0.0) / sum(rates.values())
+            metrics.observe_goodput(NAMESPACE, profile, accelerator_seconds=totals[profile], ratio=ratio)
+        last = now
+
+
 @dataclass
 class Stack:
     api: str
@@ -149,6 +173,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "sidecar"), str(ROOT / "operator")])}
     procs: list[subprocess.Popen[bytes]] = []
+    stops: list[Callable[[], None]] = []
     server = None
     try:
         procs.append(
@@ -178,6 +203,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         metrics.set_profiles(1)
         metrics.evaluation(ok=True)
         metrics.evaluation(ok=False, reason="scrape")
+        metrics.observe_verdict(NAMESPACE, "bert", verdict, timestamp_seconds=time.time())
+        stop_goodput = threading.Event()
+        goodput = threading.Thread(target=_advance_goodput, args=(metrics, stop_goodput), daemon=True)
+        goodput.start()
+        stops.append(stop_goodput.set)
         operator_port = free_port()
         server, _thread = start_http_server(operator_port, addr="127.0.0.1", registry=registry)
 
@@ -225,6 +255,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         _wait_for_targets(api, procs)
         yield Stack(api=api, verdict=verdict)
     finally:
+        for stop in stops:
+            stop()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -275,7 +307,7 @@ def _variables() -> list[dict[str, Any]]:
 def _substitute(expr: str, values: dict[str, str]) -> str:
     for name, value in values.items():
         expr = expr.replace(f"${name}", value)
-    expr = expr.replace("$__rate_interval", RATE_INTERVAL)
+    expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", RANGE)
     assert "$" not in expr, f"unsubstituted variable left in {expr!r}"
     return expr
 
@@ -382,3 +414,32 @@ def test_gpu_panel_reports_only_the_gpus_the_probe_attributes(
     assert sorted(r["metric"]["gpu"] for r in result) == ["0", "1"]
     uuids = _query(stack.api, f'count by (uuid) (dam_gpu_utilization_ratio{{pod="{POD}"}})', instant=True)
     assert sorted(r["metric"]["uuid"] for r in uuids) == sorted(FAKE_UUIDS)
+
+
+def test_fleet_query_sums_accelerator_seconds_by_use_across_profiles(stack: Stack) -> None:
+    """The fleet's accelerator-hours by cause in one PromQL sum, as docs/operator.md gives it."""
+    expr = f"sum by (use) (rate({mn.PROFILE_ACCELERATOR_SECONDS_TOTAL}[10s]))"
+    expected = {use: sum(r.get(use, 0.0) for r in GOODPUT_RATES.values()) for use in mn.ACCELERATOR_USES}
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:  # until the counters have 10 s of samples behind them (rate() is short before)
+        by_use = {r["metric"]["use"]: float(r["value"][1]) for r in _query(stack.api, expr, instant=True)}
+        if by_use.get("productive", 0) > 0.8 * expected["productive"] or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    assert set(by_use) == set(mn.ACCELERATOR_USES), by_use
+    for use, rate in expected.items():
+        assert by_use[use] == pytest.approx(rate, rel=0.15, abs=0.01), (use, by_use)
+
+
+def test_jobs_table_ranks_profiles_by_hours_lost_with_their_lever(
+    stack: Stack, variable_values: dict[str, str]
+) -> None:
+    (target,) = [t for n, t in _panel_targets() if n == "Jobs that lose the most accelerator-hours [A]"]
+    everyone = {**variable_values, "profile": ".*"}
+    result = _poll(stack.api, _substitute(target["expr"], everyone), instant=True)
+    rows = {r["metric"]["profile"]: r for r in result}
+    assert set(rows) == set(GOODPUT_RATES), result
+    lever = stack.verdict.bottleneck.lever
+    assert all(r["metric"]["lever"] == lever for r in rows.values())
+    # bert loses 0.5 accelerator-s/s, resnet 0.4: bert first.
+    assert float(rows["bert"]["value"][1]) > float(rows[PROFILE]["value"][1]) > 0

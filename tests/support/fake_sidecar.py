@@ -54,6 +54,10 @@ class FakeJob:
     step_seconds: float = 50.0
     wait_seconds: float = 20.0
     cpu_seconds: float = 10.0
+    goodput: bool = False
+    """Also serve the probe's goodput series: productive = step time less data wait, badput
+    data-wait = the wait, startup = ``startup_seconds``, the other causes 0."""
+    startup_seconds: float = 5.0
     _last: float | None = field(default=None, repr=False)
 
     def switch(self, regime: Regime) -> None:
@@ -98,6 +102,16 @@ class FakeJob:
                 lines.append(f'{name}{{gpu="0"}} {value!r}')
         if r.gpu_util is not None:
             lines.append(f"{names.NVML_UP} 1")
+        if self.goodput:
+            productive = self.step_seconds - self.wait_seconds
+            causes = dict.fromkeys(names.BADPUT_CAUSES, 0.0)
+            causes |= {names.CAUSE_STARTUP: self.startup_seconds, names.CAUSE_DATA_WAIT: self.wait_seconds}
+            lines += [
+                f"# TYPE {names.GOODPUT_SECONDS_TOTAL} counter",
+                f"{names.GOODPUT_SECONDS_TOTAL} {productive!r}",
+            ]
+            lines.append(f"# TYPE {names.BADPUT_SECONDS_TOTAL} counter")
+            lines += [f'{names.BADPUT_SECONDS_TOTAL}{{cause="{c}"}} {v!r}' for c, v in causes.items()]
         return "\n".join(lines) + "\n"
 
 
