@@ -198,6 +198,7 @@ class ThresholdsSpec(_Spec):
     straggler_skew: Ratio | None = None
     gpu_memory_full: Annotated[float, Field(gt=0.5, le=1.0), AfterValidator(_finite)] | None = None
     container_memory_full: Annotated[float, Field(gt=0.5, le=1.0), AfterValidator(_finite)] | None = None
+    checkpoint_suspect: Ratio | None = None
 
     def merged(self) -> Thresholds:
         return Thresholds(**self.model_dump(exclude_none=True))

@@ -12,6 +12,10 @@ thresholds, in ``docs/method.md``. In short, in order:
    neither a data-wait ratio nor a GPU signal nor the main process's CPU → ``unknown``
    (``collect-more-evidence``, ``missing`` names what is absent). No step at all: "no
    training step was seen", what was sampled, and how to instrument a custom loop.
+2b. **Checkpoint-bound** (Machine, boundary Data): checkpoint saves block the training thread
+   above ``checkpoint_suspect`` of the wall time, more than the data wait or the exposed
+   communication; lever ``async-checkpoint``, or ``checkpoint-less-often`` when it saves more
+   often than every ``CHECKPOINT_OFTEN_STEPS`` steps.
 3. **Communication-bound** (Machine, boundary Algorithm): the *skew-corrected* exposed
    communication — the least-waiting rank's — above ``communication_suspect`` of the step.
    When the job is also input-bound, the larger share of the step wins.
@@ -73,6 +77,7 @@ _AXES: dict[Regime, tuple[Axis, Axis | None]] = {
     Regime.LATENCY_BOUND: (Axis.ALGORITHM, Axis.MACHINE),
     Regime.COMMUNICATION_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
     Regime.MEMORY_CAPACITY: (Axis.ALGORITHM, Axis.MACHINE),
+    Regime.CHECKPOINT_BOUND: (Axis.MACHINE, Axis.DATA),
     Regime.UNKNOWN: (Axis.UNKNOWN, None),
 }
 
@@ -86,6 +91,10 @@ CPU_MULTI_THREAD_CORES = 1.5
 NODE_CPU_BUSY = 0.90
 """A node whose CPUs are this busy leaves a CPU-only job no spare cores: the host CPU is the limit."""
 """A CPU-only main process above this many cores is doing multi-threaded arithmetic, not Python overhead."""
+
+CHECKPOINT_OFTEN_STEPS = 10
+"""A job that saves more often than every this many steps is told to save less often first
+(``checkpoint-less-often``); otherwise to save asynchronously (``async-checkpoint``)."""
 
 MIN_CONFIDENCE = 0.05
 MAX_CONFIDENCE = 0.99
@@ -174,7 +183,14 @@ def derive(obs: Observation, hardware: Hardware | None) -> Derived:
     bw = hardware.memory_bandwidth_bytes_per_second if hardware else None
     gpus = max(1, obs.gpu_count or 1)
     mfu = None
-    if not cpu_only and obs.flops_per_step is not None and sps is not None and peak:
+    # A CPU-only job has a peak only when the user gave one (``--peak-flops``, spec.hardware): the
+    # GPU table has no entry without a GPU model. Its MFU is then against that peak.
+    if (
+        obs.flops_per_step is not None
+        and sps is not None
+        and peak
+        and (not cpu_only or obs.gpu_model is None)
+    ):
         mfu = obs.flops_per_step * sps / (peak * gpus)
 
     intensity = None
@@ -604,6 +620,39 @@ class _Rules:
             ev.append(self.wait_sentence())
         return _Finding(Regime.COMMUNICATION_BOUND, lever, conf, evidence=ev, missing=missing)
 
+    def checkpoint_bound(self) -> _Finding | None:
+        """Saves block the training thread above ``checkpoint_suspect`` of the wall time, and more than
+        the data wait or the exposed communication does (the largest loss is cut first)."""
+        o, t = self.obs, self.t
+        x = o.checkpoint_ratio
+        if x is None or x <= t.checkpoint_suspect:
+            return None
+        if self.communication_bound() is not None and (o.exposed_communication_ratio or 0.0) > x:
+            return None
+        if self.input_bound() is not None and (o.data_wait_ratio or 0.0) > x:
+            return None
+        ev = [
+            f"checkpoint saves blocked the training thread {_pct(x)} of the window "
+            f"(screen > {_thr(t.checkpoint_suspect)}): the accelerator waits while the state is written"
+        ]
+        conf = 0.85 if x >= 2 * t.checkpoint_suspect else 0.7
+        lever = "async-checkpoint"
+        saves, steps = o.checkpoints, o.job_steps if o.job_steps is not None else o.steps
+        if saves and o.checkpoint_seconds is not None:
+            text = f"{saves:.0f} saves in the window, {o.checkpoint_seconds / saves:.2f} s each"
+            if steps:
+                every = steps / saves
+                text += f", one every {every:.0f} steps"
+                if every < CHECKPOINT_OFTEN_STEPS:
+                    lever = "checkpoint-less-often"
+                    text += f" (more often than every {CHECKPOINT_OFTEN_STEPS} steps: save less often)"
+            ev.append(text)
+        if o.data_wait_ratio is not None:
+            ev.append(self.wait_sentence())
+        if o.gpu_utilization is not None:
+            ev.append(self.util_sentence())
+        return _Finding(Regime.CHECKPOINT_BOUND, lever, conf, evidence=ev)
+
     def data_or_communication(self) -> _Finding | None:
         comm = self.communication_bound()
         data = self.input_bound()
@@ -973,6 +1022,7 @@ class _Rules:
     def decide_rest(self) -> _Finding:
         for rule in (
             self.insufficient,
+            self.checkpoint_bound,
             self.data_or_communication,
             self.gpu_fed,
             self.cpu_contention,
@@ -1041,6 +1091,9 @@ def _metrics(obs: Observation, d: Derived) -> WindowMetrics:
         worker_cpu_wait_ratio=obs.worker_cpu_wait_ratio,
         steps_per_second=d.steps_per_second,
         mfu=d.mfu,
+        flops_per_step=obs.flops_per_step,
+        flops_per_step_source=obs.flops_per_step_source if obs.flops_per_step is not None else None,
+        checkpoint_ratio=obs.checkpoint_ratio,
         arithmetic_intensity=d.arithmetic_intensity,
         ridge_point=d.ridge_point,
         iron_law=d.iron_law,

@@ -128,6 +128,15 @@ LEVERS: Final = MappingProxyType(
             "no per-worker copies of large Python objects (use numpy arrays or shared memory)."
         ),
         "raise-memory-limit": "Raise the container's memory limit (or request) to fit the job's peak.",
+        # --- Machine/Data (I/O): checkpoint saves -----------------------------------------
+        "async-checkpoint": (
+            "Save checkpoints asynchronously (torch.distributed.checkpoint.async_save): the training "
+            "thread only stages the state and goes on while a background thread writes it."
+        ),
+        "checkpoint-less-often": (
+            "Save checkpoints less often (every few hundred steps or minutes, sized to the restart cost "
+            "you accept), or save smaller state."
+        ),
         # --- no verdict -------------------------------------------------------------
         "collect-more-evidence": "Collect more evidence before pulling any lever.",
     }
@@ -179,6 +188,7 @@ EFFECTIVE: Final = MappingProxyType(
             "reduce-loader-memory",
             "raise-memory-limit",
         ),
+        Regime.CHECKPOINT_BOUND: ("async-checkpoint", "checkpoint-less-often"),
         Regime.UNKNOWN: ("collect-more-evidence",),
     }
 )
@@ -191,6 +201,7 @@ AVOID: Final = MappingProxyType(
         Regime.LATENCY_BOUND: ("faster-accelerator", "more-memory-bandwidth"),
         Regime.COMMUNICATION_BOUND: ("more-loader-workers", "faster-accelerator"),
         Regime.MEMORY_CAPACITY: ("faster-accelerator", "more-loader-workers"),
+        Regime.CHECKPOINT_BOUND: ("faster-accelerator", "more-loader-workers"),
         Regime.UNKNOWN: (),
     }
 )

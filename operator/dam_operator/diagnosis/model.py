@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -30,6 +30,7 @@ class Regime(StrEnum):
     LATENCY_BOUND = "latency-bound"
     COMMUNICATION_BOUND = "communication-bound"
     MEMORY_CAPACITY = "memory-capacity"
+    CHECKPOINT_BOUND = "checkpoint-bound"
     UNKNOWN = "unknown"
 
 
@@ -115,6 +116,14 @@ class Observation(_Wire):
     batch_size: Annotated[int, Field(ge=0, le=10**9)] | None = None
     flops_per_step: NonNeg | None = None
     """Model FLOPs of one counted step (what one ``dam_steps_total`` increment computed)."""
+    flops_per_step_source: Literal["measured", "declared"] | None = None
+    """Where ``flops_per_step`` comes from: counted once by the probe, or declared (job, spec, flag)."""
+    checkpoint_seconds: NonNeg | None = None
+    """Time the training thread blocked in checkpoint saves in the window (the most-saving process)."""
+    checkpoint_ratio: Ratio | None = None
+    """``checkpoint_seconds`` / the window's wall time (None when the saves are not timed)."""
+    checkpoints: NonNeg | None = None
+    """Checkpoint saves in the window (the most-saving process)."""
     bytes_per_step: NonNeg | None = None
     """Device-memory bytes moved by one counted step, when a profiler measured it."""
     gpu_model: Annotated[str, Field(max_length=64)] | None = None
@@ -204,6 +213,9 @@ class Thresholds(_Wire):
     """Device memory used above this share of total → memory capacity is the limit."""
     container_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = 0.95
     """Container memory at/above this share of its limit → a weaker memory-capacity screen."""
+    checkpoint_suspect: Ratio = 0.10
+    """The training thread blocked in checkpoint saves above this share of the wall time →
+    checkpoint-bound (when no larger loss, data wait or exposed communication, explains more)."""
 
 
 class IronLaw(_Wire):
@@ -248,6 +260,11 @@ class WindowMetrics(_Wire):
     steps_per_second: float | None = None
     """The job's rate (the median rank's for a distributed job; each rank's under ``ranks``)."""
     mfu: float | None = None
+    flops_per_step: float | None = None
+    flops_per_step_source: str | None = None
+    """``measured`` (counted once by the probe) or ``declared``."""
+    checkpoint_ratio: float | None = None
+    """Time blocked in checkpoint saves / wall time of the window."""
     arithmetic_intensity: float | None = None
     ridge_point: float | None = None
     iron_law: IronLaw | None = None

@@ -62,6 +62,9 @@ PROBE_SERIES: frozenset[str] = frozenset(
         COLLECTIVE_EXPOSED_SECONDS_TOTAL,
         COLLECTIVES_TOTAL,
         COLLECTIVE_BYTES_TOTAL,
+        names.GOODPUT_SECONDS_TOTAL,
+        names.BADPUT_SECONDS_TOTAL,
+        names.CHECKPOINTS_TOTAL,
     }
 )
 """Series the in-process probe writes: one per rank process (label ``rank``)."""
@@ -384,10 +387,22 @@ def _fields(
             batch_size = round(max(sizes))
     fields["batch_size"] = batch_size
     if flops_per_step is None:
-        flops = [v for s in after.samples(names.MODEL_FLOPS_PER_STEP) if (v := _valid(s.value)) is not None]
+        flops = [
+            (v, s.label(names.SOURCE_LABEL))
+            for s in after.samples(names.MODEL_FLOPS_PER_STEP)
+            if (v := _valid(s.value)) is not None
+        ]
         if flops:
-            flops_per_step = statistics.fmean(flops)
+            flops_per_step = statistics.fmean(v for v, _ in flops)
+            sources = {src for _, src in flops}
+            # Every process measured its own (or an older sidecar without the label: declared).
+            fields["flops_per_step_source"] = (
+                names.FLOPS_MEASURED if sources == {names.FLOPS_MEASURED} else names.FLOPS_DECLARED
+            )
+    else:
+        fields["flops_per_step_source"] = names.FLOPS_DECLARED
     fields["flops_per_step"] = flops_per_step
+    fields.update(_checkpoint_fields(before, after, elapsed))
     if gpu_model is None:
         for s in after.samples(names.GPU_INFO):
             model = s.label("model") or s.label("name")
@@ -487,6 +502,32 @@ def _fields(
             )
         )
     return fields
+
+
+def _checkpoint_fields(before: Snapshot, after: Snapshot, elapsed: float | None) -> dict[str, Any]:
+    """Checkpoint badput in the window: the most-saving process's (a synchronous job waits for it)."""
+    prev = before.series(names.BADPUT_SECONDS_TOTAL)
+    saves_prev = before.series(names.CHECKPOINTS_TOTAL)
+    saves_after = after.series(names.CHECKPOINTS_TOTAL)
+    best: tuple[float, float | None] | None = None
+    for labels, value in after.series(names.BADPUT_SECONDS_TOTAL).items():
+        if _label(labels, names.CAUSE_LABEL) != names.CAUSE_CHECKPOINT or (a := _valid(value)) is None:
+            continue
+        b = _valid(prev.get(labels))
+        delta = a if b is None or a < b else a - b
+        rank = tuple(kv for kv in labels if kv[0] != names.CAUSE_LABEL)
+        saves = None
+        if (sa := _valid(saves_after.get(rank))) is not None:
+            sb = _valid(saves_prev.get(rank))
+            saves = sa if sb is None or sa < sb else sa - sb
+        if best is None or delta > best[0]:
+            best = (delta, saves)
+    if best is None:
+        return {}
+    out: dict[str, Any] = {"checkpoint_seconds": best[0], "checkpoints": best[1]}
+    if elapsed:
+        out["checkpoint_ratio"] = _ratio(best[0] / elapsed)
+    return out
 
 
 # --- ranks ---------------------------------------------------------------------------

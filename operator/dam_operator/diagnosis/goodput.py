@@ -1,0 +1,117 @@
+"""Goodput over a job's life from the probes' cumulative counters (``status.goodput``'s shape).
+
+Each training process's probe counts from the process's start its productive step time
+(``dam_goodput_seconds_total``) and the time it lost by cause (``dam_badput_seconds_total{cause}``:
+``startup``, ``data-wait``, ``communication``, ``checkpoint``, ``other``); ``other`` is the rest
+of its elapsed time, so one process's series add up to its elapsed time. One snapshot is enough:
+the counters are cumulative.
+
+Units: the figures are summed over the processes (``rank`` label) and divided by their number,
+so a job of eight ranks that trained an hour reads about 3,600 s, not 28,800 s.
+``acceleratorSecondsLost`` is the badput times the job's accelerators (the GPUs its sidecar
+attributes to it): 0 for a CPU-only job, absent when the accelerators are unknown.
+``restart`` is the cluster's (the operator adds it); a local run has none.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from dam_sidecar import names
+from dam_sidecar.promtext import Snapshot
+
+CAUSE_FIELDS: dict[str, str] = {
+    names.CAUSE_STARTUP: "startup",
+    names.CAUSE_DATA_WAIT: "data_wait",
+    names.CAUSE_COMMUNICATION: "communication",
+    names.CAUSE_CHECKPOINT: "checkpoint",
+    names.CAUSE_OTHER: "other",
+}
+"""``cause`` label value → ``BadputSeconds`` field."""
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+Seconds = float
+
+
+class BadputSeconds(_Wire):
+    """``status.goodput.badputSeconds``: time lost by cause, seconds."""
+
+    startup: Seconds = Field(default=0.0, ge=0.0)
+    data_wait: Seconds = Field(default=0.0, ge=0.0)
+    communication: Seconds = Field(default=0.0, ge=0.0)
+    checkpoint: Seconds = Field(default=0.0, ge=0.0)
+    restart: Seconds = Field(default=0.0, ge=0.0)
+    other: Seconds = Field(default=0.0, ge=0.0)
+
+    def total(self) -> float:
+        return (
+            self.startup + self.data_wait + self.communication + self.checkpoint + self.restart + self.other
+        )
+
+    def items(self) -> list[tuple[str, float]]:
+        """``(field name, seconds)`` in display order."""
+        return [
+            ("startup", self.startup),
+            ("data_wait", self.data_wait),
+            ("communication", self.communication),
+            ("checkpoint", self.checkpoint),
+            ("restart", self.restart),
+            ("other", self.other),
+        ]
+
+
+class Goodput(_Wire):
+    """``status.goodput``: over the job's life so far."""
+
+    ratio: float = Field(ge=0.0, le=1.0)
+    """Productive step time / elapsed time."""
+    elapsed_seconds: Seconds = Field(ge=0.0)
+    productive_seconds: Seconds = Field(ge=0.0)
+    badput_seconds: BadputSeconds
+    accelerator_seconds_lost: Seconds | None = Field(default=None, ge=0.0)
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) and v >= 0 else None
+
+
+def goodput_of(snapshot: Snapshot, accelerators: int | None = None) -> Goodput | None:
+    """The goodput of the processes in ``snapshot``; None when no probe accounts for it.
+
+    ``accelerators``: the job's accelerators (GPUs), None when unknown.
+    """
+    productive: dict[str, float] = {}
+    for s in snapshot.samples(names.GOODPUT_SECONDS_TOTAL):
+        v = _finite(s.value)
+        if v is not None:
+            productive[s.label(names.RANK_LABEL)] = productive.get(s.label(names.RANK_LABEL), 0.0) + v
+    if not productive:
+        return None
+    lost: dict[str, float] = defaultdict(float)
+    for s in snapshot.samples(names.BADPUT_SECONDS_TOTAL):
+        field = CAUSE_FIELDS.get(s.label(names.CAUSE_LABEL))
+        v = _finite(s.value)
+        if field is not None and v is not None and s.label(names.RANK_LABEL) in productive:
+            lost[field] += v
+    processes = len(productive)
+    badput = BadputSeconds(**{k: v / processes for k, v in lost.items()})
+    good = math.fsum(productive.values()) / processes
+    elapsed = good + badput.total()
+    lost_total = badput.total()
+    return Goodput(
+        ratio=min(1.0, good / elapsed) if elapsed > 0 else 0.0,
+        elapsed_seconds=elapsed,
+        productive_seconds=good,
+        badput_seconds=badput,
+        accelerator_seconds_lost=None if accelerators is None else lost_total * accelerators,
+    )
