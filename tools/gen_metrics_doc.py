@@ -98,6 +98,7 @@ def operator_section() -> list[str]:
             }
         ],
     )
+    metrics.observe_goodput("ns", "p", accelerator_seconds={"productive": 1.0}, ratio=0.5)
     lines = [
         "# Metrics exported by `dam operator`",
         "",
@@ -106,6 +107,9 @@ def operator_section() -> list[str]:
         "`term`, `state`, `reason`, `result`, `outcome` and `phase` take values from fixed sets, and",
         "every `reason`, `result` and `outcome` is exported at 0 from the start. The `dam_profile_action_*`",
         "series follow the profile's `status.actions` (about ten entries at most, docs/automation.md).",
+        "`dam_profile_accelerator_seconds_total` has one series per `use` (`productive`, `startup`,",
+        "`data-wait`, `communication`, `checkpoint`, `restart`, `other`) for a profile whose GPUs are",
+        "known, counted from 0 when the operator starts (docs/operator.md#goodput).",
         "",
         "| name | type | labels | meaning |",
         "|---|---|---|---|",
