@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import sys
 import threading
@@ -159,9 +160,9 @@ class FlopCount:
         if sys.modules.get("torch") is None or _compiled():
             self.state = FLOPS_UNAVAILABLE
             return
-        from torch.utils.flop_counter import FlopCounterMode  # torch is loaded: this is cheap
-
-        mode: Any = FlopCounterMode(display=False)
+        # The job's own torch, already loaded (never a dependency of the probe: imported by name).
+        counter: Any = importlib.import_module("torch.utils.flop_counter")
+        mode: Any = counter.FlopCounterMode(display=False)
         mode.__enter__()
         self.mode = mode
         self.thread = threading.get_ident()

@@ -399,7 +399,7 @@ class SidecarCollector(Collector):
             yield g
         flops = _labelled(n.MODEL_FLOPS_PER_STEP, (n.RANK_LABEL, n.SOURCE_LABEL))
         for r in ranks:
-            if r.live and r.flops_per_step > 0:
+            if r.flops_per_step > 0:  # kept after the process ended: the model's FLOPs do not change
                 source = r.flops_per_step_source or n.FLOPS_DECLARED
                 flops.add_metric([_rank_value(r.rank), source], float(r.flops_per_step))
         if flops.samples:

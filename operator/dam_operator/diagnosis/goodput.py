@@ -85,6 +85,19 @@ def _finite(v: float) -> float | None:
     return v if math.isfinite(v) and v >= 0 else None
 
 
+def accelerators_of(snapshot: Snapshot, *, local: bool = False) -> int | None:
+    """The GPUs a sidecar (or ``dam run``) attributes to the job: ``dam_gpu_info`` series; 0 when
+    NVML answers and none is the job's; None when unknown. ``local``: on ``dam run``'s own machine
+    NVML not answering means no NVIDIA driver, so no GPU (0)."""
+    gpus = {s.label("uuid") or s.label("gpu") for s in snapshot.samples(names.GPU_INFO)}
+    if gpus:
+        return len(gpus)
+    up = [s.value for s in snapshot.samples(names.NVML_UP)]
+    if (up and up[0] == 1.0) or local:
+        return 0
+    return None
+
+
 def goodput_of(snapshot: Snapshot, accelerators: int | None = None) -> Goodput | None:
     """The goodput of the processes in ``snapshot``; None when no probe accounts for it.
 

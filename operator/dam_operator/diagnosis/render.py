@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dam_operator.diagnosis.goodput import Goodput
 from dam_operator.diagnosis.model import Verdict
 
 
@@ -74,4 +75,43 @@ def render_text(verdict: Verdict) -> str:
             if value is not None:
                 terms.append(f"{label} {value * 1000:.1f} ms")
         lines.append("iron law:   " + ", ".join(terms))
+    return "\n".join(lines) + "\n"
+
+
+GOODPUT_BAR_WIDTH = 50
+_LABELS = {
+    "productive": ("█", "productive"),
+    "startup": ("s", "startup"),
+    "data_wait": ("d", "data wait"),
+    "communication": ("c", "communication"),
+    "checkpoint": ("k", "checkpoint"),
+    "restart": ("r", "restart"),
+    "other": ("·", "other"),
+}
+
+
+def render_goodput(g: Goodput, width: int = GOODPUT_BAR_WIDTH) -> str:
+    """Where the time went, as one stacked bar and a line per cause::
+
+    goodput:    62.0% of 41.2 s productive
+      [███████████████████████████████ssssddddddkkkkkk·]
+      █ productive  25.5 s  62.0%
+      s startup      3.1 s   7.5%
+      ...
+    """
+    total = g.elapsed_seconds
+    parts = [("productive", g.productive_seconds), *g.badput_seconds.items()]
+    lines = [f"goodput:    {g.ratio:.1%} of {total:.1f} s productive"]
+    if total > 0:
+        cells = [(key, round(width * v / total)) for key, v in parts]
+        bar = "".join(_LABELS[key][0] * n for key, n in cells)[:width]
+        lines.append(f"  [{bar.ljust(width)}]")
+    for key, seconds in parts:
+        if key != "productive" and seconds <= 0 and key in ("restart", "communication"):
+            continue
+        mark, label = _LABELS[key]
+        share = seconds / total if total > 0 else 0.0
+        lines.append(f"  {mark} {label:<14}{seconds:8.1f} s {share:6.1%}")
+    if g.accelerator_seconds_lost:
+        lines.append(f"  accelerator-seconds lost: {g.accelerator_seconds_lost:.1f}")
     return "\n".join(lines) + "\n"

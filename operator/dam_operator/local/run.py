@@ -10,7 +10,7 @@ place on a terminal, one line per verdict change elsewhere); the final verdict
 is printed at the end. Exits with CMD's exit code.
 
 With ``--json`` the final verdict is the only thing on stdout (the field names
-of the resource status: ``bottleneck``, ``metrics``); CMD's own stdout is sent
+of the resource status: ``bottleneck``, ``metrics``, ``goodput``); CMD's own stdout is sent
 to stderr so that ``dam run --json -- ... | jq`` works.
 """
 
@@ -28,9 +28,10 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import IO, Any, TextIO
 
+from dam_operator.diagnosis.goodput import Goodput, accelerators_of, goodput_of
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Hardware
-from dam_operator.diagnosis.render import render_text
+from dam_operator.diagnosis.render import render_goodput, render_text
 from dam_operator.local.child import (
     SourceFactory,
     child_environment,
@@ -217,16 +218,27 @@ def run(
                 status.close()
         final = session.final_verdict(oom_killed=None if memory is None else memory.oom_killed(returncode))
         ranks = session.final_ranks()
+        goodput = _goodput(session)
     if args.json:
         doc = final.to_status()
         if ranks:  # a multi-rank job (torchrun): each rank's figures
             doc["ranks"] = [r.model_dump(by_alias=True, exclude_none=True, mode="json") for r in ranks]
+        if goodput is not None:  # status.goodput's shape: over the command's life
+            doc["goodput"] = goodput.model_dump(by_alias=True, exclude_none=True, mode="json")
         doc["lastEvaluationTime"] = rfc3339(datetime.now(UTC))
         doc["exitCode"] = code
         out(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
-        out("\n" + render_text(final) + "\n")
+        out("\n" + render_text(final) + ("" if goodput is None else render_goodput(goodput)) + "\n")
     return code
+
+
+def _goodput(session: LocalSession) -> Goodput | None:
+    """Goodput over the command's life, from the last sample (taken after it exited)."""
+    if not session.history:
+        return None
+    last = session.history[-1][1]
+    return goodput_of(last, accelerators_of(last, local=True))
 
 
 def main(argv: Sequence[str]) -> int:

@@ -212,6 +212,9 @@ class ProbeReader:
     _coll_known: set[RankKey] = field(default_factory=set)  # ranks that ever published collectives
     _goodput_known: set[RankKey] = field(default_factory=set)  # ... goodput accounting (flag bit 7)
     _ckpt_known: set[RankKey] = field(default_factory=set)  # ... checkpoint counters (flag bit 8)
+    # The latest FLOPs per step (and source) each rank published: kept after its process ended
+    # (a model's FLOPs do not change when it stops; ``dam run``'s last sample comes after the exit).
+    _flops_of: dict[RankKey, tuple[float, str]] = field(default_factory=dict)
     _folded: set[Key] = field(default_factory=set)
     _cgroup_marks: dict[int, int] = field(default_factory=dict)  # cgroup id -> highest throttled ns
     _cgroup_carried_ns: int = 0
@@ -428,7 +431,9 @@ class ProbeReader:
         for rank in sorted(totals, key=lambda k: (k is None, k or 0)):
             t, n = totals[rank], newest.get(rank)
             known = rank in self._coll_known
-            flops, source = n.effective_flops_per_step if n else (0.0, "")
+            if n is not None and n.effective_flops_per_step[0] > 0:
+                self._flops_of[rank] = n.effective_flops_per_step
+            flops, source = self._flops_of.get(rank, (0.0, ""))
             out.append(
                 RankSample(
                     rank=rank,

@@ -128,3 +128,18 @@ def test_a_cpu_only_job_gets_an_mfu_against_the_peak_its_user_gave() -> None:
     assert diagnose(obs).metrics.mfu is None
     mfu = diagnose(obs, hardware=Hardware(peak_flops=1e11)).metrics.mfu
     assert mfu == pytest.approx(2e9 * 10 / 1e11)
+
+
+def test_the_breakdown_reads_at_a_glance_one_bar_and_a_line_per_cause() -> None:
+    from dam_operator.diagnosis.render import GOODPUT_BAR_WIDTH, render_goodput
+
+    g = goodput_of(_snap(_process("", 60, (10, 15, 0, 10, 5))), accelerators=1)
+    assert g is not None
+    text = render_goodput(g)
+    lines = text.splitlines()
+    assert lines[0] == "goodput:    60.0% of 100.0 s productive"
+    bar = lines[1].strip()[1:-1]
+    assert len(bar) == GOODPUT_BAR_WIDTH and bar.count("█") == 30 and bar.count("k") == 5
+    assert "  k checkpoint        10.0 s  10.0%" in lines
+    assert not any("restart" in line or "communication" in line for line in lines)  # none lost there
+    assert lines[-1] == "  accelerator-seconds lost: 40.0"
