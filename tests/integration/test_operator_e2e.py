@@ -154,6 +154,15 @@ def test_starved_training_pod_is_instrumented_and_diagnosed_data_bound(
         )
         assert any("input-bound" in e["message"] for e in changed), changed
 
+        # Goodput over the job's life, from the real probe's counters: a starved loader's time lost
+        # to data wait; a CPU-only job holds no accelerator.
+        goodput = wait_for(
+            lambda: (profile_of(cp, ns, PROFILE).get("status") or {}).get("goodput"), 30, "status.goodput"
+        )
+        assert 0 < goodput["ratio"] < 0.7, dumps(goodput)
+        assert goodput["badputSeconds"]["dataWait"] > goodput["productiveSeconds"] * 0.5, dumps(goodput)
+        assert goodput["badputSeconds"]["startup"] > 0, dumps(goodput)
+
         # The server's own Table, from the CRD's printer columns.
         rows = cp.kubectl("get", "damp", "-n", ns).stdout.splitlines()
         assert rows[0].split() == ["NAME", "AXIS", "REGIME", "LEVER", "CONFIDENCE", "GOODPUT", "AGE"], rows
