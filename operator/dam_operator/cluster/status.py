@@ -411,8 +411,9 @@ def evaluation_patch(
 
 
 def goodput_patch(previous: Any, goodput: Mapping[str, Any] | None) -> Any:
-    """``status.goodput`` as a merge patch over the previous one: keys gone become null; None
-    (no goodput known) leaves an absent field absent and removes nothing a resumed ledger holds."""
+    """``status.goodput`` as a merge patch over the previous one: keys gone become null. None when
+    no goodput is known (no pod reported any, and the status had none: a ledger resumed from a
+    status keeps its figures, so this never removes what was written)."""
     if goodput is None:
         return None
     if isinstance(previous, Mapping):
