@@ -973,7 +973,16 @@ class _Rules:
                 also=("torch-compile", "reduce-python-ops"),
             )
         node = o.node_cpu_utilization
-        if node is not None and node >= NODE_CPU_BUSY:
+        waited = o.cpu_wait_ratio
+        if node is not None and node >= NODE_CPU_BUSY and waited is not None:
+            # The run-queue delay measures the competition itself (rule 6 names it when it is high):
+            # measured and low, the busy node is not what holds this process back — a process that
+            # sleeps or blocks off the CPU gets no verdict from the node's load.
+            ev.append(
+                f"node CPU {node:.0%} busy, but the main training process waited for a CPU only "
+                f"{_pct(waited)} of the window (run-queue delay): the node's load does not hold it back"
+            )
+        elif node is not None and node >= NODE_CPU_BUSY:
             ev.append(
                 f"node CPU {node:.0%} busy (≥ {NODE_CPU_BUSY:.0%}): the training process competes for cores, "
                 "so the host CPU limits the arithmetic"

@@ -389,6 +389,17 @@ def test_cpu_only_job_on_a_saturated_node_is_compute_bound_on_the_host_cpu() -> 
     assert any("node CPU 97% busy" in e for e in verdict.bottleneck.evidence)
 
 
+def test_a_busy_node_is_not_the_cause_when_the_process_hardly_waits_for_a_cpu() -> None:
+    """Issue 20 (acceptance): a job that sleeps in its loop on a node others keep busy flapped
+    between Unknown and compute-bound/move-to-accelerator with the node's load; the measured
+    run-queue delay says the node does not hold it back."""
+    verdict = diagnose(_cpu_only_low_wait(node_cpu_utilization=0.97, cpu_wait_ratio=0.01))
+    assert verdict.bottleneck.regime is Regime.UNKNOWN
+    assert verdict.bottleneck.lever == "collect-more-evidence"
+    assert not any("competes for cores" in e for e in verdict.bottleneck.evidence)
+    assert any("waited for a CPU only 1.0%" in e for e in verdict.bottleneck.evidence)
+
+
 def test_cpu_only_job_with_idle_node_and_unsaturated_process_stays_unknown() -> None:
     verdict = diagnose(_cpu_only_low_wait(node_cpu_utilization=0.40))
     assert verdict.bottleneck.regime is Regime.UNKNOWN
