@@ -111,6 +111,19 @@ def restart_record(pod_status: Mapping[str, Any], skip: str = SIDECAR_CONTAINER)
     return RestartRecord(count, finished, started, terminated)
 
 
+def sidecar_restart(pod_status: Mapping[str, Any], name: str = SIDECAR_CONTAINER) -> str | None:
+    """RFC 3339 ``finishedAt`` of the sidecar's last termination: when the kubelet restarted it
+    (a native sidecar in ``initContainerStatuses``, a plain one in ``containerStatuses``). None
+    when it never ended. A restart between two scrapes answers both, so only this record shows
+    the gap (issue 18's node runs: a killed native sidecar is back within a second or two)."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in pod_status.get(key) or ():
+            if isinstance(cs, Mapping) and cs.get("name") == name:
+                end = _mapping(_mapping(cs.get("lastState")).get("terminated")).get("finishedAt")
+                return str(end) if end else None
+    return None
+
+
 def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
     """The latest ``finishedAt`` of an ``OOMKilled`` termination (``oom_record``)."""
     record = oom_record(pod_status)
@@ -140,6 +153,8 @@ class PodInfo:
     """How the webhook (did not) instrument it (``injection.pod_notes``); empty for most pods."""
     restart: RestartRecord | None = None
     """Its training containers' restarts (``restart_record``); None when not read (tests)."""
+    sidecar_restarted_at: str | None = None
+    """When its sidecar last ended and was restarted (``sidecar_restart``); None when never."""
 
     @property
     def key(self) -> ProfileKey:
@@ -176,6 +191,7 @@ class PodInfo:
             action=str((meta.get("annotations") or {}).get(ANNOTATION_ACTION) or "") or None,
             notes=pod_notes(body),
             restart=restart_record(status),
+            sidecar_restarted_at=sidecar_restart(status),
         )
 
 

@@ -54,6 +54,8 @@ REASON_NOT_INSTRUMENTED = "PodsNotInstrumented"
 REASON_PROBE_UNCERTAIN = "ProbeMayNotLoad"  # Unknown: the sidecar is there, the probe may not be
 REASON_ALL_REPORTING = "AllPodsReporting"
 REASON_NOT_REPORTING = "SidecarsNotReporting"
+REASON_SIDECAR_RESTARTED = "SidecarRestarted"
+"""Reporting=False: every sidecar answered, but the kubelet restarted one within the window."""
 REASON_TOO_LARGE = "SourceAnswerTooLarge"
 """Reporting=False: an answer (a sidecar's /metrics, a Prometheus answer) passed the operator's cap."""
 REASON_SOURCE_REFUSED = "SourceRefused"
@@ -280,6 +282,14 @@ def reporting_condition(
     shown = "; ".join(problems[:MAX_NAMES_LISTED])
     more = len(problems) - MAX_NAMES_LISTED
     detail = shown + (f"; and {more} more" if more > 0 else "")
+    if reporting >= instrumented:  # every sidecar answered, but one restarted in between
+        return condition(
+            REPORTING,
+            False,
+            REASON_SIDECAR_RESTARTED,
+            f"All {instrumented} instrumented pods reported, with a gap: {detail}",
+            generation,
+        )
     reason = REASON_NOT_REPORTING
     if REASON_LABEL_TOO_LARGE in reasons:
         reason = REASON_TOO_LARGE

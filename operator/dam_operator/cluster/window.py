@@ -132,6 +132,18 @@ def oom_killed_within(last_oom_kill: str | None, when: dt.datetime, window_secon
     return at >= when - dt.timedelta(seconds=window_seconds + OOM_SLACK_SECONDS)
 
 
+def sidecar_gaps(pods: Sequence[PodInfo], when: dt.datetime, window_seconds: float) -> list[str]:
+    """The instrumented pods whose sidecar the kubelet restarted within the window ending at
+    ``when``: their scrapes may both have answered, but the sidecar's own samples (GPU, CPU
+    sampled at 1 Hz) have a hole there; the probe's counters in the pod kept counting."""
+    return [
+        f"{p.name}: its sidecar was restarted at {p.sidecar_restarted_at} (the kubelet's container "
+        "status): its own samples have a gap there, the probe's counters kept counting"
+        for p in pods
+        if p.instrumented and p.active and oom_killed_within(p.sidecar_restarted_at, when, window_seconds)
+    ]
+
+
 def _not_running(pods: Sequence[PodInfo]) -> list[str]:
     """Why instrumented pods were not scraped at all (not running yet, no IP)."""
     out = []
@@ -283,6 +295,9 @@ def window_step(
     latest scrapes and the profile's ``finished`` pods; the patch carries ``status.goodput``.
     """
     scrape = classify(pods, results)
+    gaps = sidecar_gaps(pods, when, spec.evaluation.window_seconds)
+    if gaps:
+        scrape = Scrape(scrape.answered, [*scrape.problems, *gaps], scrape.error_reasons)
     counts = count_pods(pods, scrape)
     known = {p.name for p in pods} | {p.name for p in ended}
     new_baselines = {k: v for k, v in baselines.items() if k in known}

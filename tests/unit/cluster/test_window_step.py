@@ -3,11 +3,12 @@ overrides are resolved against the GPU table; the InvalidSpec Event goes out onc
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
 from dam_operator.cluster import status as st
-from dam_operator.cluster.registry import PodInfo
+from dam_operator.cluster.registry import PodInfo, sidecar_restart
 from dam_operator.cluster.sources import REASON_UNREACHABLE, SourceError
 from dam_operator.cluster.spec import parse_spec
 from dam_operator.cluster.window import initial_step, invalid_step, window_step
@@ -218,3 +219,33 @@ def test_last_oom_kill_is_read_from_current_and_last_container_states() -> None:
     }
     assert last_oom_kill(status) == "2026-11-30T11:00:00Z"
     assert last_oom_kill({"containerStatuses": [{"name": "a", "state": {"running": {}}}]}) is None
+
+
+def test_a_sidecar_restarted_within_the_window_is_a_reported_gap_and_an_older_one_is_not() -> None:
+    job = Job(seconds=30.0, steps=60.0, wait_ratio=0.5)
+    before, after = _pair(job)
+    restarted = {
+        "initContainerStatuses": [
+            {
+                "name": "dam-sidecar",
+                "restartCount": 1,
+                "state": {"running": {"startedAt": "2026-11-30T11:59:51Z"}},
+                "lastState": {"terminated": {"exitCode": 137, "finishedAt": "2026-11-30T11:59:50Z"}},
+            }
+        ]
+    }
+    assert sidecar_restart(restarted) == "2026-11-30T11:59:50Z"
+    assert sidecar_restart({"initContainerStatuses": [{"name": "dam-sidecar", "lastState": {}}]}) is None
+    spec = {"selector": SELECTOR, "evaluation": {"windowSeconds": 30}}
+    pod = dataclasses.replace(_pod("p", True), sidecar_restarted_at=sidecar_restart(restarted))
+    gap = _condition(_window(spec, [pod], {"p": before}, {"p": after}), st.REPORTING)
+    assert gap["status"] == "False" and gap["reason"] == st.REASON_SIDECAR_RESTARTED, gap
+    assert gap["message"].startswith(
+        "All 1 instrumented pods reported, with a gap: p: its sidecar was restarted at"
+    )
+    old = dataclasses.replace(pod, sidecar_restarted_at="2026-11-30T11:58:00Z")  # before this window
+    assert _condition(_window(spec, [old], {"p": before}, {"p": after}), st.REPORTING)["status"] == "True"
+
+
+def _condition(result: Any, kind: str) -> dict[str, Any]:
+    return next(c for c in result.patch["status"]["conditions"] if c["type"] == kind)
