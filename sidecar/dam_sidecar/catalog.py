@@ -81,6 +81,24 @@ CATALOG: tuple[MetricSpec, ...] = (
         "probe",
     ),
     MetricSpec(
+        n.LAST_CHECKPOINT_TIMESTAMP_SECONDS,
+        "gauge",
+        "Unix time the latest checkpoint save (torch.save, torch.distributed.checkpoint) of the rank "
+        "ended, kept after its process ended; absent until a save was seen (label rank when the "
+        "process has one).",
+        RANK,
+        "probe",
+    ),
+    MetricSpec(
+        n.STEPS_SINCE_CHECKPOINT,
+        "gauge",
+        "Steps the live processes took since their latest checkpoint save, every step of a process "
+        "that saved none yet: the progress a restart would redo; absent while no live process times "
+        "its saves (label rank when the process has one).",
+        RANK,
+        "probe",
+    ),
+    MetricSpec(
         n.COLLECTIVE_SECONDS_TOTAL,
         "counter",
         "Time in torch.distributed collectives and DDP gradient buckets, launch to completion, "

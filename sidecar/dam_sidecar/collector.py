@@ -413,6 +413,17 @@ class SidecarCollector(Collector):
 
     def _goodput_families(self, ranks: tuple[RankSample, ...]) -> Iterator[Family]:
         """Goodput and badput by cause, for the ranks whose probes account for them."""
+        # What a restart would redo (the operator's restart badput): unknown ranks stay absent.
+        for name, attr in (
+            (n.LAST_CHECKPOINT_TIMESTAMP_SECONDS, "last_checkpoint_seconds"),
+            (n.STEPS_SINCE_CHECKPOINT, "steps_since_checkpoint"),
+        ):
+            g = _per_rank(name)
+            for r in ranks:
+                if (value := getattr(r, attr)) is not None:
+                    g.add_metric([_rank_value(r.rank)], float(value))
+            if g.samples:
+                yield g
         known = [r for r in ranks if r.productive_seconds is not None]
         if not known:
             return

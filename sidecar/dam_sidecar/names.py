@@ -20,6 +20,9 @@ MODEL_FLOPS_PER_STEP: Final = "dam_model_flops_per_step"
 GOODPUT_SECONDS_TOTAL: Final = "dam_goodput_seconds_total"
 BADPUT_SECONDS_TOTAL: Final = "dam_badput_seconds_total"
 CHECKPOINTS_TOTAL: Final = "dam_checkpoints_total"
+# Progress at risk: what a restart would redo (the operator's ``restart`` badput reads them).
+LAST_CHECKPOINT_TIMESTAMP_SECONDS: Final = "dam_last_checkpoint_timestamp_seconds"
+STEPS_SINCE_CHECKPOINT: Final = "dam_steps_since_checkpoint"
 # Communication (torch.distributed collectives and DDP gradient buckets, from the probe).
 COLLECTIVE_SECONDS_TOTAL: Final = "dam_collective_seconds_total"
 COLLECTIVE_EXPOSED_SECONDS_TOTAL: Final = "dam_collective_exposed_seconds_total"

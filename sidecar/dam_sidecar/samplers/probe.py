@@ -82,6 +82,11 @@ class RankSample:
     checkpoint_seconds: float | None = None
     checkpoints: int = 0
     flops_per_step_source: str = ""  # "declared", "measured" or "" (unknown), with flops_per_step
+    # Progress since the latest save (flag bit 8): steps the rank's live processes took since their
+    # latest save (all their steps when they saved none yet); None when no live process times saves.
+    steps_since_checkpoint: int | None = None
+    # Unix seconds the rank's latest save ended (kept after its process ended); None: no save seen.
+    last_checkpoint_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,7 @@ class ProbeReader:
     # The latest FLOPs per step (and source) each rank published: kept after its process ended
     # (a model's FLOPs do not change when it stops; ``dam run``'s last sample comes after the exit).
     _flops_of: dict[RankKey, tuple[float, str]] = field(default_factory=dict)
+    _last_save_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest save
     _folded: set[Key] = field(default_factory=set)
     _cgroup_marks: dict[int, int] = field(default_factory=dict)  # cgroup id -> highest throttled ns
     _cgroup_carried_ns: int = 0
@@ -422,11 +428,18 @@ class ProbeReader:
         for rank, carried in self._carried.items():
             totals.setdefault(rank, _Totals()).add(carried)
         newest: dict[RankKey, ProbeRecord] = {}
+        since_save: dict[RankKey, int] = {}
         for key, rec in current.items():
             rank = self._rank_of.get(key, rec.rank)
             totals.setdefault(rank, _Totals()).add(_Totals.of(rec).minus(self._base.get(key) or _Totals()))
             if rank not in newest or rec.last_update_ns > newest[rank].last_update_ns:
                 newest[rank] = rec
+            if rec.last_checkpoint_ns is not None and rec.last_checkpoint_steps is not None:
+                # The process's own steps since its latest save; every step when it saved none.
+                done = rec.last_checkpoint_steps if rec.last_checkpoint_ns > 0 else 0
+                since_save[rank] = since_save.get(rank, 0) + max(0, rec.steps - done)
+                if rec.last_checkpoint_ns > self._last_save_of.get(rank, 0):
+                    self._last_save_of[rank] = rec.last_checkpoint_ns
         out = []
         for rank in sorted(totals, key=lambda k: (k is None, k or 0)):
             t, n = totals[rank], newest.get(rank)
@@ -453,6 +466,10 @@ class ProbeReader:
                     checkpoint_seconds=t.checkpoint_ns / 1e9 if rank in self._ckpt_known else None,
                     checkpoints=t.checkpoints,
                     flops_per_step_source=source,
+                    steps_since_checkpoint=since_save.get(rank),
+                    last_checkpoint_seconds=(
+                        self._last_save_of[rank] / 1e9 if rank in self._last_save_of else None
+                    ),
                 )
             )
         return tuple(out)

@@ -127,3 +127,61 @@ def test_measured_and_declared_flops_carry_their_source_and_unknown_goodput_is_a
         fh.write(encode(declared))
     snap = _scrape(directory)
     assert _value(snap, n.MODEL_FLOPS_PER_STEP, source="declared") == 4e9
+
+
+def _saves(steps: int, last_ns: int, last_steps: int, saves: int) -> dict[str, object]:
+    return {
+        "steps": steps,
+        "checkpoint_ns": saves * 10**8,
+        "checkpoint_step_ns": 0,
+        "checkpoints": saves,
+        "last_checkpoint_ns": last_ns,
+        "last_checkpoint_steps": last_steps,
+    }
+
+
+def test_a_real_probe_s_progress_since_its_latest_save_is_exported(probe: Probe) -> None:
+    save = _goodput.timed_save(lambda obj, path: None, probe)
+    probe.goodput.checkpoints_on = True
+    before = time.time()
+    for i, _ in enumerate(dam_probe.instrument(list(range(12)))):
+        if i == 4:
+            save({}, "unused")
+    probe.publish(time.perf_counter_ns())
+    snap = _scrape(probe.directory)
+    steps = _value(snap, n.STEPS_TOTAL)
+    # The save ran in the fifth step (after 5 batches): every later batch is progress at risk.
+    assert _value(snap, n.STEPS_SINCE_CHECKPOINT) == steps - 5
+    assert before <= _value(snap, n.LAST_CHECKPOINT_TIMESTAMP_SECONDS) <= time.time()
+
+
+def test_steps_since_checkpoint_count_every_step_without_a_save_and_the_latest_save_outlives_its_process(
+    tmp_path: Path,
+) -> None:
+    directory = str(tmp_path)
+    path = probe_path(directory, os.getpid())
+    untimed = _record(os.getpid())  # saves not timed (torch never loaded): unknown, not zero
+    with open(path, "wb") as fh:
+        fh.write(encode(untimed))
+    snap = _scrape(directory)
+    assert not snap.samples(n.STEPS_SINCE_CHECKPOINT)
+    assert not snap.samples(n.LAST_CHECKPOINT_TIMESTAMP_SECONDS)
+
+    collector = build_collector(SidecarSettings(probe_dir=directory, port=0), use_nvml=False)
+    try:
+        with open(path, "wb") as fh:
+            fh.write(encode(_record(os.getpid(), rank=3, **_saves(10, 55 * 10**9, 3, 2))))
+        collector.sample_now()
+        snap = collector.snapshot()
+        assert _value(snap, n.STEPS_SINCE_CHECKPOINT, rank="3") == 7
+        assert _value(snap, n.LAST_CHECKPOINT_TIMESTAMP_SECONDS, rank="3") == 55.0
+        # The container restarted: a new process of rank 3 that saved nothing yet has all its
+        # steps at risk; the rank's latest save is still the old process's.
+        with open(path, "wb") as fh:
+            fh.write(encode(_record(os.getpid(), rank=3, start_time_ns=2, **_saves(4, 0, 0, 0))))
+        collector.sample_now()
+        snap = collector.snapshot()
+        assert _value(snap, n.STEPS_SINCE_CHECKPOINT, rank="3") == 4
+        assert _value(snap, n.LAST_CHECKPOINT_TIMESTAMP_SECONDS, rank="3") == 55.0
+    finally:
+        collector.close()
