@@ -29,9 +29,20 @@ downtime plus the new process's startup (its start to its first batch), moved fr
 to ``restart``: the time from the failure to the next first step. A new pod whose process takes
 the rank (or, without ranks, the place) of a pod that went Failed is that pod's replacement:
 the time from the Failed pod's end (``state.terminated.finishedAt``, else its last scrape) to the
-new process's start counts the same way. The progress lost since the last checkpoint is NOT
-counted: the sidecar exports no time of the last save, so the work redone after a restart reads
-as productive time a second time (docs/damprofile.md says so).
+new process's start counts the same way.
+
+Progress lost. The dead process's work since its last checkpoint is redone by the next one, so it
+was not productive after all: at each scrape the ledger keeps, per process, the productive time
+at risk, ``dam_steps_since_checkpoint`` (its steps since its latest save, every step when it
+saved none) times its rank's productive seconds per step (``dam_goodput_seconds_total`` over
+``dam_steps_total``), at most its productive time. A restart (or a Failed pod's replacement)
+moves what the pod's last scrape before the failure held from ``productive`` to ``restart``:
+it was counted productive when it happened, and the new process's redoing counts once. The work
+between that scrape and the failure is not seen (at most one window's). A sidecar that exports
+no ``dam_steps_since_checkpoint`` (from before it, or a probe that does not time saves: torch
+never loaded) adds no lost progress. ``status.goodput.productiveSeconds`` drops at once; the
+operator's ``productive`` counter, which must never go down, holds its increments back until
+the amount is paid (``owed_productive``).
 
 Operator restarts. ``resume`` takes the totals from ``status.goodput``; a process first seen
 after that which started before the status was last written (``lastEvaluationTime``) was
@@ -112,6 +123,8 @@ class PodReading:
     """Training processes behind the series (ranks; without ranks, the probe's live processes)."""
     accelerators: int | None
     """The pod's GPUs as its sidecar attributes them; 0 for a CPU-only job; None: unknown."""
+    at_risk: dict[str, float] = field(default_factory=dict)
+    """Process key → productive seconds since its latest checkpoint (absent: unknown)."""
 
 
 def pod_accelerators(snapshot: Snapshot) -> int | None:
@@ -158,7 +171,30 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
     if set(processes) == {""}:
         live = [v for s in snapshot.samples(names.PROBE_PROCESSES) if (v := _valid(s.value)) is not None]
         count = max(1, min(MAX_PROCESSES_PER_POD, round(sum(live)))) if live else 1
-    return PodReading(snapshot.timestamp_seconds, processes, count, pod_accelerators(snapshot))
+    return PodReading(
+        snapshot.timestamp_seconds,
+        processes,
+        count,
+        pod_accelerators(snapshot),
+        _at_risk(snapshot, processes),
+    )
+
+
+def _at_risk(snapshot: Snapshot, processes: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Per process, the productive seconds since its latest checkpoint: its steps since that save
+    times its rank's productive seconds per step, at most its productive time."""
+    steps = {
+        s.label(names.RANK_LABEL): v for s in snapshot.samples(names.STEPS_TOTAL) if (v := _valid(s.value))
+    }
+    out: dict[str, float] = {}
+    for s in snapshot.samples(names.STEPS_SINCE_CHECKPOINT):
+        key = s.label(names.RANK_LABEL)
+        since, total, figures = _valid(s.value), steps.get(key), processes.get(key)
+        if since is None or figures is None:
+            continue
+        productive = figures[USE_PRODUCTIVE]
+        out[key] = min(productive, since * productive / total) if total else 0.0
+    return out
 
 
 # ---------------------------------------------------------------- the ledger
@@ -170,6 +206,9 @@ class _Process:
     seen_at: float
     restarting: bool = False
     """A restarted process before its first batch: its startup is the restart's."""
+    at_risk: float = 0.0
+    """Productive seconds since its latest checkpoint at the last scrape that told (what a
+    failure now would make the next process redo)."""
 
 
 @dataclass
@@ -189,6 +228,8 @@ class _Vacancy:
 
     key: str
     failed_at: float
+    lost: float = 0.0
+    """The failed process's productive seconds since its last checkpoint (redone by the next)."""
 
 
 def _downtime(start: float | None, failed_at: float | None) -> float:
@@ -217,6 +258,9 @@ class GoodputLedger:
     """Resumed without a ``lastEvaluationTime``: the first update's time stands in for it."""
     pods: dict[str, _Pod] = field(default_factory=dict)
     vacancies: list[_Vacancy] = field(default_factory=list)
+    owed_productive: float = 0.0
+    """Accelerator-seconds of lost progress still to take from the ``productive`` counter (which
+    never goes down: its next increments pay it first)."""
 
     # ------------------------------------------------------------ resume
 
@@ -280,6 +324,12 @@ class GoodputLedger:
         if live > 0:
             for use in ACCELERATOR_USES:
                 self.seconds[use] += process_seconds[use] / live
+            # Lost progress leaves productive (counted when it happened) for restart.
+            self.seconds[USE_PRODUCTIVE] = max(0.0, self.seconds[USE_PRODUCTIVE])
+        # The productive counter never goes down: lost progress is taken from its increments.
+        productive = accel[USE_PRODUCTIVE] - self.owed_productive
+        self.owed_productive = max(0.0, -productive)
+        accel[USE_PRODUCTIVE] = max(0.0, productive)
         for use in ACCELERATOR_USES:
             self.accelerator_seconds[use] += accel[use]
         shares = [(p.share, p.count) for p in self.pods.values() if p.share is not None]
@@ -302,7 +352,9 @@ class GoodputLedger:
                 continue
             record = ended.restart
             at = parse_time(record.terminated_at if record else None) or pod.seen_at
-            self.vacancies.extend(_Vacancy(key, at) for key in sorted(pod.processes))
+            self.vacancies.extend(
+                _Vacancy(key, at, pod.processes[key].at_risk) for key in sorted(pod.processes)
+            )
         del self.vacancies[:-MAX_VACANCIES]
 
     def _take_vacancy(self, key: str) -> _Vacancy | None:
@@ -333,6 +385,7 @@ class GoodputLedger:
             start = reading.at - math.fsum(values.values()) if started is None else started
             prev = pod.processes.get(key)
             restart = 0.0
+            lost = 0.0  # productive seconds the dead process did since its last checkpoint
             restarting = prev is not None and prev.restarting
             if prev is not None:
                 if any(v < prev.last[u] for u, v in values.items()):
@@ -348,8 +401,10 @@ class GoodputLedger:
                 if vacancy is not None:
                     replaced, restarting = True, True
                     restart = _downtime(start, vacancy.failed_at)
+                    lost = vacancy.lost
             if restarted:
                 restarting, restart = True, downtime
+                lost = prev.at_risk if prev is not None else 0.0
             if restarting:
                 # The new process's start to its first batch belongs to the restart; its startup
                 # counter stops growing at the first batch, and so does this.
@@ -357,12 +412,17 @@ class GoodputLedger:
                 restart += grew
                 delta[STARTUP] = 0.0
                 restarting = grew > 0 or delta.get(USE_PRODUCTIVE, 0.0) <= 0
-            delta[USE_RESTART] = restart
+            delta[USE_RESTART] = restart + lost
+            delta[USE_PRODUCTIVE] = delta.get(USE_PRODUCTIVE, 0.0) - lost  # may go below 0: see update
             for use, value in delta.items():
                 out[use] += value
             if prev is None and len(pod.processes) >= MAX_PROCESSES_PER_POD:
                 continue
-            pod.processes[key] = _Process(dict(values), reading.at, restarting)
+            # A scrape that does not tell (the process ended and was folded, an older sidecar) keeps
+            # the last figure, but not across a restart: the new process has redone nothing yet.
+            kept = prev.at_risk if prev is not None and not restarted else 0.0
+            at_risk = reading.at_risk.get(key, kept)
+            pod.processes[key] = _Process(dict(values), reading.at, restarting, at_risk)
         if replaced:
             self.restarts += 1
         pod.restarts = restarts

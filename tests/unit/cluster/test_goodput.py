@@ -54,11 +54,15 @@ def _snap(
     gpus: int | None = 1,
     nvml: bool = True,
 ) -> Snapshot:
-    """A sidecar's scrape: per process (rank label, "" without) its productive seconds and badput by cause."""
+    """A sidecar's scrape: per process (rank label, "" without) its productive seconds and badput by
+    cause, and, where given, its ``steps`` and ``since`` (steps since its latest checkpoint)."""
     samples = []
     for rank, figures in processes.items():
         labels = ((names.RANK_LABEL, rank),) if rank else ()
         samples.append(Sample(names.GOODPUT_SECONDS_TOTAL, labels, figures.get("productive", 0.0)))
+        for name, key in ((names.STEPS_TOTAL, "steps"), (names.STEPS_SINCE_CHECKPOINT, "since")):
+            if key in figures:
+                samples.append(Sample(name, labels, figures[key]))
         for cause in PROBE_CAUSES:
             samples.append(
                 Sample(names.BADPUT_SECONDS_TOTAL, (("cause", cause), *labels), figures.get(cause, 0.0))
@@ -180,6 +184,109 @@ def test_a_restart_whose_old_probe_file_is_still_summed_in_counts_no_time_twice(
     assert out["badputSeconds"]["startup"] == pytest.approx(5.0)
 
 
+def test_a_container_restart_moves_the_progress_since_the_last_checkpoint_from_productive_to_restart() -> (
+    None
+):
+    ledger = GoodputLedger()
+    before = RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=None)
+    # 200 steps in 100 productive seconds (0.5 s a step); the latest save was 40 steps ago.
+    ledger.update(
+        pods=[_pod("a", restart=before)],
+        answered={"a": _snap(T0, {"0": {"productive": 100, "startup": 5, "steps": 200, "since": 40}})},
+    )
+    assert ledger.accelerator_seconds["productive"] == pytest.approx(100.0)
+    after = RestartRecord(count=1, finished_at=_iso(T0 + 10), started_at=_iso(T0 + 40), terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 60, {"0": {"productive": 12, "startup": 8, "steps": 24, "since": 24}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    # 30 s down, 8 s to the first batch, and the 40 steps x 0.5 s the new process redoes.
+    assert out["badputSeconds"]["restart"] == pytest.approx(30.0 + 8.0 + 20.0)
+    assert out["productiveSeconds"] == pytest.approx(100.0 + 12.0 - 20.0)
+    assert out["elapsedSeconds"] == pytest.approx(100 + 5 + 12 + 30 + 8)  # moved, not added
+    assert out["acceleratorSecondsLost"] == pytest.approx(5.0 + 58.0)
+    # The productive counter never goes down: 12 s gained, 20 s owed; it holds, then pays the rest.
+    assert ledger.accelerator_seconds["productive"] == pytest.approx(100.0)
+    assert ledger.accelerator_seconds["restart"] == pytest.approx(58.0)
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 90, {"0": {"productive": 40, "startup": 8, "steps": 80, "since": 80}})},
+    )
+    assert ledger.accelerator_seconds["productive"] == pytest.approx(100.0 + 28.0 - 8.0)
+    out = ledger.status()
+    assert out is not None
+    assert out["productiveSeconds"] == pytest.approx(120.0)
+    assert out["badputSeconds"]["restart"] == pytest.approx(58.0)
+
+
+def test_a_process_that_never_saved_loses_all_its_productive_time_at_a_restart() -> None:
+    ledger = GoodputLedger()
+    before = RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=before)],
+        answered={"a": _snap(T0, {"": {"productive": 100, "startup": 5, "steps": 200, "since": 200}})},
+    )
+    after = RestartRecord(count=1, finished_at=_iso(T0 + 10), started_at=_iso(T0 + 40), terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 60, {"": {"productive": 12, "startup": 8, "steps": 24, "since": 24}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["restart"] == pytest.approx(30.0 + 8.0 + 100.0)
+    assert out["productiveSeconds"] == pytest.approx(12.0)
+    assert out["ratio"] == pytest.approx(12.0 / 155.0, abs=1e-4)
+
+
+def test_a_scrape_that_no_longer_tells_keeps_the_last_figure_and_a_second_restart_counts_only_its_own() -> (
+    None
+):
+    ledger = GoodputLedger()
+    zero = RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=zero)],
+        answered={"a": _snap(T0, {"0": {"productive": 100, "steps": 200, "since": 40}})},
+    )
+    # The process died; its file was folded: the scrape still has the carried counters, no gauge.
+    ledger.update(pods=[_pod("a", restart=zero)], answered={"a": _snap(T0 + 30, {"0": {"productive": 100}})})
+    one = RestartRecord(count=1, finished_at=_iso(T0 + 10), started_at=_iso(T0 + 40), terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=one)],
+        answered={"a": _snap(T0 + 60, {"0": {"productive": 110, "steps": 220}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["restart"] == pytest.approx(30.0 + 20.0)
+    # The new process told nothing yet: a second restart adds its downtime only, not the first's progress.
+    two = RestartRecord(count=2, finished_at=_iso(T0 + 70), started_at=_iso(T0 + 80), terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=two)],
+        answered={"a": _snap(T0 + 90, {"0": {"productive": 115, "steps": 230}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["restart"] == pytest.approx(50.0 + 10.0)
+    assert out["restarts"] == 2
+
+
+def test_progress_at_risk_is_its_steps_since_the_save_times_productive_seconds_per_step_at_most_all() -> None:
+    reading = read_pod(
+        _snap(
+            T0,
+            {
+                "0": {"productive": 100, "steps": 200, "since": 40},
+                "1": {"productive": 100, "steps": 200, "since": 900},  # more than it did: all of it
+                "2": {"productive": 100, "steps": 200, "since": float("nan")},  # garbage: unknown
+                "3": {"productive": 100, "steps": 200},  # no gauge (an older sidecar): unknown
+            },
+        )
+    )
+    assert reading is not None
+    assert reading.at_risk == {"0": pytest.approx(20.0), "1": pytest.approx(100.0)}
+
+
 def test_a_failed_pods_replacement_taking_its_rank_adds_the_gap_as_restart() -> None:
     ledger = GoodputLedger()
     ledger.update(
@@ -211,6 +318,37 @@ def test_a_failed_pods_replacement_taking_its_rank_adds_the_gap_as_restart() -> 
     assert out["badputSeconds"]["restart"] == pytest.approx(65.0 / 2)
     assert out["badputSeconds"]["startup"] == pytest.approx(10.0)
     assert out["acceleratorSecondsLost"] == pytest.approx(10 + 10 + 70 + 65)
+
+
+def test_a_failed_pods_replacement_redoes_the_progress_since_its_last_checkpoint() -> None:
+    ledger = GoodputLedger()
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1")],
+        answered={
+            "w-0": _snap(T0, {"0": {"productive": 90, "startup": 10, "steps": 90, "since": 0}}),
+            "w-1": _snap(T0, {"1": {"productive": 90, "startup": 10, "steps": 90, "since": 30}}),
+        },
+    )
+    failed = _pod(
+        "w-1",
+        phase="Failed",
+        restart=RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=_iso(T0 + 5)),
+    )
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1b")],
+        finished=[failed],
+        answered={
+            "w-0": _snap(T0 + 80, {"0": {"productive": 100, "startup": 10, "communication": 70}}),
+            "w-1b": _snap(T0 + 80, {"1": {"productive": 10, "startup": 5}}),
+        },
+    )
+    out = ledger.status()
+    assert out is not None
+    # The 30 steps of 1 s rank 1 did after its last save are redone: (60 + 5 + 30) over 2 processes.
+    assert out["badputSeconds"]["restart"] == pytest.approx(95.0 / 2)
+    assert out["productiveSeconds"] == pytest.approx(90.0 + (10 + 10 - 30) / 2)
+    assert ledger.accelerator_seconds["productive"] == pytest.approx(180.0)  # held, never down
+    assert ledger.owed_productive == pytest.approx(10.0)
 
 
 def test_a_new_pod_without_a_failed_predecessor_is_no_restart() -> None:
