@@ -273,7 +273,8 @@ class LocalSession:
     def final_span(self) -> tuple[Timed, Timed] | None:
         """The (start, end) snapshots of the final verdict; None when there is no span.
 
-        From the first batch to the last snapshot, with the warm-up skipped: the warm-up is
+        From the first batch to the last snapshot (or the first that shows the run's last step:
+        ``_without_tail``), with the warm-up skipped: the warm-up is
         ``WARMUP_FRACTION`` of the run since the first batch, at most one window (DataLoader
         workers starting, cudnn autotuning and compilation belong to no steady state).
 
@@ -289,7 +290,33 @@ class LocalSession:
             before_kill = self._before_first_oom_kill(last)
             if before_kill is not None:
                 return before_kill, last
-        return span
+        return None if span is None else self._without_tail(*span)
+
+    def _without_tail(self, start: Timed, last: Timed) -> tuple[Timed, Timed]:
+        """The span ended at the first snapshot that shows the run's last step.
+
+        The last snapshot is taken after the command exited; between its last step and then
+        the interpreter, gloo and torchrun tear down (3 s for two gloo ranks under torchrun):
+        no training, yet a span that held it divided the steps and the CPU seconds by it
+        (two ranks at 18.8 steps/s reported 14.7). Kept when that tail holds an OOM kill or a
+        killed loader worker (decisive, and seen only after the last step), or is longer than
+        a window: a job that stopped making progress for that long (a hang, a long
+        evaluation) belongs in its verdict.
+        """
+        final = steps_of(last[1])
+        if final <= steps_of(start[1]):
+            return start, last
+        inside = sorted(
+            {id(x): x for x in (*self._kept(last), *self.history) if start[0] < x[0] < last[0]}.values(),
+            key=lambda x: x[0],
+        )
+        end = next((x for x in inside if steps_of(x[1]) >= final), last)
+        if end is last or last[0] - end[0] > self.window_seconds:
+            return start, last
+        killed = counter_increase(end[1], last[1], names.DATALOADER_WORKER_KILLS_TOTAL) or 0.0
+        if oom_kills_between(end[1], last[1]) > 0 or killed > 0:
+            return start, last
+        return start, end
 
     def _steady_span(self, last: Timed) -> tuple[Timed, Timed] | None:
         assert self.first is not None

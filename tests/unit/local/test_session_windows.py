@@ -65,3 +65,30 @@ def test_slow_steps_grow_the_window_instead_of_dropping_the_verdict() -> None:
 def test_the_window_grows_no_further_than_its_bound() -> None:
     session, _ = slow_session(100.0)  # no second step in the run
     assert session.history[-1][0] - session.window_start()[0] <= 10.0 * MAX_WINDOW_GROWTH + 1.0
+
+
+def test_the_final_rate_leaves_out_the_teardown_after_the_last_step() -> None:
+    """Issue 20 (acceptance): two gloo ranks under torchrun at 18.8 steps/s reported 14.7 — the
+    final span ran on through 3 s of interpreter/gloo/torchrun teardown after the last step."""
+    session = LocalSession(window_seconds=10.0)
+    session.add(0.0, snap(0, 0, 0))
+    for t in range(1, 21):  # 20 steps/s for 20 s
+        session.add(float(t), snap(20 * t, 0.01 * t, 1.0 * t, workers=0))
+    for t in range(21, 25):  # the command tears down: no step, the counters stay
+        session.add(float(t), snap(400, 0.2, 20.0, workers=0))
+    v = session.final_verdict()
+    assert v.metrics.steps_per_second is not None
+    assert abs(v.metrics.steps_per_second - 20.0) < 0.5, v.metrics.steps_per_second
+
+
+def test_a_tail_longer_than_a_window_stays_in_the_final_verdict() -> None:
+    """A job that stopped making progress for longer than a window (a hang) is not trimmed away."""
+    session = LocalSession(window_seconds=5.0)
+    session.add(0.0, snap(0, 0, 0))
+    for t in range(1, 21):
+        session.add(float(t), snap(20 * t, 0.01 * t, 1.0 * t))
+    for t in range(21, 41):  # 20 s without a step
+        session.add(float(t), snap(400, 0.2, 20.0))
+    v = session.final_verdict()
+    assert v.metrics.steps_per_second is not None
+    assert v.metrics.steps_per_second < 15.0, v.metrics.steps_per_second
