@@ -15,13 +15,13 @@ from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from dam_sidecar import names as n
 from dam_sidecar.attribution import Attributor, visible_uuids
-from dam_sidecar.collector import SidecarCollector, build_collector
+from dam_sidecar.collector import SidecarCollector, build_collector, standard_collectors
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.fake_nvml import FakeGpu, FakeNvml
-from dam_sidecar.promtext import labels_of, parse
+from dam_sidecar.promtext import labels_of, parse, parse_snapshot
 from dam_sidecar.samplers.cpu import CpuSample
 from dam_sidecar.samplers.nvml import NvmlSampler
-from dam_sidecar.samplers.probe import ProbeSample
+from dam_sidecar.samplers.probe import ProbeSample, RankInfo, RankSample
 from dam_sidecar.settings import SidecarSettings
 
 from .conftest import write_probe
@@ -33,9 +33,12 @@ class StubProbe:
     def __init__(self, sample: ProbeSample) -> None:
         self.value = sample
         self.calls = 0
+        self.error: Exception | None = None  # raised by sample() when set
 
     def sample(self) -> ProbeSample:
         self.calls += 1
+        if self.error is not None:
+            raise self.error
         return self.value
 
 
@@ -56,17 +59,25 @@ class StubCpu:
 
 
 def make(
-    probe: ProbeSample, fallback: str = "visible_devices", visible: str | None = None, gpus: int = 4
+    probe: ProbeSample,
+    fallback: str = "visible_devices",
+    visible: str | None = None,
+    gpus: int = 4,
+    interval_seconds: float = 1.0,
 ) -> tuple[SidecarCollector, StubProbe, ErrorLog]:
     errors = ErrorLog()
     fake = FakeNvml([FakeGpu(uuid=u, utilization=50 + i) for i, u in enumerate(UUIDS[:gpus])])
     stub = StubProbe(probe)
     c = SidecarCollector(
-        probe=stub,
-        nvml=NvmlSampler(errors, load=lambda: fake),
-        cpu=StubCpu(),
+        standard_collectors(
+            probe=stub,
+            nvml=NvmlSampler(errors, load=lambda: fake),
+            cpu=StubCpu(),
+            errors=errors,
+            attributor=Attributor(fallback, visible),  # type: ignore[arg-type]
+        ),
         errors=errors,
-        attributor=Attributor(fallback, visible),  # type: ignore[arg-type]
+        interval_seconds=interval_seconds,
     )
     return c, stub, errors
 
@@ -145,13 +156,9 @@ def test_collect_reads_the_cache_and_never_runs_a_sampler() -> None:
 
 
 def test_a_sampler_that_raises_is_counted_keeps_its_counters_and_the_others_still_report() -> None:
-    class Broken:
-        def sample(self) -> ProbeSample:
-            raise RuntimeError("boom")
-
-    c, _, _ = make(LIVE)
+    c, stub, _ = make(LIVE)
     c.sample_now()
-    c._probe = Broken()
+    stub.error = RuntimeError("boom")
     c.sample_now()
     snap = c.snapshot()
     assert snap.series(n.PROBE_UP)[()] == 0.0
@@ -161,8 +168,7 @@ def test_a_sampler_that_raises_is_counted_keeps_its_counters_and_the_others_stil
 
 
 def test_background_loop_samples_at_the_interval_and_stops() -> None:
-    c, stub, _ = make(LIVE)
-    c._interval = 0.05
+    c, stub, _ = make(LIVE, interval_seconds=0.05)
     c.start()
     time.sleep(0.5)
     c.close()
@@ -216,6 +222,27 @@ def test_fast_renderer_matches_the_client_library_sample_for_sample() -> None:
     theirs = parse(generate_latest(registry).decode(), "prometheus_client")
     assert sorted(ours, key=repr) == sorted(theirs, key=repr)
     assert len(ours) > 100
+
+
+def test_the_local_snapshot_is_what_parsing_the_served_text_gives_sample_for_sample() -> None:
+    ranks = (
+        RankSample(rank=None, steps=3, wait_seconds=0.5, step_seconds=1.0, live=True),
+        RankSample(
+            rank=1, steps=7, collectives=4, collective_seconds=0.25, productive_seconds=2.0, live=True
+        ),
+    )
+    probe = replace(LIVE, device_uuids=tuple(UUIDS), ranks=ranks, rank_info=(RankInfo(1, None, 2),))
+    c, _, errors = make(probe)
+    errors.record("nvml", "not_supported", 'a "quoted"\nmessage with a \\ backslash')
+    c.sample_now()
+    c.sample_now()
+    direct, parsed = c.snapshot(), parse_snapshot(c.text().decode(), "served")
+    assert direct.names() == parsed.names()
+    for name in parsed.names():
+        assert sorted(direct.samples(name), key=repr) == sorted(parsed.samples(name), key=repr), name
+    assert len(direct) == len(parsed) > 100
+    assert direct.timestamp_seconds == c.latest().timestamp_seconds > 0
+    assert direct.series(n.STEPS_TOTAL) == {(): 3.0, (("rank", "1"),): 7.0}
 
 
 def test_promtool_accepts_the_fast_renderer_output() -> None:

@@ -11,7 +11,8 @@ import pytest
 from dam_operator.diagnosis.window import observation_from_snapshots
 from dam_probe.layout import probe_path
 from dam_sidecar import names as n
-from dam_sidecar.collector import SidecarCollector, SourcedCounter, build_collector
+from dam_sidecar.collector import SidecarCollector, build_collector
+from dam_sidecar.collectors.host import SourcedCounter
 from dam_sidecar.promtext import Snapshot, labels_of
 from dam_sidecar.settings import SidecarSettings
 

@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 
 from dam_sidecar.attribution import Attributor
-from dam_sidecar.collector import SidecarCollector
+from dam_sidecar.collector import SidecarCollector, standard_collectors
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.fake_nvml import FakeGpu, FakeNvml
 from dam_sidecar.samplers.cpu import CpuSample
@@ -60,12 +60,15 @@ def snapshots(wait_share: float, utilization: int = 95) -> tuple[str, str]:
     fake = FakeNvml([FakeGpu(uuid="GPU-0", utilization=utilization)])
     errors = ErrorLog()
     c = SidecarCollector(
-        probe=probe,
-        nvml=NvmlSampler(errors, load=lambda: fake),
-        cpu=Cpu(),
+        standard_collectors(
+            probe=probe,
+            nvml=NvmlSampler(errors, load=lambda: fake),
+            cpu=Cpu(),
+            errors=errors,
+            attributor=Attributor("none", None),
+            clock=lambda: t[0],
+        ),
         errors=errors,
-        attributor=Attributor("none", None),
-        clock=lambda: t[0],
     )
     c.sample_now()
     before = c.text().decode()

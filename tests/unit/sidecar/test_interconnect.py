@@ -99,7 +99,7 @@ def test_a_hardware_counter_that_goes_back_is_carried_over_not_exported_lower() 
 
 def test_the_collector_exports_interconnect_counters_and_gpu_memory_with_direction_labels() -> None:
     from dam_sidecar.attribution import Attributor
-    from dam_sidecar.collector import SidecarCollector
+    from dam_sidecar.collector import SidecarCollector, standard_collectors
     from dam_sidecar.samplers.cpu import CpuSample
     from dam_sidecar.samplers.probe import ProbeSample
 
@@ -114,11 +114,14 @@ def test_the_collector_exports_interconnect_counters_and_gpu_memory_with_directi
     errors = ErrorLog()
     fake = FakeNvml([FakeGpu(uuid="GPU-a", nvlink_links=2), FakeGpu(uuid="GPU-b", nvlink_links=0)])
     c = SidecarCollector(
-        probe=Probe(),
-        nvml=NvmlSampler(errors, load=lambda: fake),
-        cpu=Cpu(),
+        standard_collectors(
+            probe=Probe(),
+            nvml=NvmlSampler(errors, load=lambda: fake),
+            cpu=Cpu(),
+            errors=errors,
+            attributor=Attributor("all", None),
+        ),
         errors=errors,
-        attributor=Attributor("all", None),
     )
     c.sample_now()
     snap = c.snapshot()

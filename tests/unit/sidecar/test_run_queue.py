@@ -11,7 +11,7 @@ from dam_probe.layout import ProbeRecord, decode, encode
 from dam_probe.schedstat import RunQueueReader, run_delay_ns
 from dam_sidecar import names as n
 from dam_sidecar.attribution import Attributor
-from dam_sidecar.collector import SidecarCollector
+from dam_sidecar.collector import SidecarCollector, standard_collectors
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.promtext import labels_of
 from dam_sidecar.samplers.cpu import CpuSampler, PublishedCpu
@@ -32,12 +32,15 @@ def _collector(tmp_path: Path) -> tuple[SidecarCollector, Path, Path]:
     cg = touch_dir(tmp_path / "cg")
     errors = ErrorLog()
     collector = SidecarCollector(
-        probe=ProbeReader(str(probes), errors, proc_root=str(proc)),
-        nvml=NoNvml(),
-        cpu=CpuSampler(errors, proc_root=str(proc), cgroup_root=str(cg), clock_ticks_per_second=100),
+        standard_collectors(
+            probe=ProbeReader(str(probes), errors, proc_root=str(proc)),
+            nvml=NoNvml(),
+            cpu=CpuSampler(errors, proc_root=str(proc), cgroup_root=str(cg), clock_ticks_per_second=100),
+            errors=errors,
+            attributor=Attributor("visible_devices", None),
+            published=PublishedCpu(own_namespace=OWN_NS),
+        ),
         errors=errors,
-        attributor=Attributor("visible_devices", None),
-        published=PublishedCpu(own_namespace=OWN_NS),
     )
     return collector, probes, proc
 

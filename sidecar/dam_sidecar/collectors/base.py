@@ -1,0 +1,89 @@
+"""What every per-source collector is: one ``sample()`` per tick, one ``collect()`` of its families.
+
+The shape of prometheus client_python's ``ProcessCollector`` (one ``collect()``; the registry it
+goes on is given, never the process-wide default) and of dcgm-exporter's collector factory (a
+list built from the settings): ``dam_sidecar.collector.standard_collectors``. Unlike
+``ProcessCollector``, ``collect()`` never reads its source: the sidecar's sampling tick calls
+``sample()`` on each collector in list order (one thread, every ``interval_seconds``), then
+``collect()`` once, and caches the families and their text until the next tick.
+
+A collector that reads what another one found this tick (the probe's pids, GPU UUIDs, cgroup
+figures) finds it in the ``Tick``: the probe collector comes first in the list for that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dam_sidecar import names as n
+from dam_sidecar.catalog import BY_NAME
+from dam_sidecar.exposition import Family
+from dam_sidecar.samplers.probe import ProbeSample
+
+
+@dataclass
+class Tick:
+    """What one sampling tick found, filled in as the collectors run (in list order)."""
+
+    probe: ProbeSample = field(default_factory=ProbeSample)  # set by the probe collector
+    durations: list[tuple[str, float]] = field(default_factory=list)  # (sampler, seconds) of each timed one
+    timestamp_seconds: float = 0.0  # set by the health collector, when the samplers are done
+
+
+class SourceCollector(Protocol):
+    """One source's collector. ``sampler`` names it in ``dam_sidecar_sampler_*`` ("" if untimed)."""
+
+    sampler: str
+
+    def sample(self, tick: Tick) -> None:
+        """Read the source once (on the sampling thread) and keep what ``collect()`` shows.
+
+        May raise: the tick counts it in ``dam_sidecar_sampler_errors_total{reason="exception"}``
+        and calls ``fallback`` instead; the other collectors still run.
+        """
+        ...
+
+    def fallback(self, tick: Tick) -> None:
+        """``sample`` raised this tick: keep the previous counters (never a counter reset), marked down."""
+        ...
+
+    def collect(self) -> Iterator[Family]:
+        """The families of the latest sample (never reads the source)."""
+        ...
+
+    def close(self) -> None:
+        """Release the source (NVML); the others have nothing to release."""
+        ...
+
+
+def gauge(name: str, labels: Iterable[str] = ()) -> Family:
+    return Family(name, "gauge", BY_NAME[name].help, tuple(labels))
+
+
+def counter(name: str, labels: Iterable[str] = ()) -> Family:
+    return Family(name, "counter", BY_NAME[name].help, tuple(labels))
+
+
+def single(name: str, value: float, kind: str = "gauge") -> Family:
+    """An unlabelled family of one sample."""
+    fam = Family(name, kind, BY_NAME[name].help)
+    fam.add_metric([], value)
+    return fam
+
+
+def per_rank(name: str) -> Family:
+    """A probe family labelled ``rank`` where the process has one, unlabelled where it has none."""
+    spec = BY_NAME[name]
+    return Family(name, spec.kind, spec.help, (n.RANK_LABEL,), optional_labels=True)
+
+
+def labelled(name: str, labels: tuple[str, ...]) -> Family:
+    """A probe family with more labels; ``rank`` is left out where the process has none."""
+    spec = BY_NAME[name]
+    return Family(name, spec.kind, spec.help, labels, optional_labels=True)
+
+
+def rank_value(rank: int | None) -> str:
+    return "" if rank is None else str(rank)

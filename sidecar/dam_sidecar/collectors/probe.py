@@ -1,0 +1,143 @@
+"""The probe files' collector: steps, data wait, collectives, goodput and ranks of the training processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from dam_sidecar import names as n
+from dam_sidecar.collectors.base import Tick, gauge, labelled, per_rank, rank_value, single
+from dam_sidecar.exposition import Family
+from dam_sidecar.samplers.probe import ProbeSample, ProbeSource, RankSample
+
+_RANK_COUNTERS = (
+    (n.STEPS_TOTAL, "steps"),
+    (n.DATALOADER_WAIT_SECONDS_TOTAL, "wait_seconds"),
+    (n.STEP_SECONDS_TOTAL, "step_seconds"),
+)
+_COLLECTIVE_COUNTERS = (
+    (n.COLLECTIVES_TOTAL, "collectives"),
+    (n.COLLECTIVE_SECONDS_TOTAL, "collective_seconds"),
+    (n.COLLECTIVE_EXPOSED_SECONDS_TOTAL, "collective_exposed_seconds"),
+    (n.COLLECTIVE_BYTES_TOTAL, "collective_bytes"),
+)
+
+
+class ProbeCollector:
+    """``dam_steps_total`` and the other probe families, per rank; puts its sample in the tick."""
+
+    sampler = "probe"
+
+    def __init__(self, source: ProbeSource) -> None:
+        self.source = source
+        self.latest = ProbeSample()
+
+    def sample(self, tick: Tick) -> None:
+        self.latest = self.source.sample()
+        tick.probe = self.latest
+
+    def fallback(self, tick: Tick) -> None:
+        self.latest = replace(self.latest, up=False, live_pids=())
+        tick.probe = self.latest
+
+    def close(self) -> None:
+        return None
+
+    def collect(self) -> Iterator[Family]:
+        p = self.latest
+        ranks = p.ranks or (  # a sample built without per-rank figures: its totals, unlabelled
+            RankSample(
+                rank=None,
+                steps=p.steps,
+                wait_seconds=p.wait_seconds,
+                step_seconds=p.step_seconds,
+                batch_size=p.batch_size,
+                flops_per_step=p.flops_per_step,
+                live=p.up,
+            ),
+        )
+        yield from _counters(ranks)
+        yield single(n.PROBE_UP, 1.0 if p.up else 0.0)
+        yield single(n.PROBE_PROCESSES, float(len(p.live_pids)))
+        if p.loader_worker_kills is not None:  # absent until a probe that counts them published
+            yield single(n.DATALOADER_WORKER_KILLS_TOTAL, p.loader_worker_kills, "counter")
+        yield from _model(ranks)
+        yield from _goodput(ranks)
+        if p.rank_info:
+            info = gauge(n.PROCESS_RANK_INFO, ("rank", "local_rank", "world_size"))
+            for i in p.rank_info:
+                info.add_metric([str(i.rank), rank_value(i.local_rank), rank_value(i.world_size)], 1.0)
+            yield info
+
+
+def _counters(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
+    for name, attr in _RANK_COUNTERS:
+        c = per_rank(name)
+        for r in ranks:
+            c.add_metric([rank_value(r.rank)], float(getattr(r, attr)))
+        yield c
+    for name, attr in _COLLECTIVE_COUNTERS:
+        c = per_rank(name)
+        for r in ranks:
+            if r.collectives is not None:  # absent for ranks whose probe does not time collectives
+                c.add_metric([rank_value(r.rank)], float(getattr(r, attr)))
+        if c.samples:
+            yield c
+
+
+def _model(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
+    """The batch size of the live ranks and the FLOPs per step of every rank that published them."""
+    g = per_rank(n.BATCH_SIZE)
+    for r in ranks:
+        if r.live and r.batch_size > 0:
+            g.add_metric([rank_value(r.rank)], float(r.batch_size))
+    if g.samples:
+        yield g
+    flops = labelled(n.MODEL_FLOPS_PER_STEP, (n.RANK_LABEL, n.SOURCE_LABEL))
+    for r in ranks:
+        if r.flops_per_step > 0:  # kept after the process ended: the model's FLOPs do not change
+            source = r.flops_per_step_source or n.FLOPS_DECLARED
+            flops.add_metric([rank_value(r.rank), source], float(r.flops_per_step))
+    if flops.samples:
+        yield flops
+
+
+def _goodput(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
+    """Goodput and badput by cause, for the ranks whose probes account for them."""
+    # What a restart would redo (the operator's restart badput): unknown ranks stay absent.
+    for name, attr in (
+        (n.LAST_CHECKPOINT_TIMESTAMP_SECONDS, "last_checkpoint_seconds"),
+        (n.STEPS_SINCE_CHECKPOINT, "steps_since_checkpoint"),
+    ):
+        g = per_rank(name)
+        for r in ranks:
+            if (value := getattr(r, attr)) is not None:
+                g.add_metric([rank_value(r.rank)], float(value))
+        if g.samples:
+            yield g
+    known = [r for r in ranks if r.productive_seconds is not None]
+    if not known:
+        return
+    good = per_rank(n.GOODPUT_SECONDS_TOTAL)
+    bad = labelled(n.BADPUT_SECONDS_TOTAL, (n.CAUSE_LABEL, n.RANK_LABEL))
+    saves = per_rank(n.CHECKPOINTS_TOTAL)
+    for r in known:
+        rank = rank_value(r.rank)
+        good.add_metric([rank], r.productive_seconds or 0.0)
+        causes = {
+            n.CAUSE_STARTUP: r.startup_seconds,
+            n.CAUSE_DATA_WAIT: r.wait_seconds,
+            # Without timed collectives (no torch.distributed) nothing waited on a peer.
+            n.CAUSE_COMMUNICATION: r.collective_exposed_seconds if r.collectives is not None else 0.0,
+            # Without timed saves (torch never loaded) nothing was saved with torch.
+            n.CAUSE_CHECKPOINT: r.checkpoint_seconds or 0.0,
+            n.CAUSE_OTHER: r.other_seconds,
+        }
+        for cause in n.BADPUT_CAUSES:
+            bad.add_metric([cause, rank], float(causes[cause]))
+        if r.checkpoint_seconds is not None:
+            saves.add_metric([rank], float(r.checkpoints))
+    yield good
+    yield bad
+    if saves.samples:
+        yield saves
