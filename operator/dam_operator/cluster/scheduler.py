@@ -62,6 +62,7 @@ from dam_operator.cluster.registry import ChangeKind, PodInfo, ProfileEntry, Pro
 from dam_operator.cluster.sources import MetricSource, PodTarget, SourceError
 from dam_operator.cluster.spec import DAMProfileSpec
 from dam_operator.cluster.window import StepResult, initial_step, invalid_step, window_step
+from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Bottleneck
 from dam_sidecar.promtext import Snapshot
@@ -112,6 +113,9 @@ class _ProfileState:
     """(axis, regime) last written to the status (or read from it on resume)."""
     goodput: GoodputLedger = field(default_factory=GoodputLedger)
     """The job's goodput so far (``cluster.goodput``), resumed from ``status.goodput``."""
+    written: tuple[Evidence, ...] = ()
+    """The records behind the evidence sentences the status holds (those of the last verdict
+    written; none after a restart): ``status.changes_status`` compares evidence by them."""
 
 
 def _utcnow() -> dt.datetime:
@@ -260,10 +264,13 @@ class Evaluator:
         self._record(entry, result)
         if result.resizes:
             await self._resize(entry, result, st.format_time(when))
-        if st.changes_status(status, result.patch):
+        records = result.verdict.bottleneck.records() if result.verdict is not None else []
+        if st.changes_status(status, result.patch, records=(*state.written, *records)):
             written = await self._write(entry, result.patch)
             if written is not None:
                 status = written
+                if result.verdict is not None:
+                    state.written = tuple(records)
         state.published = result.published
         if result.verdict is not None:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())

@@ -9,7 +9,7 @@ operator restart (the previous status comes from the object itself).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from dam_operator.cluster.injection import (
     OPTED_OUT,
 )
 from dam_operator.cluster.metric_names import SCRAPE_ERROR_REASONS
-from dam_operator.diagnosis.engine import without_sample_size
+from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Bottleneck, Straggler
 
@@ -490,24 +490,37 @@ def _same(a: Any, b: Any, rel_tol: float, abs_tol: float) -> bool:
         return len(a) == len(b) and all(_same(x, y, rel_tol, abs_tol) for x, y in zip(a, b, strict=True))
     if _number(a) and _number(b):
         return math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
-    if isinstance(a, str) and isinstance(b, str):
-        return a == b or without_sample_size(a) == without_sample_size(b)
     return bool(a == b)
+
+
+def _by_identity(status: dict[str, Any], known: Mapping[str, tuple[str, str]]) -> None:
+    """``bottleneck.evidence`` as what each line finds (``Evidence.identity``) where its record is
+    known, else as its text: the comparison then reads the records' fields, not the sentences."""
+    bottleneck = status.get("bottleneck")
+    if not isinstance(bottleneck, Mapping) or not isinstance(bottleneck.get("evidence"), list):
+        return
+    lines = [known.get(e, ("", e)) if isinstance(e, str) else e for e in bottleneck["evidence"]]
+    status["bottleneck"] = {**bottleneck, "evidence": lines}
 
 
 def changes_status(
     previous_status: Mapping[str, Any] | None,
     patch: Mapping[str, Any],
     *,
+    records: Iterable[Evidence] = (),
     rel_tol: float = FIGURE_TOLERANCE,
     abs_tol: float = FIGURE_ABS_TOLERANCE,
 ) -> bool:
     """Whether writing ``patch`` (``{"status": {...}}``) would change anything a reader can use.
 
     ``lastEvaluationTime`` alone is not a change, nor a figure that moved by less than
-    ``rel_tol`` (relative) or ``abs_tol`` (absolute), nor an evidence sentence whose only
-    difference is the window's sample size ("(240 steps in 30 s)": a window stretched by an
-    operator under load finds the same thing). Text, order, keys added or removed are changes.
+    ``rel_tol`` (relative) or ``abs_tol`` (absolute), nor an evidence line whose record finds the
+    same (``Evidence.identity``: only the window's sample size differs, "(240 steps in 30 s)": a
+    window stretched by an operator under load finds the same thing). ``records`` are the records
+    behind the evidence sentences on either side (those the status holds, those of the patch's
+    verdict: ``Bottleneck.records()``); a line with none is compared as text, so after an operator
+    restart (no records of what the status holds) the first such window writes once. Text,
+    order, keys added or removed are changes.
     The operator skips such a write, so a profile whose job and pods do not change costs the
     API server no write (and its watchers no event) per window; ``lastEvaluationTime`` is then
     the time of the evaluation that last changed the status.
@@ -516,6 +529,10 @@ def changes_status(
     after = _apply_merge_patch(before, patch.get("status") or {})
     before.pop("lastEvaluationTime", None)
     after.pop("lastEvaluationTime", None)
+    known = {r.sentence: r.identity for r in records}
+    if known:
+        _by_identity(before, known)
+        _by_identity(after, known)
     return not _same(before, after, rel_tol, abs_tol)
 
 

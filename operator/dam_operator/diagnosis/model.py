@@ -9,11 +9,14 @@ docs/architecture.md (the DAMProfile resource). Pure data: no I/O, no Kubernetes
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic.alias_generators import to_camel
+
+from dam_operator.diagnosis.evidence import Evidence, note
 
 
 class Axis(StrEnum):
@@ -32,6 +35,19 @@ class Regime(StrEnum):
     MEMORY_CAPACITY = "memory-capacity"
     CHECKPOINT_BOUND = "checkpoint-bound"
     UNKNOWN = "unknown"
+
+
+AXES: dict[Regime, tuple[Axis, Axis | None]] = {
+    Regime.INPUT_BOUND: (Axis.DATA, None),
+    Regime.MEMORY_BOUND: (Axis.DATA, Axis.MACHINE),
+    Regime.COMPUTE_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
+    Regime.LATENCY_BOUND: (Axis.ALGORITHM, Axis.MACHINE),
+    Regime.COMMUNICATION_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
+    Regime.MEMORY_CAPACITY: (Axis.ALGORITHM, Axis.MACHINE),
+    Regime.CHECKPOINT_BOUND: (Axis.MACHINE, Axis.DATA),
+    Regime.UNKNOWN: (Axis.UNKNOWN, None),
+}
+"""Each regime's axis and its usual boundary (docs/architecture.md, the regime table)."""
 
 
 class _Wire(BaseModel):
@@ -307,6 +323,28 @@ class Bottleneck(_Wire):
     since: str | None = None
     missing: list[str] = Field(default_factory=list)
     straggler: Straggler | None = None
+
+    _records: tuple[Evidence, ...] = PrivateAttr(default=())
+
+    def with_records(self, records: Sequence[Evidence]) -> Bottleneck:
+        """This bottleneck with ``evidence`` rendered from ``records``, which it keeps (not on the wire)."""
+        copy = self.model_copy(update={"evidence": [r.sentence for r in records]})
+        copy._records = tuple(records)
+        return copy
+
+    def records(self) -> list[Evidence]:
+        """The record behind each evidence sentence: the engine's, where it made the sentence (the
+        records survive ``model_copy``); a ``NOTE`` with no numbers for any other (read from a status)."""
+        known = {r.sentence: r for r in self._records}
+        return [known.get(s) or note(s) for s in self.evidence]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the wire fields are: a bottleneck read back from its status equals the verdict's."""
+        if not isinstance(other, Bottleneck):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # lists inside: never hashable
 
 
 class Verdict(_Wire):

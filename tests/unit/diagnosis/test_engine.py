@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dam_operator.diagnosis import levers
-from dam_operator.diagnosis.engine import diagnose, without_sample_size
+from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.gpus import lookup
 from dam_operator.diagnosis.model import Axis, Hardware, Observation, Regime, Thresholds, Verdict
 
@@ -414,12 +414,16 @@ def test_latency_evidence_does_not_claim_an_idle_python_thread_when_cpu_is_unmea
     assert any("not measured" in e for e in verdict.bottleneck.evidence)
 
 
-def test_the_sample_size_clause_is_the_only_thing_without_sample_size_removes() -> None:
-    short = run(data_wait_ratio=0.6, steps=300.0, window_seconds=60.0).bottleneck.evidence
-    long = run(data_wait_ratio=0.6, steps=330.0, window_seconds=66.0).bottleneck.evidence
+def test_the_sample_size_is_the_only_thing_the_evidence_identity_leaves_out() -> None:
+    def identities(v: Verdict) -> list[tuple[str, str]]:
+        return [r.identity for r in v.bottleneck.records()]
+
+    short_v = run(data_wait_ratio=0.6, steps=300.0, window_seconds=60.0)
+    long_v = run(data_wait_ratio=0.6, steps=330.0, window_seconds=66.0)
+    short, long = short_v.bottleneck.evidence, long_v.bottleneck.evidence
     assert "5.00 steps/s (300 steps in 60 s)" in short
     assert short != long
-    assert [without_sample_size(e) for e in short] == [without_sample_size(e) for e in long]
-    assert "5.00 steps/s" in [without_sample_size(e) for e in short]
-    faster = run(data_wait_ratio=0.6, steps=360.0, window_seconds=60.0).bottleneck.evidence
-    assert [without_sample_size(e) for e in faster] != [without_sample_size(e) for e in short]
+    assert identities(short_v) == identities(long_v)
+    assert "5.00 steps/s" in [steady for _, steady in identities(short_v)]
+    faster = run(data_wait_ratio=0.6, steps=360.0, window_seconds=60.0)
+    assert identities(faster) != identities(short_v)

@@ -1,0 +1,220 @@
+"""Evidence as records: what a verdict's evidence line says (its kind and its numbers) beside the
+sentence that says it in words.
+
+``status.bottleneck.evidence`` stays a list of sentences (docs/architecture.md); the engine builds
+each one here, from its figures, as an ``Evidence`` record. Code that asks about evidence reads
+the record, never the text: "is the throttling already said?" is ``finding.has(Kind.CPU_THROTTLED)``,
+and "did only the window's sample size change?" is ``Evidence.identity`` (the sentence as it reads
+without the sample size, rendered from the numbers, not cut out of the text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # model.py holds the records on a Bottleneck: no import cycle at runtime
+    from dam_operator.diagnosis.model import Observation, Thresholds
+
+GIB = float(1 << 30)
+
+
+class Kind(StrEnum):
+    """What an evidence line is about (a bounded set: one per figure or finding the rules state)."""
+
+    DATA_WAIT = "data-wait"
+    GPU_UTILIZATION = "gpu-utilization"
+    SM_ACTIVE = "sm-active"
+    DRAM_BANDWIDTH = "dram-bandwidth"
+    GPU_MEMORY_BUSY = "gpu-memory-busy"
+    TENSOR_ACTIVE = "tensor-active"
+    ARITHMETIC_INTENSITY = "arithmetic-intensity"
+    MFU = "mfu"
+    MAIN_CPU = "main-cpu"
+    LOADER_CPU = "loader-cpu"
+    CPU_LIMIT = "cpu-limit"
+    CPU_THROTTLED = "cpu-throttled"
+    CPU_WAIT = "cpu-wait"
+    """The main process waited for a CPU (run-queue delay)."""
+    LOADER_CPU_WAIT = "loader-cpu-wait"
+    """The loader workers waited for a CPU (run-queue delay)."""
+    NODE_CPU = "node-cpu"
+    EXPOSED_COMMUNICATION = "exposed-communication"
+    COLLECTIVES = "collectives"
+    INTERCONNECT = "interconnect"
+    CHECKPOINT = "checkpoint"
+    CONTAINER_MEMORY = "container-memory"
+    RESIDENT_MEMORY = "resident-memory"
+    GPU_MEMORY = "gpu-memory"
+    OOM = "oom"
+    LOADER_KILLED = "loader-killed"
+    STEPS = "steps"
+    """Too few (or no) training steps in the window."""
+    SAMPLED = "sampled"
+    """What a window without a training step did measure."""
+    RATE = "rate"
+    """The job's steps per second, with the window's sample size."""
+    STRAGGLER = "straggler"
+    NOTE = "note"
+    """A reasoning step in words (what the figures mean), or a sentence from elsewhere (a status)."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One evidence line: its kind, its sentence and the numbers the sentence states."""
+
+    kind: Kind
+    sentence: str
+    numbers: Mapping[str, float] = field(default_factory=dict)
+    steady: str | None = None
+    """The sentence without the window's sample size ("(240 steps in 30 s)"), where it has one."""
+
+    def because(self, reason: str) -> Evidence:
+        """The same record with ``reason`` (": the loader is not the cause") said after it."""
+        steady = None if self.steady is None else self.steady + reason
+        return replace(self, sentence=self.sentence + reason, steady=steady)
+
+    @property
+    def identity(self) -> tuple[Kind, str]:
+        """What the line finds, apart from how much evidence the window had: a window that ran
+        33 s instead of 30 s (an operator under load) finds the same thing."""
+        return (self.kind, self.sentence if self.steady is None else self.steady)
+
+
+def note(sentence: str) -> Evidence:
+    return Evidence(Kind.NOTE, sentence)
+
+
+def pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def thr(x: float) -> str:
+    return f"{x:.0%}" if round(x * 100, 6) == round(x * 100) else f"{x:.1%}"
+
+
+# --- the figures' sentences ----------------------------------------------------------------------
+
+
+def data_wait(o: Observation, t: Thresholds) -> Evidence:
+    w = o.data_wait_ratio
+    assert w is not None
+    text = f"data wait {pct(w)} of step time (screen > {thr(t.data_wait_suspect)})"
+    return Evidence(Kind.DATA_WAIT, text, {"data_wait_ratio": w})
+
+
+def gpu_utilization(o: Observation, t: Thresholds) -> Evidence:
+    u = o.gpu_utilization
+    assert u is not None
+    text = f"GPU utilization {pct(u)} (starved < {thr(t.gpu_util_starved)}, busy > {thr(t.gpu_util_busy)})"
+    return Evidence(Kind.GPU_UTILIZATION, text, {"gpu_utilization": u})
+
+
+def sm_active(o: Observation, t: Thresholds) -> Evidence:
+    s = o.sm_active
+    assert s is not None
+    return Evidence(Kind.SM_ACTIVE, f"SM active {pct(s)} (busy ≥ {thr(t.sm_active_busy)})", {"sm_active": s})
+
+
+def dram_bandwidth(o: Observation, t: Thresholds) -> Evidence:
+    x = o.dram_bandwidth_utilization
+    assert x is not None
+    text = f"DRAM bandwidth {pct(x)} of peak (saturated ≥ {thr(t.dram_bandwidth_saturated)})"
+    return Evidence(Kind.DRAM_BANDWIDTH, text, {"dram_bandwidth_utilization": x})
+
+
+def tensor_active(o: Observation, t: Thresholds) -> Evidence:
+    x = o.tensor_active
+    assert x is not None
+    text = f"tensor pipes active {pct(x)} (low < {thr(t.tensor_active_low)})"
+    return Evidence(Kind.TENSOR_ACTIVE, text, {"tensor_active": x})
+
+
+def main_cpu(o: Observation, t: Thresholds) -> Evidence:
+    c = o.main_cpu_cores
+    assert c is not None
+    limit = t.main_cpu_saturated_cores
+    text = f"main training process uses {c:.2f} CPU cores (saturated ≥ {limit:.2f})"
+    return Evidence(Kind.MAIN_CPU, text, {"main_cpu_cores": c})
+
+
+def cpu_throttled(o: Observation, t: Thresholds) -> Evidence:
+    x = o.cpu_throttled_ratio
+    assert x is not None
+    text = f"container CPU-throttled {pct(x)} of the window (suspect > {thr(t.cpu_throttled_suspect)})"
+    return Evidence(Kind.CPU_THROTTLED, text, {"cpu_throttled_ratio": x})
+
+
+def cpu_wait(o: Observation, t: Thresholds) -> Evidence:
+    x = o.cpu_wait_ratio
+    assert x is not None
+    text = (
+        f"the main training process waited for a CPU {pct(x)} of the window "
+        f"(run-queue delay; suspect ≥ {thr(t.cpu_wait_suspect)})"
+    )
+    return Evidence(Kind.CPU_WAIT, text, {"cpu_wait_ratio": x})
+
+
+def loader_cpu_wait(o: Observation, t: Thresholds) -> Evidence:
+    x = o.worker_cpu_wait_ratio
+    assert x is not None
+    workers = f"the {o.worker_count} loader workers" if o.worker_count else "the loader workers"
+    text = (
+        f"{workers} waited for a CPU {pct(x)} of the window each "
+        f"(run-queue delay; suspect ≥ {thr(t.cpu_wait_suspect)})"
+    )
+    return Evidence(Kind.LOADER_CPU_WAIT, text, {"worker_cpu_wait_ratio": x})
+
+
+def exposed_communication(o: Observation, t: Thresholds) -> Evidence:
+    x = o.exposed_communication_ratio
+    assert x is not None
+    who = "least-waiting rank" if (o.ranks or 0) > 1 else "not hidden by the backward pass"
+    text = f"exposed communication {pct(x)} of the step time ({who}; screen > {thr(t.communication_suspect)})"
+    return Evidence(Kind.EXPOSED_COMMUNICATION, text, {"exposed_communication_ratio": x})
+
+
+def container_memory(o: Observation, t: Thresholds) -> Evidence:
+    x = o.container_memory_ratio
+    assert x is not None
+    limit_bytes = o.container_memory_limit_bytes
+    limit = f" of its {limit_bytes / GIB:.1f} GiB limit" if limit_bytes else " of its limit"
+    text = f"container memory at {pct(x)}{limit} (full ≥ {thr(t.container_memory_full)}; page cache included)"
+    return Evidence(Kind.CONTAINER_MEMORY, text, {"container_memory_ratio": x})
+
+
+def resident_memory(o: Observation) -> Evidence | None:
+    parts: list[str] = []
+    numbers: dict[str, float] = {}
+    if o.worker_rss_bytes is not None:
+        workers = f"{o.worker_count} loader workers" if o.worker_count else "loader workers"
+        parts.append(f"{workers} {o.worker_rss_bytes / GIB:.2f} GiB")
+        numbers["worker_rss_bytes"] = o.worker_rss_bytes
+    if o.main_rss_bytes is not None:
+        parts.append(f"main process {o.main_rss_bytes / GIB:.2f} GiB")
+        numbers["main_rss_bytes"] = o.main_rss_bytes
+    if not parts:
+        return None
+    return Evidence(Kind.RESIDENT_MEMORY, "resident memory: " + ", ".join(parts), numbers)
+
+
+def mfu(value: float, t: Thresholds) -> Evidence:
+    """The MFU line every verdict carries (``efficient`` / ``investigate`` past the thresholds)."""
+    label = "efficient" if value > t.mfu_efficient else ("investigate" if value < t.mfu_investigate else "")
+    return Evidence(Kind.MFU, f"MFU {pct(value)}" + (f" ({label})" if label else ""), {"mfu": value})
+
+
+def rate(
+    steps_per_second: float, steps: float | None, window_seconds: float | None, *, each_rank: bool
+) -> Evidence:
+    """``5.00 steps/s (300 steps in 60 s), each rank``: the rate and the sample it is measured on."""
+    rate_text = f"{steps_per_second:.2f} steps/s"
+    tail = ", each rank" if each_rank else ""
+    numbers = {"steps_per_second": steps_per_second}
+    sample = ""
+    if steps is not None and window_seconds is not None:
+        sample = f" ({steps:.0f} steps in {window_seconds:.0f} s)"
+        numbers |= {"steps": steps, "window_seconds": window_seconds}
+    return Evidence(Kind.RATE, rate_text + sample + tail, numbers, steady=rate_text + tail)

@@ -1,0 +1,131 @@
+"""What every rule is handed (``Context``), what it answers (``Finding``) and its shape (``Rule``).
+
+A rule is a small pure unit: ``judge(ctx)`` returns a ``Finding`` when its regime or screen
+applies to the window, else None. ``rules.RULES`` is their order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dam_operator.diagnosis import evidence as ev
+from dam_operator.diagnosis.derived import Derived, positive
+from dam_operator.diagnosis.evidence import Evidence, Kind
+from dam_operator.diagnosis.model import Axis, Hardware, Observation, Regime, Thresholds
+
+RSS_CORROBORATES = 0.80
+"""Resident memory at this share of the container limit makes a full container a real shortage."""
+
+UNKNOWN_LEVER = "collect-more-evidence"
+
+
+@dataclass
+class Finding:
+    """A rule's answer: the regime, the lever, a raw confidence and the evidence records."""
+
+    regime: Regime
+    lever: str
+    confidence: float
+    evidence: list[Evidence] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    boundary: Axis | None = None
+    boundary_set: bool = False
+    """``boundary`` replaces the regime's usual boundary (``model.AXES``), None included."""
+    also: tuple[str, ...] | None = None
+    """The other effective levers named in ``leverDetail`` (None: the regime's list)."""
+
+    def has(self, *kinds: Kind) -> bool:
+        """Whether an evidence line of one of these kinds is already there."""
+        return any(e.kind in kinds for e in self.evidence)
+
+    def on(self, boundary: Axis | None, lever: str) -> None:
+        """Pull ``lever``, across the ``boundary`` to another axis (Machine: the host is the cause)."""
+        self.lever, self.boundary, self.boundary_set = lever, boundary, True
+
+
+def unknown(evidence: list[Evidence], missing: list[str]) -> Finding:
+    """No verdict: what was seen, and what is missing for one."""
+    return Finding(Regime.UNKNOWN, UNKNOWN_LEVER, 0.0, evidence=evidence, missing=missing)
+
+
+@dataclass(frozen=True)
+class Context:
+    """One window as the rules see it: the observation, the thresholds, the hardware and the
+    derived figures, with the predicates several rules share."""
+
+    obs: Observation
+    t: Thresholds
+    hw: Hardware | None
+    d: Derived
+
+    def steps(self) -> float | None:
+        """The job's steps in the window (per rank for a distributed job)."""
+        o = self.obs
+        return o.job_steps if o.job_steps is not None else o.steps
+
+    def throttled(self) -> bool:
+        x = self.obs.cpu_throttled_ratio
+        return x is not None and x > self.t.cpu_throttled_suspect
+
+    def contended(self) -> bool:
+        """The main process waits for a CPU (run-queue delay) at least ``cpu_wait_suspect`` of the time."""
+        x = self.obs.cpu_wait_ratio
+        return x is not None and x >= self.t.cpu_wait_suspect
+
+    def main_saturated(self) -> bool:
+        c = self.obs.main_cpu_cores
+        return c is not None and c >= self.t.main_cpu_saturated_cores
+
+    def container_full(self) -> bool:
+        x = self.obs.container_memory_ratio
+        return x is not None and x >= self.t.container_memory_full
+
+    def rss_corroborates(self) -> bool:
+        o = self.obs
+        if not o.container_memory_limit_bytes or (o.main_rss_bytes is None and o.worker_rss_bytes is None):
+            return False
+        rss = (o.main_rss_bytes or 0.0) + (o.worker_rss_bytes or 0.0)
+        return rss >= RSS_CORROBORATES * o.container_memory_limit_bytes
+
+    def loader_contended(self) -> Evidence | None:
+        """Why the loader is held back by a busy node, or None.
+
+        The workers wait for a CPU; or, with no workers, the main process (which loads the batches).
+        """
+        o, t = self.obs, self.t
+        workers_wait = o.worker_cpu_wait_ratio
+        if o.worker_count and workers_wait is not None and workers_wait >= t.cpu_wait_suspect:
+            return ev.loader_cpu_wait(o, t).because(": a busy node starves the loader")
+        if o.worker_count == 0 and self.contended():
+            return ev.cpu_wait(o, t).because(
+                ": a busy node starves the loader (batches load in the main process)"
+            )
+        return None
+
+    def cpu_limit_saturated(self) -> Evidence | None:
+        """The training process and its loader workers use their CPU limit up (the sentence), else None."""
+        o = self.obs
+        limit = positive(o.cpu_limit_cores)
+        if limit is None or (o.main_cpu_cores is None and o.worker_cpu_cores is None):
+            return None
+        used = (o.main_cpu_cores or 0.0) + (o.worker_cpu_cores or 0.0)
+        share = used / limit
+        if share < self.t.worker_cpu_saturated:
+            return None
+        text = (
+            f"training process and loader workers use {used:.2f} of the {limit:.2f}-core "
+            f"CPU limit ({ev.pct(share)}, saturated ≥ {ev.thr(self.t.worker_cpu_saturated)})"
+        )
+        return Evidence(Kind.CPU_LIMIT, text, {"cpu_cores": used, "cpu_limit_cores": limit})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One regime or screen: ``judge`` answers for the window or passes (None)."""
+
+    name: str
+    judge: Callable[[Context], Finding | None]
+    aside: str | None = None
+    """When set, the rule outranks the rest of the list, which is still walked: its verdict is
+    named in one line that starts with this ("apart from memory")."""

@@ -1,0 +1,90 @@
+"""Input-bound (Data): data wait above the screen *and* the accelerator idle (utilization below
+the starved line). With no GPU counters at all (a CPU-only job, or NVML unavailable) the data wait
+alone decides, at lower confidence. Loader wait while the GPU stays busy is hidden by the
+asynchronous queue and does not count. Boundary Machine, lever ``raise-cpu-limit``, when the
+container is CPU-throttled or the training process saturates its CPU limit; lever
+``raise-cpu-request`` when a busy node starves the loader."""
+
+from __future__ import annotations
+
+from dam_operator.diagnosis import evidence as ev
+from dam_operator.diagnosis import levers
+from dam_operator.diagnosis.evidence import Evidence, Kind
+from dam_operator.diagnosis.model import Axis, Regime
+from dam_operator.diagnosis.rules.base import Context, Finding
+from dam_operator.diagnosis.rules.communication import communication_bound
+
+
+def _confidence(ctx: Context, seen: list[Evidence], missing: list[str]) -> float | None:
+    """The confidence from what says the accelerator idles; None when the GPU stays busy."""
+    o, t, d = ctx.obs, ctx.t, ctx.d
+    strong = (o.data_wait_ratio or 0.0) >= 2 * t.data_wait_suspect
+    if o.gpu_utilization is not None:
+        if o.gpu_utilization >= t.gpu_util_starved:
+            return None  # the queue hides the wait; judged by the GPU rules
+        seen.append(ev.gpu_utilization(o, t).because(": the accelerator idles while the loop waits for data"))
+        return 0.9 if strong else 0.75
+    if d.cpu_only:
+        conf = 0.7 if strong else 0.6
+        if not d.cpu_only_declared:
+            conf -= 0.05
+            missing.append("gpuUtilization (no GPU counters: judged from the data wait alone)")
+        seen.append(ev.note("no GPU counters (CPU-only job): judged from the data wait alone"))
+        return conf
+    missing.append("gpuUtilization (GPU present but not measured)")
+    seen.append(ev.note("GPU utilization not measured: judged from the data wait alone"))
+    return 0.6 if strong else 0.5
+
+
+def _cause(ctx: Context, finding: Finding) -> None:
+    """What starves the loader: the CPU quota, a busy node, storage; the lever follows."""
+    o, t = ctx.obs, ctx.t
+    seen = finding.evidence
+    limit = ctx.cpu_limit_saturated()
+    if ctx.throttled():
+        finding.on(Axis.MACHINE, levers.RAISE_CPU_LIMIT)
+        seen.append(ev.cpu_throttled(o, t).because(": the host CPU quota starves the loader"))
+    elif limit is not None:
+        finding.on(Axis.MACHINE, levers.RAISE_CPU_LIMIT)
+        seen.append(limit)
+    elif (starved_by_node := ctx.loader_contended()) is not None:
+        finding.on(Axis.MACHINE, "raise-cpu-request")
+        seen.append(starved_by_node)
+    elif o.worker_count is not None and o.worker_count == 0:
+        seen.append(ev.note("batches are loaded in the main process (no DataLoader workers)"))
+    elif o.worker_count and o.worker_cpu_cores is not None and o.worker_cpu_cores / o.worker_count < 0.5:
+        finding.lever = "use-sequential-shards"
+        text = (
+            f"{o.worker_count} loader workers use only {o.worker_cpu_cores:.2f} CPU cores: "
+            "they wait on storage, not on decoding"
+        )
+        seen.append(Evidence(Kind.LOADER_CPU, text, {"worker_cpu_cores": o.worker_cpu_cores}))
+    elif o.worker_cpu_cores is not None:
+        text = f"loader workers use {o.worker_cpu_cores:.2f} CPU cores"
+        seen.append(Evidence(Kind.LOADER_CPU, text, {"worker_cpu_cores": o.worker_cpu_cores}))
+
+
+def input_bound(ctx: Context) -> Finding | None:
+    o, t = ctx.obs, ctx.t
+    w = o.data_wait_ratio
+    if w is None or w <= t.data_wait_suspect:
+        return None
+    seen = [ev.data_wait(o, t)]
+    missing: list[str] = []
+    conf = _confidence(ctx, seen, missing)
+    if conf is None:
+        return None
+    finding = Finding(Regime.INPUT_BOUND, levers.INCREASE_DATALOADER_WORKERS, conf, seen, missing)
+    _cause(ctx, finding)
+    return finding
+
+
+def input_or_communication(ctx: Context) -> Finding | None:
+    """Both screens fire: the larger share of the step is the bottleneck."""
+    comm = communication_bound(ctx)
+    data = input_bound(ctx)
+    if comm is None or data is None:
+        return comm or data
+    x = ctx.obs.exposed_communication_ratio or 0.0
+    w = ctx.obs.data_wait_ratio or 0.0
+    return comm if x > w else data
