@@ -2,7 +2,8 @@
 series and one GPU each), the real ``dam operator`` (a child process) writing ``status.goodput``;
 ``kubectl get damp`` shows it; the operator's ``dam_profile_accelerator_seconds_total{use}`` sums
 over the fleet; a container restart (reported through ``pods/status`` as a kubelet would) adds
-restart badput; after an operator restart the totals continue without counting anything twice.
+restart badput, the progress since the last checkpoint moved from productive time; after an
+operator restart the totals continue without counting anything twice.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import yaml
 
 from dam_operator.cluster import metric_names as mn
 from dam_sidecar.promtext import parse_snapshot
-from tests.support.fake_sidecar import FakeJob, FakeSidecars, ThreadedFakeSidecars
+from tests.support.fake_sidecar import FakeJob, FakeSidecars, Regime, ThreadedFakeSidecars
 from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,
@@ -35,6 +36,8 @@ pytestmark = pytest.mark.slow
 WINDOW = 5
 MERGE = "application/merge-patch+json"
 PROFILES = {"alpha": "127.0.0.2", "beta": "127.0.0.3"}
+# 2 steps/s, 40 % of it waiting on data: 0.3 productive seconds a step, as the fake's first 100 steps.
+STEADY = Regime(steps_per_second=2.0, data_wait_ratio=0.4, gpu_util=0.4, sm_active=0.3, dram=0.1, tensor=0.05)
 
 
 def _profile(name: str, port: int) -> str:
@@ -100,6 +103,7 @@ def test_status_goodput_the_goodput_column_the_fleet_sum_restarts_and_an_operato
 ) -> None:
     cp, ns = control_plane, kube_namespace
     jobs = {name: sidecars.add(ip, FakeJob(goodput=True)) for name, ip in PROFILES.items()}
+    jobs["alpha"].regime = STEADY
     op = OperatorProcess(cp, tmp_path, namespace=ns, operator_namespace=system_namespace).start()
 
     def goodput(name: str) -> dict[str, Any]:
@@ -142,6 +146,13 @@ def test_status_goodput_the_goodput_column_the_fleet_sum_restarts_and_an_operato
             lost = sum(v for use, v in uses.items() if use != mn.USE_PRODUCTIVE)
             assert lost >= goodput(name)["acceleratorSecondsLost"] * 0.98, (name, uses, goodput(name))
 
+        # Its latest save was 40 steps ago: 40 x 0.3 s of productive time that a restart redoes.
+        job = jobs["alpha"]
+        job.steps_since_checkpoint, job.last_checkpoint_at = 40.0, time.time() - 20
+        seen = job.scrapes
+        wait_for(lambda: job.scrapes > seen or None, 30, "a scrape with the progress since the save")
+        pre = goodput("alpha")
+
         # A container restart: it failed 30 s ago, the kubelet started it again 10 s ago, and the
         # new process (fresh counters) took 3 s to its first batch.
         pod = cp.api("GET", f"/api/v1/namespaces/{ns}/pods/alpha-0")
@@ -165,19 +176,27 @@ def test_status_goodput_the_goodput_column_the_fleet_sum_restarts_and_an_operato
             content_type=MERGE,
         )
         time.sleep(1.0)  # the operator's pod watch has it before the next scrape
-        job = jobs["alpha"]
         job.advance()
         job.steps, job.step_seconds, job.wait_seconds, job.startup_seconds = 10.0, 7.0, 2.0, 3.0
+        job.steps_since_checkpoint = 10.0  # the new process saved nothing yet
 
         def counted() -> dict[str, Any] | None:
             g = goodput("alpha")
             return g if g.get("restarts") == 1 else None
 
         restarted = wait_for(counted, 30, "the restart counted")
-        # 20 s down (the kubelet's times, to the second) and 3 s to the first batch.
-        assert 21.5 <= restarted["badputSeconds"]["restart"] <= 25.0, dumps(restarted)
+        # 20 s down (the kubelet's times, to the second), 3 s to the first batch, and the 12 s of
+        # productive time since the last save, taken from productive: it went down.
+        assert 21.5 + 12 <= restarted["badputSeconds"]["restart"] <= 25.0 + 12, dumps(restarted)
         assert restarted["badputSeconds"]["startup"] == pytest.approx(5.0)  # the first process's only
         assert restarted["elapsedSeconds"] > first["elapsedSeconds"] + 20.0
+        assert restarted["productiveSeconds"] < pre["productiveSeconds"] - 2.0, (pre, restarted)
+        moved = wait_for(
+            lambda: (f := _fleet(op.metrics()).get("alpha", {})).get("restart", 0) >= 33.5 and f,
+            30,
+            "counter",
+        )
+        assert moved["productive"] > 0, moved
 
         # The operator restarts: the totals continue from the status, running processes are not
         # counted twice, and the counter starts again from 0.

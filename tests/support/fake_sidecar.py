@@ -58,6 +58,13 @@ class FakeJob:
     """Also serve the probe's goodput series: productive = step time less data wait, badput
     data-wait = the wait, startup = ``startup_seconds``, the other causes 0."""
     startup_seconds: float = 5.0
+    steps_since_checkpoint: float | None = None
+    """With ``goodput``: served as ``dam_steps_since_checkpoint`` (None: not served, as a probe that
+    times no saves)."""
+    last_checkpoint_at: float | None = None
+    """With ``goodput``: served as ``dam_last_checkpoint_timestamp_seconds`` (None: no save seen)."""
+    scrapes: int = 0
+    """Expositions served (a test waits for the next scrape with it)."""
     _last: float | None = field(default=None, repr=False)
 
     def switch(self, regime: Regime) -> None:
@@ -78,6 +85,7 @@ class FakeJob:
 
     def exposition(self) -> str:
         now = self.advance()
+        self.scrapes += 1
         r = self.regime
         lines = [
             f"# TYPE {names.STEPS_TOTAL} counter",
@@ -112,6 +120,12 @@ class FakeJob:
             ]
             lines.append(f"# TYPE {names.BADPUT_SECONDS_TOTAL} counter")
             lines += [f'{names.BADPUT_SECONDS_TOTAL}{{cause="{c}"}} {v!r}' for c, v in causes.items()]
+            for name, value in (
+                (names.STEPS_SINCE_CHECKPOINT, self.steps_since_checkpoint),
+                (names.LAST_CHECKPOINT_TIMESTAMP_SECONDS, self.last_checkpoint_at),
+            ):
+                if value is not None:
+                    lines += [f"# TYPE {name} gauge", f"{name} {value!r}"]
         return "\n".join(lines) + "\n"
 
 
