@@ -147,7 +147,8 @@ def _bottleneck(f: Finding, straggler: Straggler | None) -> Bottleneck:
     records = list(f.evidence)
     if straggler is not None:
         records.append(Evidence(Kind.STRAGGLER, straggler_sentence(straggler)))
-    return Bottleneck(
+    return Bottleneck.of(
+        records,
         axis=axis,
         boundary=boundary,
         regime=f.regime,
@@ -157,7 +158,7 @@ def _bottleneck(f: Finding, straggler: Straggler | None) -> Bottleneck:
         avoid=[x for x in levers.avoid(f.regime) if x != lever],
         missing=list(dict.fromkeys(f.missing)),
         straggler=straggler,
-    ).with_records(records)
+    )
 
 
 def diagnose(

@@ -11,7 +11,7 @@ without the sample size, rendered from the numbers, not cut out of the text).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -74,7 +74,7 @@ class Evidence:
     def because(self, reason: str) -> Evidence:
         """The same record with ``reason`` (": the loader is not the cause") said after it."""
         steady = None if self.steady is None else self.steady + reason
-        return replace(self, sentence=self.sentence + reason, steady=steady)
+        return Evidence(self.kind, self.sentence + reason, self.numbers, steady)
 
     @property
     def identity(self) -> tuple[Kind, str]:

@@ -326,6 +326,13 @@ class Bottleneck(_Wire):
 
     _records: tuple[Evidence, ...] = PrivateAttr(default=())
 
+    @classmethod
+    def of(cls, records: Sequence[Evidence], **fields: Any) -> Bottleneck:
+        """A bottleneck whose ``evidence`` is rendered from ``records``, which it keeps (not on the wire)."""
+        made = cls(evidence=[r.sentence for r in records], **fields)
+        made._records = tuple(records)
+        return made
+
     def with_records(self, records: Sequence[Evidence]) -> Bottleneck:
         """This bottleneck with ``evidence`` rendered from ``records``, which it keeps (not on the wire)."""
         copy = self.model_copy(update={"evidence": [r.sentence for r in records]})
