@@ -57,6 +57,9 @@ class Kind(StrEnum):
     RATE = "rate"
     """The job's steps per second, with the window's sample size."""
     STRAGGLER = "straggler"
+    """The straggler's line (``ranks.straggler_sentence``)."""
+    HOLDING_STRAGGLER = "holding-straggler"
+    """The published straggler is held while another rank's challenge is pending (hysteresis)."""
     NOTE = "note"
     """A reasoning step in words (what the figures mean), or a sentence from elsewhere (a status)."""
 

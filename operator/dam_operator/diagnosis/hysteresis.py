@@ -28,10 +28,30 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from dam_operator.diagnosis.evidence import Evidence, Kind, note
 from dam_operator.diagnosis.model import Bottleneck, Regime, Straggler, Verdict
 from dam_operator.diagnosis.ranks import STRAGGLER_PREFIX, straggler_sentence
 
 _StragglerKey = tuple[str | None, int | None] | None
+_HOLDING_STRAGGLER = "holding straggler"
+_STRAGGLER_LINES = (Kind.STRAGGLER, Kind.HOLDING_STRAGGLER)
+
+
+def _read_back(bottleneck: Bottleneck) -> Bottleneck:
+    """A bottleneck with its straggler lines known as such where it has no records for them (one
+    read from a status, or built by hand): the one place their text is read; everything after
+    reads the records' kinds."""
+
+    def record(r: Evidence) -> Evidence:
+        if r.kind is not Kind.NOTE:
+            return r
+        if r.sentence.startswith(STRAGGLER_PREFIX):
+            return Evidence(Kind.STRAGGLER, r.sentence)
+        if r.sentence.startswith(_HOLDING_STRAGGLER):
+            return Evidence(Kind.HOLDING_STRAGGLER, r.sentence)
+        return r
+
+    return bottleneck.with_records([record(r) for r in bottleneck.records()])
 
 
 def _key(straggler: Straggler | None) -> _StragglerKey:
@@ -85,7 +105,7 @@ class Stabilizer:
 
     def restore(self, bottleneck: Bottleneck) -> None:
         """Resume from a published bottleneck (e.g. the resource status after an operator restart)."""
-        self._current = bottleneck
+        self._current = _read_back(bottleneck)
         self._pending, self._pending_count = None, 0
         self._straggler = bottleneck.straggler
         self._straggler_pending, self._straggler_pending_count = None, 0
@@ -111,22 +131,24 @@ class Stabilizer:
             self._straggler_pending, self._straggler_pending_count = None, 0
             return None
         return (
-            f"holding straggler {_describe(published)}: {_describe(_key(cand))} seen in "
+            f"{_HOLDING_STRAGGLER} {_describe(published)}: {_describe(_key(cand))} seen in "
             f"{self._straggler_pending_count} of the {self.confirm_windows} consecutive windows "
             "needed to switch"
         )
 
-    def _with_straggler(self, bottleneck: Bottleneck, note: str | None) -> Bottleneck:
-        evidence = [e for e in bottleneck.evidence if not e.startswith(STRAGGLER_PREFIX)]
+    def _with_straggler(self, bottleneck: Bottleneck, pending: str | None) -> Bottleneck:
+        records = [r for r in bottleneck.records() if r.kind is not Kind.STRAGGLER]
         if self._straggler is not None:
-            evidence.append(straggler_sentence(self._straggler))
-        if note:
-            evidence.append(note)
-        return bottleneck.model_copy(update={"straggler": self._straggler, "evidence": evidence})
+            records.append(Evidence(Kind.STRAGGLER, straggler_sentence(self._straggler)))
+        if pending:
+            records.append(Evidence(Kind.HOLDING_STRAGGLER, pending))
+        return bottleneck.model_copy(update={"straggler": self._straggler}).with_records(records)
 
     def update(self, verdict: Verdict, now: datetime) -> Verdict:
-        note = self._stabilize_straggler(verdict.bottleneck.straggler, first=self._current is None)
-        cand = self._with_straggler(verdict.bottleneck, note)
+        pending_straggler = self._stabilize_straggler(
+            verdict.bottleneck.straggler, first=self._current is None
+        )
+        cand = self._with_straggler(_read_back(verdict.bottleneck), pending_straggler)
         verdict = Verdict(bottleneck=cand, metrics=verdict.metrics)
         current = self._current
         if current is None or cand.regime == current.regime:
@@ -145,24 +167,16 @@ class Stabilizer:
         if self._pending_count >= needed or by_margin:
             return self._publish(verdict, rfc3339(now))
 
-        note = (
+        pending = (
             f"holding {current.regime.value}: {cand.regime.value} seen in {self._pending_count} "
             f"of the {needed} consecutive windows needed to switch"
         )
-        held = current.model_copy(
-            update={
-                "evidence": [
-                    *(e for e in cand.evidence if e.startswith(("holding straggler", STRAGGLER_PREFIX))),
-                    *(
-                        e
-                        for e in current.evidence
-                        if not e.startswith(("holding straggler", STRAGGLER_PREFIX))
-                    ),
-                    note,
-                ],
-                "straggler": self._straggler,
-            }
-        )
+        records = [
+            *(r for r in cand.records() if r.kind in _STRAGGLER_LINES),
+            *(r for r in current.records() if r.kind not in _STRAGGLER_LINES),
+            note(pending),
+        ]
+        held = current.model_copy(update={"straggler": self._straggler}).with_records(records)
         return Verdict(bottleneck=held, metrics=verdict.metrics)
 
     def _publish(self, verdict: Verdict, since: str) -> Verdict:
