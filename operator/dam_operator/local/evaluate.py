@@ -35,8 +35,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from dam_operator.diagnosis.engine import diagnose
+from dam_operator.diagnosis.goodput import accelerators_of, goodput_of
 from dam_operator.diagnosis.model import Hardware, Thresholds
-from dam_operator.diagnosis.render import render_text
+from dam_operator.diagnosis.render import render_goodput, render_text
 from dam_operator.diagnosis.window import observation_from_snapshots
 from dam_sidecar import catalog, names
 from dam_sidecar.promtext import (
@@ -441,11 +442,16 @@ class _Run:
                 memory_bandwidth_bytes_per_second=args.memory_bandwidth,
             )
         verdict = diagnose(obs, thresholds, overrides)
+        # The job's life up to AFTER (the probe's counters are cumulative): status.goodput's shape.
+        goodput = goodput_of(after.snapshot, accelerators_of(after.snapshot))
         if args.json:
-            out = _with_problems(verdict.to_status(), self.problems)
+            out = verdict.to_status()
+            if goodput is not None:
+                out["goodput"] = goodput.model_dump(by_alias=True, exclude_none=True, mode="json")
+            out = _with_problems(out, self.problems)
             sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
         else:
-            sys.stdout.write(render_text(verdict))
+            sys.stdout.write(render_text(verdict) + ("" if goodput is None else render_goodput(goodput)))
         return EXIT_VERDICT
 
 

@@ -110,6 +110,33 @@ def test_human_output_names_axis_regime_lever_and_evidence(
     assert "avoid:      faster-accelerator" in out
 
 
+def test_snapshots_with_the_probes_goodput_carry_the_jobs_life_to_after(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b, a = write_pair(tmp_path, JOBS["cpu-only starved"][0])
+    for path, productive, lost in ((b, 10.0, 5.0), (a, 40.0, 20.0)):
+        causes = {
+            "startup": 5.0,
+            "data-wait": lost - 5.0,
+            "checkpoint": 0.0,
+            "other": 0.0,
+            "communication": 0.0,
+        }
+        lines = [f"dam_goodput_seconds_total {productive}"]
+        lines += [f'dam_badput_seconds_total{{cause="{c}"}} {v}' for c, v in causes.items()]
+        Path(path).write_text(Path(path).read_text() + "\n".join(lines) + "\n")
+    status = run_json(capsys, [b, a, "--json"])
+    goodput = status["goodput"]  # the job's life so far (cumulative counters), not the window
+    assert goodput["elapsedSeconds"] == pytest.approx(60.0)
+    assert goodput["ratio"] == pytest.approx(40.0 / 60.0)
+    assert goodput["badputSeconds"]["dataWait"] == pytest.approx(15.0)
+    assert goodput["acceleratorSecondsLost"] == 0.0  # NVML answers, no GPU is the job's
+    assert main([b, a]) == 0
+    out = capsys.readouterr().out
+    assert "goodput:    66.7% of 60.0 s productive" in out
+    assert "  d data wait" in out
+
+
 def test_dam_cli_dispatches_to_evaluate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert dam(["evaluate", *write_pair(tmp_path, JOBS["starved"][0]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bottleneck"]["regime"] == "input-bound"
