@@ -250,6 +250,201 @@ def _as_int(value: object) -> int:
     return operator.index(value)  # type: ignore[arg-type]
 
 
+class _RefusedError(Exception):
+    """A loader the overrides leave alone; ``args[0]`` says why (``Plan.refused``)."""
+
+
+_NEEDS_WORKERS: Final = (
+    ("prefetch_factor", None),
+    ("persistent_workers", False),
+    ("multiprocessing_context", None),
+    ("timeout", 0),
+)
+_SPAWNED_ARGUMENTS: Final = ("dataset", "sampler", "batch_sampler", "collate_fn", "worker_init_fn")
+
+
+def _user_workers(args: Mapping[str, object]) -> tuple[int, int | None]:
+    """The loader's own ``num_workers`` and ``prefetch_factor``; refuses a loader torch would reject."""
+    try:
+        user_w = _as_int(args.get("num_workers", 0))
+        user_pf = None if args.get("prefetch_factor") is None else _as_int(args.get("prefetch_factor"))
+    except TypeError:
+        raise _RefusedError("num_workers or prefetch_factor is not an integer") from None
+    if user_w < 0 or (user_pf is not None and user_pf < 0):
+        raise _RefusedError("the loader's own num_workers or prefetch_factor is negative")
+    needs_workers = [name for name, unset in _NEEDS_WORKERS if args.get(name, unset) != unset]
+    if user_w == 0 and needs_workers:
+        # torch raises for these without workers: adding workers would hide the code's own error.
+        raise _RefusedError(
+            f"the loader sets {', '.join(needs_workers)} with num_workers=0, which torch rejects"
+        )
+    return user_w, user_pf
+
+
+def _planned_workers(
+    args: Mapping[str, object],
+    o: LoaderOverrides,
+    env: WorkerEnvironment,
+    user_w: int,
+    notes: list[str],
+    *,
+    num_workers_in_state: bool,
+) -> int:
+    """num_workers: raised (capped at the CPUs), kept, or lowered only with allow_lower."""
+    if o.num_workers is None:
+        return user_w
+    if o.num_workers != user_w and num_workers_in_state:
+        notes.append(STATEFUL_NUM_WORKERS)
+        return user_w
+    if "num_workers" not in args:
+        notes.append("num_workers not applied: not an argument of this DataLoader")
+        return user_w
+    target = o.num_workers
+    if target > user_w:
+        if env.cpus is not None and env.cpus <= 1:
+            raise _RefusedError("only 1 CPU available to this process: worker processes cannot help")
+        if env.cpus is not None and target > env.cpus:
+            notes.append(f"num_workers capped at {env.cpus} CPUs (override {target})")
+            target = max(env.cpus, user_w)
+        return target
+    if target < user_w:
+        if o.allow_lower:
+            return target
+        notes.append(f"num_workers stays {user_w} (override {target} is lower; allow_lower not set)")
+    return user_w
+
+
+def _check_first_workers(
+    args: Mapping[str, object], env: WorkerEnvironment, iterable_cls: type | None, check: SpawnCheck
+) -> None:
+    """Refuses to start workers where the user's code had none, when they would change its results."""
+    if env.daemon:
+        raise _RefusedError("a daemonic process (a DataLoader worker) cannot start worker processes")
+    if is_iterable_dataset(args.get("dataset"), iterable_cls):
+        raise _RefusedError(
+            "IterableDataset with num_workers=0: each worker would replay the whole "
+            "stream unless the dataset shards by get_worker_info(), which cannot be checked"
+        )
+    if args.get("in_order", True) is False:
+        raise _RefusedError("in_order=False: workers would deliver samples out of order")
+    method = start_method(args.get("multiprocessing_context"), env.default_start_method)
+    if method in SPAWNING_METHODS:
+        problem = check(method, {n: args.get(n) for n in _SPAWNED_ARGUMENTS if args.get(n) is not None})
+        if problem:
+            raise _RefusedError(problem)
+    elif method != "fork":
+        raise _RefusedError(f"unknown multiprocessing start method {method!r}")
+
+
+def _check_worker_change(
+    args: Mapping[str, object],
+    env: WorkerEnvironment,
+    user_w: int,
+    w: int,
+    *,
+    iterable_cls: type | None,
+    check: SpawnCheck,
+) -> None:
+    """Refuses a change of num_workers (from or to 0) that the loader's other arguments forbid."""
+    if user_w == 0 and w > 0:
+        _check_first_workers(args, env, iterable_cls, check)
+    forbids_none = args.get("multiprocessing_context") is not None or args.get("timeout", 0) != 0
+    if user_w > 0 and w == 0 and forbids_none:
+        raise _RefusedError(
+            "cannot lower num_workers to 0: the loader sets multiprocessing_context or timeout"
+        )
+
+
+def _planned_prefetch(
+    args: Mapping[str, object], o: LoaderOverrides, w: int, user_pf: int | None, notes: list[str]
+) -> int | None:
+    """prefetch_factor (batches in flight per worker); only valid with workers."""
+    if w == 0:
+        if o.prefetch_factor is not None:
+            notes.append("prefetch_factor not applied: needs num_workers > 0")
+        return None  # a rollback to 0 workers: torch accepts no prefetch_factor then
+    if o.prefetch_factor is None or "prefetch_factor" not in args:
+        return user_pf
+    effective = TORCH_PREFETCH_DEFAULT if user_pf is None else user_pf
+    if o.prefetch_factor > effective or (o.allow_lower and o.prefetch_factor != effective):
+        return o.prefetch_factor
+    if o.prefetch_factor < effective:
+        notes.append(
+            f"prefetch_factor stays {effective} (override {o.prefetch_factor} is lower; allow_lower not set)"
+        )
+    return user_pf
+
+
+def _in_flight(workers: int, prefetch: int | None) -> int:
+    return workers * (TORCH_PREFETCH_DEFAULT if prefetch is None else prefetch)
+
+
+def _check_shm(env: WorkerEnvironment, before: int, after: int) -> None:
+    """Refuses more batches in flight (``before`` -> ``after``) than /dev/shm can hold."""
+    if after <= before or not env.shm_required:
+        return
+    if env.shm_bytes is None:
+        raise _RefusedError("no /dev/shm: worker processes cannot hand batches over")
+    if env.shm_bytes < MIN_SHM_BYTES:
+        raise _RefusedError(
+            f"/dev/shm is only {env.shm_bytes // (1024 * 1024)} MiB: more batches in flight "
+            "could exhaust it (mount a larger one, e.g. an emptyDir with medium: Memory)"
+        )
+
+
+def _persistent_note(args: Mapping[str, object], wanted: bool, allow_lower: bool, w: int) -> str | None:
+    """Why persistent_workers cannot become ``wanted``, or None.
+
+    torch draws the workers' base seed from the RNG once per iterator, so with persistent
+    workers the RNG gives one number fewer per epoch: a shuffle that draws from it changes
+    from epoch 2 on.
+    """
+    if wanted and w == 0:
+        return "persistent_workers not applied: needs num_workers > 0"
+    if not wanted and not allow_lower:
+        return "persistent_workers stays true (allow_lower not set)"
+    if order_uses_rng(args):
+        return (
+            "persistent_workers not applied: the loader shuffles, and persistent workers "
+            "would change the order of later epochs (torch draws one seed fewer per epoch)"
+        )
+    if wanted and callable(getattr(args.get("dataset"), "set_epoch", None)):
+        return (
+            "persistent_workers not applied: the dataset has set_epoch(), "
+            "which persistent workers would not see"
+        )
+    return None
+
+
+def _planned_persistent(args: Mapping[str, object], o: LoaderOverrides, w: int, notes: list[str]) -> bool:
+    """persistent_workers: keep the workers across epochs; only valid with workers (else false)."""
+    pw = bool(args.get("persistent_workers", False))
+    wanted = o.persistent_workers
+    if wanted is not None and wanted != pw and "persistent_workers" in args:
+        note = _persistent_note(args, wanted, o.allow_lower, w)
+        if note:
+            notes.append(note)
+        else:
+            pw = wanted
+    return pw if w > 0 else False
+
+
+def _planned_pin_memory(
+    args: Mapping[str, object], o: LoaderOverrides, env: WorkerEnvironment, notes: list[str]
+) -> bool:
+    """pin_memory: page-locked host buffers for faster copies to the accelerator."""
+    user_pm = bool(args.get("pin_memory", False))
+    if o.pin_memory is None or o.pin_memory == user_pm or "pin_memory" not in args:
+        return user_pm
+    if o.pin_memory and not env.accelerator:
+        notes.append("pin_memory not applied: no accelerator to pin memory for")
+    elif o.pin_memory or o.allow_lower:
+        return o.pin_memory
+    else:
+        notes.append("pin_memory stays true (allow_lower not set)")
+    return user_pm
+
+
 def plan_loader(
     args: Mapping[str, object],
     overrides: LoaderOverrides,
@@ -266,149 +461,35 @@ def plan_loader(
     start method. A setting absent from ``args`` (an older torch) is not applied.
     ``num_workers_in_state`` (a StatefulDataLoader): the loader's checkpoints record its
     worker count, so ``num_workers`` is left as it is, with a note.
+
+    The settings are decided in order (each may depend on the ones before it): num_workers,
+    prefetch_factor, persistent_workers, pin_memory; a check that fails refuses the whole plan.
     """
     check = spawn_problem if spawn_check is None else spawn_check
     notes: list[str] = []
-    changes: list[tuple[str, object, object]] = []
     try:
-        user_w = _as_int(args.get("num_workers", 0))
-        user_pf = None if args.get("prefetch_factor") is None else _as_int(args.get("prefetch_factor"))
-    except TypeError:
-        return Plan(refused="num_workers or prefetch_factor is not an integer")
-    if user_w < 0 or (user_pf is not None and user_pf < 0):
-        return Plan(refused="the loader's own num_workers or prefetch_factor is negative")
-    needs_workers = [
-        name
-        for name, unset in (
-            ("prefetch_factor", None),
-            ("persistent_workers", False),
-            ("multiprocessing_context", None),
-            ("timeout", 0),
-        )
-        if args.get(name, unset) != unset
-    ]
-    if user_w == 0 and needs_workers:
-        # torch raises for these without workers: adding workers would hide the code's own error.
-        return Plan(
-            refused=f"the loader sets {', '.join(needs_workers)} with num_workers=0, which torch rejects"
-        )
-    o = overrides
-
-    # num_workers: raised (capped at the CPUs), kept, or lowered only with allow_lower.
-    w = user_w
-    if o.num_workers is not None and o.num_workers != user_w and num_workers_in_state:
-        notes.append(STATEFUL_NUM_WORKERS)
-    elif o.num_workers is not None and "num_workers" in args:
-        target = o.num_workers
-        if target > user_w:
-            if env.cpus is not None and env.cpus <= 1:
-                return Plan(refused="only 1 CPU available to this process: worker processes cannot help")
-            if env.cpus is not None and target > env.cpus:
-                notes.append(f"num_workers capped at {env.cpus} CPUs (override {target})")
-                target = max(env.cpus, user_w)
-            w = target
-        elif target < user_w:
-            if o.allow_lower:
-                w = target
-            else:
-                notes.append(f"num_workers stays {user_w} (override {target} is lower; allow_lower not set)")
-    elif o.num_workers is not None:
-        notes.append("num_workers not applied: not an argument of this DataLoader")
-
-    dataset = args.get("dataset")
-    context = args.get("multiprocessing_context")
-    if user_w == 0 and w > 0:
-        if env.daemon:
-            return Plan(refused="a daemonic process (a DataLoader worker) cannot start worker processes")
-        if is_iterable_dataset(dataset, iterable_cls):
-            return Plan(
-                refused="IterableDataset with num_workers=0: each worker would replay the whole "
-                "stream unless the dataset shards by get_worker_info(), which cannot be checked"
-            )
-        if args.get("in_order", True) is False:
-            return Plan(refused="in_order=False: workers would deliver samples out of order")
-        method = start_method(context, env.default_start_method)
-        if method in SPAWNING_METHODS:
-            names = ("dataset", "sampler", "batch_sampler", "collate_fn", "worker_init_fn")
-            problem = check(method, {n: args.get(n) for n in names if args.get(n) is not None})
-            if problem:
-                return Plan(refused=problem)
-        elif method != "fork":
-            return Plan(refused=f"unknown multiprocessing start method {method!r}")
-    if user_w > 0 and w == 0 and (context is not None or args.get("timeout", 0) != 0):
-        return Plan(
-            refused="cannot lower num_workers to 0: the loader sets multiprocessing_context or timeout"
-        )
-    if w != user_w:
-        changes.append(("num_workers", user_w, w))
-
-    # prefetch_factor (batches in flight per worker); only valid with workers.
-    pf = user_pf
-    if w == 0:
-        if o.prefetch_factor is not None:
-            notes.append("prefetch_factor not applied: needs num_workers > 0")
-        pf = None  # a rollback to 0 workers: torch accepts no prefetch_factor then
-    elif o.prefetch_factor is not None and "prefetch_factor" in args:
-        effective = TORCH_PREFETCH_DEFAULT if user_pf is None else user_pf
-        if o.prefetch_factor > effective or (o.allow_lower and o.prefetch_factor != effective):
-            pf = o.prefetch_factor
-        elif o.prefetch_factor < effective:
-            notes.append(
-                f"prefetch_factor stays {effective} "
-                f"(override {o.prefetch_factor} is lower; allow_lower not set)"
-            )
-    if pf != user_pf:
-        changes.append(("prefetch_factor", user_pf, pf))
-
-    in_flight_before = user_w * (TORCH_PREFETCH_DEFAULT if user_pf is None else user_pf)
-    in_flight_after = w * (TORCH_PREFETCH_DEFAULT if pf is None else pf)
-    if in_flight_after > in_flight_before and env.shm_required:
-        if env.shm_bytes is None:
-            return Plan(refused="no /dev/shm: worker processes cannot hand batches over")
-        if env.shm_bytes < MIN_SHM_BYTES:
-            return Plan(
-                refused=f"/dev/shm is only {env.shm_bytes // (1024 * 1024)} MiB: more batches in flight "
-                "could exhaust it (mount a larger one, e.g. an emptyDir with medium: Memory)"
-            )
-
-    # persistent_workers: keep the workers across epochs; only valid with workers. torch draws
-    # the workers' base seed from the RNG once per iterator, so with persistent workers the RNG
-    # gives one number fewer per epoch: a shuffle that draws from it changes from epoch 2 on.
+        user_w, user_pf = _user_workers(args)
+        w = _planned_workers(args, overrides, env, user_w, notes, num_workers_in_state=num_workers_in_state)
+        _check_worker_change(args, env, user_w, w, iterable_cls=iterable_cls, check=check)
+        pf = _planned_prefetch(args, overrides, w, user_pf, notes)
+        _check_shm(env, _in_flight(user_w, user_pf), _in_flight(w, pf))
+    except _RefusedError as refusal:
+        return Plan(refused=str(refusal))
     user_pw = bool(args.get("persistent_workers", False))
-    pw = user_pw
-    if o.persistent_workers is not None and o.persistent_workers != user_pw and "persistent_workers" in args:
-        if o.persistent_workers and w == 0:
-            notes.append("persistent_workers not applied: needs num_workers > 0")
-        elif not o.persistent_workers and not o.allow_lower:
-            notes.append("persistent_workers stays true (allow_lower not set)")
-        elif order_uses_rng(args):
-            notes.append(
-                "persistent_workers not applied: the loader shuffles, and persistent workers "
-                "would change the order of later epochs (torch draws one seed fewer per epoch)"
-            )
-        elif o.persistent_workers and callable(getattr(dataset, "set_epoch", None)):
-            notes.append(
-                "persistent_workers not applied: the dataset has set_epoch(), "
-                "which persistent workers would not see"
-            )
-        else:
-            pw = o.persistent_workers
-    if w == 0:
-        pw = False
-    if pw != user_pw:
-        changes.append(("persistent_workers", user_pw, pw))
-
-    # pin_memory: page-locked host buffers for faster copies to the accelerator.
     user_pm = bool(args.get("pin_memory", False))
-    if o.pin_memory is not None and o.pin_memory != user_pm and "pin_memory" in args:
-        if o.pin_memory and not env.accelerator:
-            notes.append("pin_memory not applied: no accelerator to pin memory for")
-        elif o.pin_memory or o.allow_lower:
-            changes.append(("pin_memory", user_pm, o.pin_memory))
-        else:
-            notes.append("pin_memory stays true (allow_lower not set)")
-
-    return Plan(changes=tuple(changes), notes=tuple(notes))
+    pw = _planned_persistent(args, overrides, w, notes)
+    pm = _planned_pin_memory(args, overrides, env, notes)
+    changes = tuple(
+        (name, before, after)
+        for name, before, after in (
+            ("num_workers", user_w, w),
+            ("prefetch_factor", user_pf, pf),
+            ("persistent_workers", user_pw, pw),
+            ("pin_memory", user_pm, pm),
+        )
+        if after != before
+    )
+    return Plan(changes=changes, notes=tuple(notes))
 
 
 # --- the spawn check: what spawn/forkserver workers need from the user's objects -------------
