@@ -7,7 +7,7 @@ hands over (duck typing; what else they need they take from ``sys.modules`` or
 ``importlib.import_module`` at that moment), so this module imports nothing
 from torch and costs nothing in a process that never uses torch.distributed.
 
-What is counted (``Probe.coll_*``, cumulative, published in the probe file):
+What is counted (``Probe.comm``, a ``CommCounters``: cumulative, published in the probe file):
 
 - **collectives**: one per explicit collective call that returns, and one per
   DDP gradient bucket;
@@ -187,25 +187,27 @@ def nbytes_of(value: object) -> int:
 
 
 def begin(p: Probe, t0: int) -> None:
-    """A collective goes in flight at ``t0`` (call with ``p.comm_lock`` held)."""
-    if p.coll_inflight == 0:
-        p.coll_busy_since = t0 if t0 > p.coll_busy_until else p.coll_busy_until
-    p.coll_inflight += 1
+    """A collective goes in flight at ``t0`` (call with ``p.comm.lock`` held)."""
+    c = p.comm
+    if c.inflight == 0:
+        c.busy_since = t0 if t0 > c.busy_until else c.busy_until
+    c.inflight += 1
 
 
 def end(p: Probe, t1: int) -> None:
-    """A collective begun with ``begin`` completes at ``t1`` (call with ``p.comm_lock`` held).
+    """A collective begun with ``begin`` completes at ``t1`` (call with ``p.comm.lock`` held).
 
     Collective time grows by the busy periods (at least one collective in
     flight), so overlapping collectives count once.
     """
-    p.coll_inflight -= 1
-    if p.coll_inflight <= 0:
-        p.coll_inflight = 0
-        start = p.coll_busy_since if p.coll_busy_since > p.coll_busy_until else p.coll_busy_until
+    c = p.comm
+    c.inflight -= 1
+    if c.inflight <= 0:
+        c.inflight = 0
+        start = c.busy_since if c.busy_since > c.busy_until else c.busy_until
         if t1 > start:
-            p.coll_ns += t1 - start
-            p.coll_busy_until = t1
+            c.ns += t1 - start
+            c.busy_until = t1
 
 
 def _finish(key: int, t_done: int, exposed_ns: int = 0) -> None:
@@ -214,11 +216,12 @@ def _finish(key: int, t_done: int, exposed_ns: int = 0) -> None:
     if entry is None:
         return
     _, nbytes, p = entry
-    with p.comm_lock:
+    c = p.comm
+    with c.lock:
         end(p, t_done)
-        p.coll_count += 1
-        p.coll_bytes += nbytes
-        p.coll_exposed_ns += exposed_ns
+        c.count += 1
+        c.nbytes += nbytes
+        c.exposed_ns += exposed_ns
 
 
 def sweep(now_ns: int) -> None:
@@ -242,7 +245,7 @@ def _track_async(work: Any, t0: int, nbytes: int, p: Probe) -> None:
     No callback on the communication thread (it would need the GIL there): the
     flight ends when ``Work.wait()`` returns, or when ``sweep`` finds it complete.
     """
-    with p.comm_lock:
+    with p.comm.lock:
         begin(p, t0)
     PENDING[id(work)] = (work, nbytes, p)
     if len(PENDING) > MAX_PENDING:
@@ -255,7 +258,7 @@ def timed_collective(orig: Callable[..., Any], position: int, keyword: str | Non
     """A collective that counts itself into ``p`` (see the module docstring)."""
     clock = perf_counter_ns
     local = LOCAL
-    lock = p.comm_lock
+    c = p.comm  # never replaced: a forked child resets it in place (its lock too)
 
     def collective(*args: Any, **kwargs: Any) -> Any:
         if local.depth:
@@ -276,19 +279,19 @@ def timed_collective(orig: Callable[..., Any], position: int, keyword: str | Non
         else:
             nbytes = nbytes_of(args[position]) if position < len(args) else 0
         if work is None:  # synchronous: the caller waited for all of it (one lock, no helper call)
-            with lock:
-                p.coll_count += 1
-                p.coll_bytes += nbytes
-                p.coll_exposed_ns += t1 - t0
-                start = t0 if t0 > p.coll_busy_until else p.coll_busy_until
-                if p.coll_inflight:  # inside a busy period: it is counted when that ends
-                    p.coll_busy_since = min(p.coll_busy_since, start)
+            with c.lock:
+                c.count += 1
+                c.nbytes += nbytes
+                c.exposed_ns += t1 - t0
+                start = t0 if t0 > c.busy_until else c.busy_until
+                if c.inflight:  # inside a busy period: it is counted when that ends
+                    c.busy_since = min(c.busy_since, start)
                 elif t1 > start:
-                    p.coll_ns += t1 - start
-                    p.coll_busy_until = t1
+                    c.ns += t1 - start
+                    c.busy_until = t1
         else:
             _track_async(work, t0, nbytes, p)
-        if t1 >= p.comm_next_ns:
+        if t1 >= c.next_ns:
             p.publish_comm(t1)
         return work
 
@@ -402,7 +405,7 @@ class DdpComm:
 
 
 def _launched(comm: DdpComm, t0: int, is_last: bool, p: Probe) -> None:
-    with p.comm_lock:
+    with p.comm.lock:
         begin(p, t0)
         comm.pending += 1
         if is_last:
@@ -410,15 +413,16 @@ def _launched(comm: DdpComm, t0: int, is_last: bool, p: Probe) -> None:
 
 
 def _completed(comm: DdpComm, t1: int, nbytes: int, p: Probe, count: int = 1) -> None:
-    with p.comm_lock:
+    c = p.comm
+    with c.lock:
         end(p, t1)
-        p.coll_count += count
-        p.coll_bytes += nbytes
+        c.count += count
+        c.nbytes += nbytes
         comm.pending -= 1
         if comm.pending <= 0:
             comm.pending = 0
             if comm.handover_ns:
-                p.coll_exposed_ns += max(0, t1 - comm.handover_ns)
+                c.exposed_ns += max(0, t1 - comm.handover_ns)
                 comm.handover_ns = 0
 
 
@@ -462,7 +466,7 @@ def make_ddp_hook(p: Probe = PROBE) -> Callable[[DdpComm, Any], Any]:
         except BaseException:
             _completed(state, clock(), 0, p, count=0)
             raise
-        if t0 >= p.comm_next_ns:
+        if t0 >= p.comm.next_ns:
             p.publish_comm(t0)
         return result
 
@@ -556,11 +560,12 @@ def count_step(state: DdpStats, ints: Mapping[str, int], p: Probe) -> bool:
     if key == state.last_key:
         return False
     state.last_key = key
-    with p.comm_lock:
-        p.coll_count += buckets
-        p.coll_ns += comm
-        p.coll_exposed_ns += comm - overlap if comm > overlap else 0
-        p.coll_bytes += state.nbytes
+    c = p.comm
+    with c.lock:
+        c.count += buckets
+        c.ns += comm
+        c.exposed_ns += comm - overlap if comm > overlap else 0
+        c.nbytes += state.nbytes
     return True
 
 
@@ -649,7 +654,7 @@ def patch_ddp(module: ModuleType, p: Probe = PROBE) -> bool:
                 counted = False
             if counted:
                 now = clock()
-                if now >= p.comm_next_ns:
+                if now >= p.comm.next_ns:
                     p.publish_comm(now)
         return result
 

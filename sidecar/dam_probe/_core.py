@@ -8,9 +8,12 @@ a second, ``dam_probe.cgroup``), the process's CPU time and memory and its worke
 once a second, ``dam_probe.process``), the rank identity, the mmap write) happens at
 publish time, at most every ``interval_ns``.
 
-Collectives (``dam_probe._comm``) add to the ``coll_*`` counters under
-``comm_lock`` (their completions arrive on the communication threads) and
-publish on their own deadline, ``comm_next_ns``, from the thread that launched
+The counters live in small groups (``dam_probe._counters``: ``step``, ``comm``, ``kills``,
+``devices``, and ``goodput``), each with its own ``reset()``; a forked child resets them all.
+
+Collectives (``dam_probe._comm``) add to the ``comm`` counters under
+``comm.lock`` (their completions arrive on the communication threads) and
+publish on their own deadline, ``comm.next_ns``, from the thread that launched
 them. Publishing itself is serialised by a lock, so a batch and a collective
 never write the file at the same time.
 
@@ -33,19 +36,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Protocol
 
+from dam_probe._counters import CommCounters, Devices, StepCounters, WorkerKills
 from dam_probe._goodput import Accounting
 from dam_probe.cgroup import CgroupReader, MemoryReader
 from dam_probe.cleanup import remove_finished
-from dam_probe.layout import MAX_DEVICES, ProbeWriter, probe_path
+from dam_probe.layout import ProbeWriter, probe_path
 from dam_probe.process import ProcessReader
 from dam_probe.schedstat import RunQueueReader
 
 ENV_DIR: Final = "DAM_PROBE_DIR"
 ENV_DISABLE: Final = "DAM_PROBE_DISABLE"
 PUBLISH_INTERVAL_NS: Final = 100_000_000  # 100 ms: at most ten mmap writes per second
-DEVICE_REFRESH_NS: Final = 10_000_000_000  # the CUDA device list is re-read every 10 s
 NEVER: Final = 1 << 62  # a publish deadline that is never reached (disabled probe)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -88,35 +91,6 @@ def batch_size_of(batch: object) -> int:
         else:
             return 0
     return 0
-
-
-def _format_uuid(raw: object) -> str:
-    text = str(raw).strip()
-    if text.startswith(("GPU-", "MIG-")):
-        return text
-    return f"GPU-{text}"
-
-
-def cuda_device_uuids() -> tuple[str, ...] | None:
-    """UUIDs of the CUDA devices this process uses; None when CUDA is not in use.
-
-    Never imports torch: only looks at ``sys.modules``. A device counts as used
-    when the caching allocator has reserved memory on it; without any, the
-    current device. Reading the allocator's statistics creates no CUDA context.
-    """
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        cuda = torch.cuda
-        if not cuda.is_initialized():
-            return None
-        used = [i for i in range(int(cuda.device_count())) if int(cuda.memory_reserved(i)) > 0]
-        if not used:
-            used = [int(cuda.current_device())]
-        return tuple(_format_uuid(cuda.get_device_properties(i).uuid) for i in used[:MAX_DEVICES])
-    except Exception:
-        return None
 
 
 SEEN_MARK: Final = "_dam_probe_counted"
@@ -187,6 +161,12 @@ def dataloader_worker_deaths(message: str, iterator: object = None) -> list[tupl
     return sorted(found.items())
 
 
+class Resettable(Protocol):
+    """A group of counters (``dam_probe._counters``): ``reset()`` zeroes it in place."""
+
+    def reset(self) -> None: ...
+
+
 RankIdentity = tuple[int | None, int | None, int | None]  # (rank, local rank, world size)
 _I32_MAX: Final = 2**31 - 1
 
@@ -222,69 +202,55 @@ def rank_identity(environ: Mapping[str, str] | None = None) -> RankIdentity:
 
 
 class Probe:
-    """Counters of one process and the writer that publishes them.
+    """Counters of one process, in groups (``dam_probe._counters``), and the writer that publishes them.
 
-    The counter fields are updated by the instrumentation in
+    The step counters (``step``) are updated by the instrumentation in
     ``dam_probe.instrument`` and ``dam_probe._autohook`` directly (no method
-    call on the hot path); ``publish`` runs when ``next_publish_ns`` is reached.
+    call on the hot path); ``publish`` runs when ``step.next_publish_ns`` is reached.
     """
 
     __slots__ = (
         "_at_exit_registered",
         "_fork_registered",
-        "_next_devices_ns",
-        "batch_size",
         "cgroup",
-        "closed_step_ns",
-        "coll_busy_since",
-        "coll_busy_until",
-        "coll_bytes",
-        "coll_count",
-        "coll_exposed_ns",
-        "coll_inflight",
-        "coll_ns",
-        "comm_lock",
-        "comm_next_ns",
+        "comm",
         "comm_on",
         "comm_sweep",
-        "device_uuids",
+        "devices",
         "directory",
         "disabled",
         "flops_per_step",
         "goodput",
-        "in_stream",
         "interval_ns",
-        "killed_workers",
-        "last_kill_signal",
-        "last_ns",
+        "kills",
         "memory",
-        "next_publish_ns",
         "path",
         "process",
         "publish_lock",
         "reported",
         "run_queue",
-        "steps",
-        "stream_start_ns",
-        "wait_ns",
+        "step",
         "writer",
+    )
+    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset(
+        {
+            # Settings and installed instrumentation (the wrappers stay in the child), not counts.
+            "_at_exit_registered",
+            "_fork_registered",
+            "comm_on",
+            "comm_sweep",
+            "directory",
+            "disabled",
+            "flops_per_step",
+            "interval_ns",
+        }
     )
 
     def __init__(self, interval_ns: int = PUBLISH_INTERVAL_NS) -> None:
         self.interval_ns = interval_ns
-        self.steps = 0
-        self.wait_ns = 0
-        self.last_ns = 0  # perf_counter_ns of the latest delivery
-        # Step time is not summed per batch: a run of batches without a pause (a
-        # "stream") covers last_ns - stream_start_ns; finished streams add up here.
-        self.closed_step_ns = 0
-        self.stream_start_ns = 0
-        self.in_stream = False
-        self.next_publish_ns = 0  # 0: the next batch takes the slow path (opens file/stream)
-        self.batch_size = 0
-        self.flops_per_step = 0.0
-        self.device_uuids: tuple[str, ...] = ()
-        self._next_devices_ns = 0
+        self.step = StepCounters()  # the hot loops hold it: reset in place, never replaced
+        self.flops_per_step = 0.0  # declared by the job (set_flops_per_step)
+        self.devices = Devices()
         self.cgroup = CgroupReader()  # this process's own cgroup: CPU throttling and limit
         self.memory = MemoryReader()  # ... and its memory usage, limit and OOM kills
         # Its CPU time and RSS and its workers', for a sidecar in another PID namespace (a Pod that keeps
@@ -293,24 +259,14 @@ class Probe:
         # Run-queue delay (runnable, waiting for a CPU) of its main thread and its workers': a busy
         # node, for a sidecar that cannot read their /proc/<pid>/schedstat; at most once a second.
         self.run_queue = RunQueueReader()
-        # DataLoader workers that died, as DataLoader's own error says (``worker_failed``): their pids.
-        self.killed_workers: set[int] = set()
-        self.last_kill_signal = 0
+        self.kills = WorkerKills()  # DataLoader workers that died (``worker_failed``)
         # Goodput and badput by cause, checkpoint saves, the measured FLOPs (dam_probe._goodput):
         # updated on the slow path and in the save wrappers only, never per batch.
         self.goodput = Accounting()
-        # Collectives (dam_probe._comm): cumulative, updated under comm_lock.
+        # Collectives (dam_probe._comm): cumulative, updated under comm.lock.
+        self.comm = CommCounters()
         self.comm_on = False  # the collective instrumentation is installed (flag bit 3 of the file)
         self.comm_sweep: Callable[[int], None] | None = None  # ends finished async collectives (_comm)
-        self.coll_count = 0
-        self.coll_ns = 0
-        self.coll_exposed_ns = 0
-        self.coll_bytes = 0
-        self.coll_inflight = 0  # collectives in flight now; coll_ns grows by the busy periods
-        self.coll_busy_since = 0  # start of the current busy period (perf_counter_ns)
-        self.coll_busy_until = 0  # end of the latest busy period counted
-        self.comm_next_ns = 0  # publish deadline of the collective path (perf_counter_ns)
-        self.comm_lock = threading.Lock()
         self.publish_lock = threading.Lock()
         self.directory = ""
         self.path = ""
@@ -319,6 +275,20 @@ class Probe:
         self.reported = False
         self._at_exit_registered = False
         self._fork_registered = False
+
+    def counter_groups(self) -> tuple[Resettable, ...]:
+        """Every group of counters; a forked child resets each (``after_fork_in_child``)."""
+        return (
+            self.step,
+            self.comm,
+            self.kills,
+            self.devices,
+            self.goodput,
+            self.cgroup,
+            self.memory,
+            self.process,
+            self.run_queue,
+        )
 
     # -- state -----------------------------------------------------------------
 
@@ -329,7 +299,7 @@ class Probe:
     def disable(self, reason: str) -> None:
         """Stops publishing for the rest of the process; prints one line on stderr once."""
         self.disabled = True
-        self.next_publish_ns = NEVER
+        self.step.next_publish_ns = NEVER
         writer, self.writer = self.writer, None
         if writer is not None:
             with contextlib.suppress(Exception):
@@ -349,27 +319,22 @@ class Probe:
             raise ValueError(f"flops_per_step must be a finite number >= 0, got {flops!r}")
         self.flops_per_step = value
 
-    @property
-    def step_ns(self) -> int:
-        """Time covered by steps so far, ns (cumulative)."""
-        if self.in_stream:
-            return self.closed_step_ns + (self.last_ns - self.stream_start_ns)
-        return self.closed_step_ns
-
     def stop(self, t_ns: int) -> None:
         """A loader ran out at ``t_ns``: the last step ends there; the next batch starts a new stream."""
-        if self.in_stream:
+        s = self.step
+        if s.in_stream:
             self.goodput.stream_closed(t_ns)
-            self.closed_step_ns += t_ns - self.stream_start_ns
-            self.in_stream = False
+            s.closed_step_ns += t_ns - s.stream_start_ns
+            s.in_stream = False
             if not self.disabled:
-                self.next_publish_ns = 0  # the next batch takes the slow path and opens a stream
+                s.next_publish_ns = 0  # the next batch takes the slow path and opens a stream
 
     def slow_path(self, t0_ns: int, t1_ns: int, batch: object) -> None:
         """Runs when a batch reaches ``next_publish_ns``: opens a stream if none, then publishes."""
-        if not self.in_stream:
-            self.in_stream = True
-            self.stream_start_ns = t0_ns  # the first batch's step is its own wait
+        s = self.step
+        if not s.in_stream:
+            s.in_stream = True
+            s.stream_start_ns = t0_ns  # the first batch's step is its own wait
         self.goodput.before_publish(self, t0_ns)
         self.publish(t1_ns, batch)
         self.goodput.after_publish(self)
@@ -394,9 +359,7 @@ class Probe:
             with contextlib.suppress(AttributeError, TypeError):
                 setattr(exc, SEEN_MARK, True)
             for pid, signum in found:
-                self.killed_workers.add(pid)
-                if signum:
-                    self.last_kill_signal = signum
+                self.kills.add(pid, signum)
             if self.active():
                 self.publish(time.perf_counter_ns())
         except Exception:
@@ -431,15 +394,15 @@ class Probe:
     def publish(self, now_ns: int, batch: object = None, closed: bool = False) -> None:
         """Writes the counters to the file (opening it first if needed); never raises."""
         if self.disabled:
-            self.next_publish_ns = NEVER
+            self.step.next_publish_ns = NEVER
             return
         if self._write(now_ns, batch, closed):
-            self.next_publish_ns = now_ns + self.interval_ns
-            self.comm_next_ns = now_ns + self.interval_ns
+            self.step.next_publish_ns = now_ns + self.interval_ns
+            self.comm.next_ns = now_ns + self.interval_ns
 
     def publish_comm(self, now_ns: int) -> None:
         """Publishes from the collective path (its own deadline; the batch path's is left alone)."""
-        self.comm_next_ns = now_ns + self.interval_ns
+        self.comm.next_ns = now_ns + self.interval_ns
         if not self.disabled:
             self._write(now_ns, None, False)
 
@@ -453,54 +416,7 @@ class Probe:
                 if closed:
                     return False
                 writer = self._open()
-            if batch is not None:
-                size = batch_size_of(batch)
-                if size > 0:
-                    self.batch_size = size
-            if not closed and (now_ns >= self._next_devices_ns or not self.device_uuids):
-                uuids = cuda_device_uuids()
-                if uuids is not None:
-                    self.device_uuids = uuids
-                    self._next_devices_ns = now_ns + DEVICE_REFRESH_NS
-            # Never raises; a process without a readable cgroup publishes the fields as invalid.
-            cgroup = self.cgroup.read(now_ns)
-            throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
-            rank, local_rank, world_size = rank_identity()
-            if self.comm_sweep is not None:
-                self.comm_sweep(now_ns)
-            with self.comm_lock:
-                collectives = (
-                    (self.coll_count, self.coll_ns, self.coll_exposed_ns, self.coll_bytes)
-                    if self.comm_on
-                    else None
-                )
-            step_ns, wait_ns = self.step_ns, self.wait_ns
-            goodput, checkpoints, measured_flops = self.goodput.figures(
-                self, wait_ns, step_ns, 0 if collectives is None else collectives[2]
-            )
-            writer.publish(
-                self.steps,
-                wait_ns,
-                step_ns,
-                batch_size=self.batch_size,
-                flops_per_step=self.flops_per_step,
-                device_uuids=self.device_uuids,
-                closed=closed,
-                cgroup_throttled_ns=throttled_ns,
-                cgroup_limit_millicores=limit_millicores,
-                cgroup_id=cgroup_id,
-                rank=rank,
-                local_rank=local_rank,
-                world_size=world_size,
-                collectives=collectives,
-                memory=self.memory.read(now_ns),
-                process=self.process.read(now_ns),
-                loader_kills=(len(self.killed_workers), self.last_kill_signal),
-                run_queue=self.run_queue.read(now_ns),
-                goodput=goodput,
-                checkpoints=checkpoints,
-                measured_flops=measured_flops,
-            )
+            self._publish_to(writer, now_ns, batch, closed)
             return True
         except Exception as exc:
             self.disable(f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc))
@@ -508,53 +424,78 @@ class Probe:
         finally:
             self.publish_lock.release()
 
+    def _publish_to(self, writer: ProbeWriter, now_ns: int, batch: object, closed: bool) -> None:
+        """Reads what the publish path reads (batch size, devices, cgroup, rank) and writes a record."""
+        s = self.step
+        if batch is not None:
+            size = batch_size_of(batch)
+            if size > 0:
+                s.batch_size = size
+        if not closed:
+            self.devices.refresh(now_ns)
+        # Never raises; a process without a readable cgroup publishes the fields as invalid.
+        cgroup = self.cgroup.read(now_ns)
+        throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
+        rank, local_rank, world_size = rank_identity()
+        if self.comm_sweep is not None:
+            self.comm_sweep(now_ns)
+        collectives = self.comm.figures() if self.comm_on else None
+        step_ns, wait_ns = s.step_ns, s.wait_ns
+        goodput, checkpoints, measured_flops = self.goodput.figures(
+            self, wait_ns, step_ns, 0 if collectives is None else collectives[2]
+        )
+        writer.publish(
+            s.steps,
+            wait_ns,
+            step_ns,
+            batch_size=s.batch_size,
+            flops_per_step=self.flops_per_step,
+            device_uuids=self.devices.uuids,
+            closed=closed,
+            cgroup_throttled_ns=throttled_ns,
+            cgroup_limit_millicores=limit_millicores,
+            cgroup_id=cgroup_id,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            collectives=collectives,
+            memory=self.memory.read(now_ns),
+            process=self.process.read(now_ns),
+            loader_kills=self.kills.figures(),
+            run_queue=self.run_queue.read(now_ns),
+            goodput=goodput,
+            checkpoints=checkpoints,
+            measured_flops=measured_flops,
+        )
+
     def close(self) -> None:
         """Final publish with the closed flag (registered with ``atexit``)."""
         if self.writer is None or self.disabled:
             return
         self.publish(time.perf_counter_ns(), closed=True)
         writer, self.writer = self.writer, None
-        self.next_publish_ns = 0
+        self.step.next_publish_ns = 0
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()
 
     def after_fork_in_child(self) -> None:
-        """A forked child (a DataLoader worker) starts from zero and never touches the parent's file."""
+        """A forked child (a DataLoader worker) starts from zero and never touches the parent's file.
+
+        Every group of counters resets itself in place; what is kept is ``KEPT_AFTER_FORK``.
+        """
         writer, self.writer = self.writer, None
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()  # unmaps the child's view only; the parent's file is untouched
-        self.steps = 0
-        self.wait_ns = 0
-        self.last_ns = 0
-        self.closed_step_ns = 0
-        self.stream_start_ns = 0
-        self.in_stream = False
-        self.batch_size = 0
-        self.device_uuids = ()
-        self._next_devices_ns = 0
-        self.cgroup.reset()
-        self.memory.reset()
-        self.process.reset()
-        self.run_queue.reset()
-        self.killed_workers = set()
-        self.last_kill_signal = 0
-        self.goodput.after_fork_in_child()
+        for group in self.counter_groups():
+            group.reset()
         # Locks held by another thread at fork time would stay held in the child forever.
-        self.comm_lock = threading.Lock()
         self.publish_lock = threading.Lock()
-        self.coll_count = 0
-        self.coll_ns = 0
-        self.coll_exposed_ns = 0
-        self.coll_bytes = 0
-        self.coll_inflight = 0
-        self.coll_busy_since = 0
-        self.coll_busy_until = 0
-        self.comm_next_ns = 0
         self.path = ""
         self.reported = False
-        self.next_publish_ns = NEVER if self.disabled else 0
+        if self.disabled:
+            self.step.next_publish_ns = NEVER
 
 
 PROBE: Final = Probe()

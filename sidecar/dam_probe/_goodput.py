@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from time import perf_counter_ns
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from dam_probe.layout import (
     FLOPS_DECLARED,
@@ -122,9 +122,17 @@ class FlopCount:
         "thread",
     )
 
+    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(self) -> None:
-        self.state = FLOPS_PENDING
         self.mode: Any = None  # the FlopCounterMode while it is entered
+        self.reset()
+
+    def reset(self) -> None:
+        """Not counted yet (a forked child: the mode pushed in the forking thread, now the child's
+        only thread, is left first)."""
+        self._leave()
+        self.state = FLOPS_PENDING
         self.thread = 0
         self.start_steps = 0
         self.start_ns = 0
@@ -152,7 +160,7 @@ class FlopCount:
         if p.flops_per_step > 0:
             self.state = FLOPS_DECLARED
             return
-        if p.steps < FLOPS_AFTER_STEPS:
+        if p.step.steps < FLOPS_AFTER_STEPS:
             return
         if flops_off_by_env():
             self.state = FLOPS_OFF
@@ -166,16 +174,16 @@ class FlopCount:
         mode.__enter__()
         self.mode = mode
         self.thread = threading.get_ident()
-        self.start_steps = p.steps
+        self.start_steps = p.step.steps
         self.start_ns = perf_counter_ns()
-        p.next_publish_ns = 0  # the next batch takes the slow path and ends the count
+        p.step.next_publish_ns = 0  # the next batch takes the slow path and ends the count
 
     def _finish(self, p: Probe) -> None:
         if threading.get_ident() != self.thread:
             return
-        steps = p.steps - self.start_steps
+        steps = p.step.steps - self.start_steps
         if steps <= 0:
-            p.next_publish_ns = 0
+            p.step.next_publish_ns = 0
             return
         mode, self.mode = self.mode, None
         mode.__exit__(None, None, None)
@@ -209,11 +217,6 @@ class FlopCount:
         self.mode = None
         self.state = FLOPS_UNAVAILABLE
 
-    def after_fork_in_child(self) -> None:
-        """A forked child: the mode pushed in the forking thread (now the child's only thread) goes."""
-        self._leave()
-        self.__init__()  # type: ignore[misc]
-
 
 class Accounting:
     """Goodput counters of one process (held by ``Probe.goodput``)."""
@@ -236,6 +239,8 @@ class Accounting:
         "train_thread",
     )
 
+    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset({"checkpoints_on"})  # the wrappers stay
+
     def __init__(self) -> None:
         self.checkpoints_on = False  # a save function is wrapped (flag bit 8 of the file)
         self.flops = FlopCount()
@@ -243,6 +248,7 @@ class Accounting:
 
     def reset(self) -> None:
         """Zero (a new process: a forked child keeps the wrappers, ``checkpoints_on``)."""
+        self.flops.reset()
         self.first_batch = False
         self.process_start_ns = 0
         self.startup_ns = 0
@@ -273,7 +279,7 @@ class Accounting:
                 self.process_start_ns = start
                 self.startup_ns = max(0, asked_unix - start)
             if self.pending:
-                self._cover(p.last_ns)
+                self._cover(p.step.last_ns)
         except Exception:
             pass
 
@@ -303,11 +309,11 @@ class Accounting:
             self.ckpt_ns += dt
             self.ckpt_count += 1
             self.last_ckpt_ns = time.time_ns()
-            self.last_ckpt_steps = p.steps
-            if p.in_stream and t0_ns >= p.stream_start_ns:
+            self.last_ckpt_steps = p.step.steps
+            if p.step.in_stream and t0_ns >= p.step.stream_start_ns:
                 self.pending.append((t1_ns, dt))
             if not p.disabled:
-                p.next_publish_ns = 0  # the next batch publishes: the save is on file at once
+                p.step.next_publish_ns = 0  # the next batch publishes: the save is on file at once
         except Exception:
             pass
 
@@ -339,10 +345,6 @@ class Accounting:
             state = FLOPS_DECLARED
         goodput = (self.process_start_ns, self.startup_ns, self.productive_hw, self.other_hw, state)
         return goodput, checkpoints, flops
-
-    def after_fork_in_child(self) -> None:
-        self.flops.after_fork_in_child()
-        self.reset()
 
 
 # -- the save wrappers (installed by dam_probe._autohook) -----------------------------------

@@ -177,6 +177,7 @@ class _CachedReader(Generic[T]):
 
     controller: ClassVar[str]
     marker: ClassVar[str]  # a file that exists in every cgroup directory of the controller (v1)
+    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset({"proc_self_cgroup", "root"})  # settings
 
     def __init__(self, root: str | None = None, proc_self_cgroup: str = PROC_SELF_CGROUP) -> None:
         self.root = root  # None: $DAM_PROBE_CGROUP_ROOT, else /sys/fs/cgroup (looked up on first read)
@@ -189,6 +190,7 @@ class _CachedReader(Generic[T]):
     def reset(self) -> None:
         """Forget the directory and the cached value (after a fork: read again on the next publish)."""
         self._directory = None
+        self._v2 = False  # found again with the directory
         self._next_ns = 0
         self._value = None
 

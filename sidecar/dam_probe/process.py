@@ -27,7 +27,7 @@ the next attempt waits ``RETRY_NS``. Standard library only.
 from __future__ import annotations
 
 import os
-from typing import Final
+from typing import ClassVar, Final
 
 REFRESH_NS: Final = 1_000_000_000  # at most one read per second
 RETRY_NS: Final = 60_000_000_000
@@ -68,6 +68,7 @@ class ProcessReader:
     """Reads this process's CPU and memory figures and its descendants'; see the module docstring."""
 
     __slots__ = ("_best", "_next_ns", "_page", "_tick_ns", "cached", "pid", "proc_root")
+    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset({"_page", "_tick_ns", "pid", "proc_root"})
 
     def __init__(self, proc_root: str = "/proc", pid: int | None = None) -> None:
         self.proc_root = proc_root

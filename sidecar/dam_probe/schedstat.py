@@ -25,7 +25,7 @@ the next attempt waits ``RETRY_NS``. Standard library only.
 from __future__ import annotations
 
 import os
-from typing import Final
+from typing import ClassVar, Final
 
 REFRESH_NS: Final = 1_000_000_000  # at most one read per second
 RETRY_NS: Final = 60_000_000_000
@@ -53,6 +53,7 @@ class RunQueueReader:
     """``(main ns, workers ns)`` of this process; see the module docstring."""
 
     __slots__ = ("_carried", "_last", "_next_ns", "cached", "proc_root")
+    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset({"proc_root"})  # a setting
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self.proc_root = proc_root

@@ -64,7 +64,7 @@ TRAIN = textwrap.dedent(
             "num_workers": loader.num_workers,
             "prefetch_factor": loader.prefetch_factor,
             "persistent_workers": loader.persistent_workers,
-            "steps": PROBE.steps,
+            "steps": PROBE.step.steps,
         }))
 
     if __name__ == "__main__":

@@ -30,7 +30,7 @@ class Samples(Dataset):
 
 def counters():
     from dam_probe import PROBE
-    return PROBE.steps, PROBE.wait_ns, PROBE.step_ns
+    return PROBE.step.steps, PROBE.step.wait_ns, PROBE.step.step_ns
 
 def phase(loader, work):
     s0, w0, t0 = counters()

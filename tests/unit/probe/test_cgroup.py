@@ -164,7 +164,7 @@ def test_a_probe_without_a_readable_cgroup_trains_and_publishes_the_fields_as_un
     probe.interval_ns = 0  # publish on every batch: every publish meets the broken cgroup
     _train(50)
     probe.close()
-    assert probe.steps == 50 and not probe.disabled
+    assert probe.step.steps == 50 and not probe.disabled
     assert probe_lines(capsys.readouterr().err) == []
     rec = read_file(probe_files(str(tmp_path / "probes"))[0])
     assert rec.steps == 50 and rec.closed

@@ -35,11 +35,11 @@ LATE = float(os.environ.get("LATE_SECONDS", "0"))
 def snap():
     from dam_probe import PROBE
     deadline = time.monotonic() + 10
-    while PROBE.coll_inflight and time.monotonic() < deadline:
+    while PROBE.comm.inflight and time.monotonic() < deadline:
         time.sleep(0.01)  # completion callbacks still to run on gloo's threads
-    with PROBE.comm_lock:
-        return {"count": PROBE.coll_count, "ns": PROBE.coll_ns, "exposed": PROBE.coll_exposed_ns,
-                "bytes": PROBE.coll_bytes}
+    with PROBE.comm.lock:
+        return {"count": PROBE.comm.count, "ns": PROBE.comm.ns, "exposed": PROBE.comm.exposed_ns,
+                "bytes": PROBE.comm.nbytes}
 
 
 def flush(model):

@@ -55,12 +55,12 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 def p() -> Probe:
     fresh = Probe()
     fresh.comm_on = True
-    fresh.comm_next_ns = 1 << 62  # these tests look at counters, not at the file
+    fresh.comm.next_ns = 1 << 62  # these tests look at counters, not at the file
     return fresh
 
 
 def counters(p: Probe) -> tuple[int, int, int, int]:
-    return p.coll_count, p.coll_ns, p.coll_exposed_ns, p.coll_bytes
+    return p.comm.count, p.comm.ns, p.comm.exposed_ns, p.comm.nbytes
 
 
 def test_a_synchronous_collective_counts_whole_as_exposed_with_its_bytes(clock: Clock, p: Probe) -> None:
@@ -91,7 +91,7 @@ def test_overlapping_asynchronous_collectives_count_once_in_time_and_waits_are_e
     assert counters(p) == (0, 0, 0, 0)  # nothing seen complete yet
     clock.now = 1600
     wait(a)  # already complete: its flight ends at the call, no time exposed
-    assert (p.coll_count, p.coll_exposed_ns) == (1, 0)
+    assert (p.comm.count, p.comm.exposed_ns) == (1, 0)
     wait(b)  # blocks from 1600 until 1900: exposed; the busy period ran 1000..1900
     assert counters(p) == (2, 900, 300, 150)
     assert a.waited and b.waited
@@ -110,13 +110,13 @@ def test_a_work_nobody_waits_on_ends_when_a_sweep_finds_it_complete(clock: Clock
     works[0].done_at = 1100
     clock.now = 1050
     _comm.sweep(clock.now)  # not complete yet
-    assert p.coll_count == 0
+    assert p.comm.count == 0
     clock.now = 1300
     timed(Tensor(20))  # the next collective sweeps: the first ends as of now
-    assert (p.coll_count, p.coll_bytes, p.coll_ns) == (1, 10, 300)  # the second is still in flight
+    assert (p.comm.count, p.comm.nbytes, p.comm.ns) == (1, 10, 300)  # the second is still in flight
     works[1].done_at = 1300
     _comm.sweep(1400)
-    assert (p.coll_count, p.coll_bytes, p.coll_ns, p.coll_exposed_ns) == (2, 30, 400, 0)
+    assert (p.comm.count, p.comm.nbytes, p.comm.ns, p.comm.exposed_ns) == (2, 30, 400, 0)
 
 
 def test_pending_works_are_bounded(clock: Clock, p: Probe) -> None:
@@ -141,7 +141,7 @@ def test_a_collective_inside_another_timed_call_is_not_counted_twice(clock: Cloc
     outer()
     assert counters(p) == (1, 15, 15, 0)
     inner()  # on its own it counts
-    assert p.coll_count == 2
+    assert p.comm.count == 2
 
 
 def test_a_collective_that_raises_counts_nothing_and_the_next_one_counts(clock: Clock, p: Probe) -> None:
@@ -168,7 +168,7 @@ def test_a_sync_collective_during_an_async_one_is_not_counted_twice_in_time(cloc
     _comm.timed_collective(sync_op, 0, "tensor", p)(Tensor(1))  # 1000..1100, inside
     works[0].done_at = 1150
     _comm.timed_wait(Work.wait, p)(works[0])  # blocks 1100..1150
-    assert (p.coll_count, p.coll_ns, p.coll_exposed_ns) == (2, 150, 150)
+    assert (p.comm.count, p.comm.ns, p.comm.exposed_ns) == (2, 150, 150)
 
 
 def test_wrappers_keep_the_name_signature_and_a_mark(p: Probe) -> None:

@@ -65,12 +65,12 @@ def _run(kind: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str
         pass
     state = {
         "seen": seen,
-        "steps": p.steps,
-        "wait_ns": p.wait_ns,
-        "last_ns": p.last_ns,
-        "step_ns": p.step_ns,
-        "closed_step_ns": p.closed_step_ns,
-        "stream_start_ns": p.stream_start_ns,
+        "steps": p.step.steps,
+        "wait_ns": p.step.wait_ns,
+        "last_ns": p.step.last_ns,
+        "step_ns": p.step.step_ns,
+        "closed_step_ns": p.step.closed_step_ns,
+        "stream_start_ns": p.step.stream_start_ns,
     }
     p.close()
     return state

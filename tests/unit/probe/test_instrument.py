@@ -42,16 +42,16 @@ def _train(iterable: object, work: float) -> int:
 
 def test_slow_loader_and_equal_work_give_a_wait_ratio_near_one_half(probe: Probe) -> None:
     assert _train(dam_probe.instrument(SlowSource(30, 0.004)), work=0.004) == 30
-    assert probe.steps == 30
-    assert 0.35 < probe.wait_ns / probe.step_ns < 0.65
-    assert probe.wait_ns >= 30 * 0.004e9
+    assert probe.step.steps == 30
+    assert 0.35 < probe.step.wait_ns / probe.step.step_ns < 0.65
+    assert probe.step.wait_ns >= 30 * 0.004e9
 
 
 def test_fast_loader_gives_a_wait_ratio_near_zero(probe: Probe) -> None:
     _train(dam_probe.instrument(list(range(30))), work=0.003)
-    assert probe.steps == 30
-    assert probe.wait_ns / probe.step_ns < 0.05
-    assert probe.step_ns >= 29 * 0.003e9
+    assert probe.step.steps == 30
+    assert probe.step.wait_ns / probe.step.step_ns < 0.05
+    assert probe.step.step_ns >= 29 * 0.003e9
 
 
 def test_time_between_epochs_is_not_counted_as_step_time(probe: Probe) -> None:
@@ -61,9 +61,9 @@ def test_time_between_epochs_is_not_counted_as_step_time(probe: Probe) -> None:
     time.sleep(0.2)  # evaluation, checkpointing: outside any step
     _train(loader, work=0.002)
     elapsed = time.perf_counter_ns() - start
-    assert probe.steps == 10
-    assert probe.step_ns < elapsed - 0.15e9
-    assert probe.step_ns >= 10 * 0.004e9
+    assert probe.step.steps == 10
+    assert probe.step.step_ns < elapsed - 0.15e9
+    assert probe.step.step_ns >= 10 * 0.004e9
 
 
 def test_counters_published_to_the_file_equal_the_in_memory_counters(probe: Probe, tmp_path: Path) -> None:
@@ -71,7 +71,12 @@ def test_counters_published_to_the_file_equal_the_in_memory_counters(probe: Prob
     probe.close()
     (path,) = probe_files(str(tmp_path / "probes"))
     rec = read_file(path)
-    assert (rec.steps, rec.wait_ns, rec.step_ns, rec.closed) == (8, probe.wait_ns, probe.step_ns, True)
+    assert (rec.steps, rec.wait_ns, rec.step_ns, rec.closed) == (
+        8,
+        probe.step.wait_ns,
+        probe.step.step_ns,
+        True,
+    )
 
 
 def test_publishing_is_throttled_to_the_interval(probe: Probe, tmp_path: Path) -> None:
@@ -104,7 +109,7 @@ def test_without_probe_dir_instrument_returns_the_iterable_itself(
     source = SlowSource(3, 0.0)
     assert dam_probe.instrument(source) is source
     assert _train(dam_probe.instrument(source), 0.0) == 3
-    assert probe.steps == 0
+    assert probe.step.steps == 0
 
 
 def test_disable_variable_turns_instrument_into_a_pass_through(
@@ -130,14 +135,14 @@ def test_an_iterator_is_returned_as_an_iterator(probe: Probe) -> None:
     assert next(it) == 6
     with pytest.raises(StopIteration):
         next(it)
-    assert probe.steps == 2
+    assert probe.step.steps == 2
 
 
 def test_nested_instrumentation_counts_each_batch_once(probe: Probe) -> None:
     inner = dam_probe.instrument(SlowSource(6, 0.001))
     outer = dam_probe.instrument(inner)
     assert _train(outer, 0.0) == 6
-    assert probe.steps == 6
+    assert probe.step.steps == 6
 
 
 def test_exception_from_the_loader_reaches_the_training_loop_and_counting_goes_on(probe: Probe) -> None:
@@ -148,7 +153,7 @@ def test_exception_from_the_loader_reaches_the_training_loop_and_counting_goes_o
     with pytest.raises(KeyError, match="bad sample"):
         _train(dam_probe.instrument(broken()), 0.0)
     _train(dam_probe.instrument([1, 2]), 0.0)
-    assert probe.steps == 3
+    assert probe.step.steps == 3
     assert not probe.disabled
 
 
