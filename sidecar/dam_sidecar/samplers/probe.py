@@ -177,6 +177,30 @@ class _Totals:
         return any(getattr(self, f.name) < getattr(prev, f.name) for f in fields(self))
 
 
+@dataclass
+class HighWater:
+    """Per key (a cgroup, a process) the highest value any record published: processes publish at
+    different moments, so a lower value is an older reading, not a reset. Past ``MAX_CGROUPS`` keys
+    the oldest is folded into a carried total, so ``total()`` never goes down."""
+
+    marks: dict[int | Key, int] = field(default_factory=dict)
+    carried: int = 0
+
+    def mark(self, key: int | Key, value: int | None) -> None:
+        if value is None:
+            return
+        if value > self.marks.get(key, -1):
+            self.marks[key] = value
+        while len(self.marks) > MAX_CGROUPS:
+            self.carried += self.marks.pop(next(iter(self.marks)))
+
+    def total(self) -> int | None:
+        """The carried total plus every mark; None until a value was marked."""
+        if not self.marks and not self.carried:
+            return None
+        return self.carried + sum(self.marks.values())
+
+
 def classify(error: ProbeFormatError) -> str:
     """A bounded ``reason`` label for a probe file that cannot be read."""
     if isinstance(error, NotRegularFileError):
@@ -222,43 +246,19 @@ class ProbeReader:
     _flops_of: dict[RankKey, tuple[float, str]] = field(default_factory=dict)
     _last_save_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest save
     _folded: set[Key] = field(default_factory=set)
-    _cgroup_marks: dict[int, int] = field(default_factory=dict)  # cgroup id -> highest throttled ns
-    _cgroup_carried_ns: int = 0
-    _oom_marks: dict[int, int] = field(default_factory=dict)  # memory cgroup id -> highest OOM kills
-    _oom_carried: int = 0
-    _kill_marks: dict[Key, int] = field(default_factory=dict)  # process -> loader workers it saw die
-    _kill_carried: int = 0
+    _throttled: HighWater = field(default_factory=HighWater)  # cgroup id -> highest throttled ns
+    _ooms: HighWater = field(default_factory=HighWater)  # memory cgroup id -> highest OOM kills
+    # Process -> loader workers it saw die (each process's count only grows: a pid is counted once).
+    _kills: HighWater = field(default_factory=HighWater)
 
-    def _mark_loader_kills(self, key: Key, r: ProbeRecord) -> None:
-        """Each process's count only grows (a pid is counted once); keep the highest, fold the oldest."""
-        if r.loader_worker_kills is None:
-            return
-        if r.loader_worker_kills > self._kill_marks.get(key, -1):
-            self._kill_marks[key] = r.loader_worker_kills
-        while len(self._kill_marks) > MAX_CGROUPS:
-            self._kill_carried += self._kill_marks.pop(next(iter(self._kill_marks)))
-
-    def _loader_kills(self) -> float | None:
-        if not self._kill_marks and not self._kill_carried:
-            return None
-        return float(self._kill_carried + sum(self._kill_marks.values()))
-
-    def _mark_cgroup(self, r: ProbeRecord) -> None:
-        if r.cgroup_throttled_ns is None:
-            return
-        key = r.cgroup_id or 0
-        if r.cgroup_throttled_ns > self._cgroup_marks.get(key, -1):
-            self._cgroup_marks[key] = r.cgroup_throttled_ns
-        while len(self._cgroup_marks) > MAX_CGROUPS:
-            oldest = next(iter(self._cgroup_marks))
-            self._cgroup_carried_ns += self._cgroup_marks.pop(oldest)
+    def _mark(self, key: Key, r: ProbeRecord) -> None:
+        self._throttled.mark(r.cgroup_id or 0, r.cgroup_throttled_ns)
+        self._ooms.mark(r.memory_cgroup_id or 0, r.oom_kills)
+        self._kills.mark(key, r.loader_worker_kills)
 
     def _cgroup_totals(self, live: dict[Key, ProbeRecord]) -> tuple[float | None, float | None]:
-        throttled = (
-            (self._cgroup_carried_ns + sum(self._cgroup_marks.values())) / 1e9
-            if self._cgroup_marks or self._cgroup_carried_ns
-            else None
-        )
+        marked = self._throttled.total()
+        throttled = marked / 1e9 if marked is not None else None
         newest: dict[int, ProbeRecord] = {}
         for r in live.values():
             if r.cgroup_throttled_ns is None:
@@ -281,21 +281,9 @@ class ProbeReader:
             return False
         return (now_ns - r.last_update_ns) / 1e9 > self.stale_seconds
 
-    def _mark_memory(self, r: ProbeRecord) -> None:
-        if r.oom_kills is None:
-            return
-        key = r.memory_cgroup_id or 0
-        if r.oom_kills > self._oom_marks.get(key, -1):
-            self._oom_marks[key] = r.oom_kills
-        while len(self._oom_marks) > MAX_CGROUPS:
-            self._oom_carried += self._oom_marks.pop(next(iter(self._oom_marks)))
-
     def _memory_totals(self, live: dict[Key, ProbeRecord]) -> tuple[float | None, float | None, float | None]:
-        kills = (
-            float(self._oom_carried + sum(self._oom_marks.values()))
-            if self._oom_marks or self._oom_carried
-            else None
-        )
+        marked = self._ooms.total()
+        kills = float(marked) if marked is not None else None
         newest: dict[int, ProbeRecord] = {}
         for r in live.values():
             if r.memory_usage_bytes is None:
@@ -341,85 +329,79 @@ class ProbeReader:
 
     def sample(self) -> ProbeSample:
         now_ns = self.clock_ns()
-        if not os.path.isdir(self.probe_dir):
-            self.errors.record(SAMPLER, "missing_dir", f"probe directory {self.probe_dir} does not exist")
-            paths: list[str] = []
-        else:
-            paths = sorted(
-                glob.glob(os.path.join(glob.escape(self.probe_dir), f"{FILE_PREFIX}*{FILE_SUFFIX}"))
-            )
+        paths = self._paths()
         current: dict[Key, ProbeRecord] = {}
         for path in paths:
-            try:
-                rec = read_file(path)
-            except FileNotFoundError:
-                continue  # removed between the listing and the read: the process ended
-            except ProbeFormatError as exc:
-                self.errors.record(SAMPLER, classify(exc), f"{path}: {exc}")
-                continue
-            except OSError as exc:
-                self.errors.record(SAMPLER, "io", f"{path}: {exc.strerror or exc}")
-                continue
-            key = (rec.pid, rec.start_time_ns)
-            if key in self._folded:
-                continue
-            self._mark_cgroup(rec)
-            self._mark_memory(rec)
-            self._mark_loader_kills(key, rec)
-            prev = self._last.get(key)
-            if prev is not None and _Totals.of(rec).went_back(_Totals.of(prev)):
-                # Same process, counters went back: treat it as a reset, keep what it had.
-                self.errors.record(SAMPLER, "counter_reset", f"{path}: counters decreased, carrying over")
-                self._fold(key)
-            self._adopt(key, rec)
-            if self._finished(rec, now_ns):
-                self._last[key] = rec
-                self._fold(key)
-                self._folded.add(key)
-                self._remove(path)
-                continue
-            current[key] = rec
-            self._last[key] = rec
+            rec = self._read(path)
+            if rec is not None:
+                self._take(path, rec, now_ns, current)
         # Processes whose file vanished (or was replaced under the same pid) ended: keep their totals.
         for key in [k for k in self._last if k not in current]:
             self._fold(key)
         self._prune_folded(paths)
+        return self._summary(current, len(paths))
 
+    def _paths(self) -> list[str]:
+        if not os.path.isdir(self.probe_dir):
+            self.errors.record(SAMPLER, "missing_dir", f"probe directory {self.probe_dir} does not exist")
+            return []
+        return sorted(glob.glob(os.path.join(glob.escape(self.probe_dir), f"{FILE_PREFIX}*{FILE_SUFFIX}")))
+
+    def _read(self, path: str) -> ProbeRecord | None:
+        try:
+            return read_file(path)
+        except FileNotFoundError:
+            return None  # removed between the listing and the read: the process ended
+        except ProbeFormatError as exc:
+            self.errors.record(SAMPLER, classify(exc), f"{path}: {exc}")
+        except OSError as exc:
+            self.errors.record(SAMPLER, "io", f"{path}: {exc.strerror or exc}")
+        return None
+
+    def _take(self, path: str, rec: ProbeRecord, now_ns: int, current: dict[Key, ProbeRecord]) -> None:
+        """One process's record: marked, adopted under its rank, folded in if it finished."""
+        key = (rec.pid, rec.start_time_ns)
+        if key in self._folded:
+            return
+        self._mark(key, rec)
+        prev = self._last.get(key)
+        if prev is not None and _Totals.of(rec).went_back(_Totals.of(prev)):
+            # Same process, counters went back: treat it as a reset, keep what it had.
+            self.errors.record(SAMPLER, "counter_reset", f"{path}: counters decreased, carrying over")
+            self._fold(key)
+        self._adopt(key, rec)
+        self._last[key] = rec
+        if self._finished(rec, now_ns):
+            self._fold(key)
+            self._folded.add(key)
+            self._remove(path)
+            return
+        current[key] = rec
+
+    def _summary(self, current: dict[Key, ProbeRecord], files: int) -> ProbeSample:
         ranks = self._rank_samples(current)
-        steps = sum(r.steps for r in ranks)
-        wait_seconds = sum(r.wait_seconds for r in ranks)
-        step_seconds = sum(r.step_seconds for r in ranks)
         newest = max(current.values(), key=lambda r: r.last_update_ns, default=None)
-        uuids: list[str] = []
-        for r in sorted(current.values(), key=lambda r: r.pid):
-            for u in r.device_uuids:
-                if u and u not in uuids:
-                    uuids.append(u)
         cgroup_throttled, cgroup_limit = self._cgroup_totals(current)
         memory_usage, memory_limit, oom_kills = self._memory_totals(current)
-        info = {
-            r.rank: RankInfo(r.rank, r.local_rank, r.world_size)
-            for r in sorted(current.values(), key=lambda r: r.last_update_ns)
-            if r.rank is not None
-        }
+        kills = self._kills.total()
         return ProbeSample(
-            steps=steps,
-            wait_seconds=wait_seconds,
-            step_seconds=step_seconds,
+            steps=sum(r.steps for r in ranks),
+            wait_seconds=sum(r.wait_seconds for r in ranks),
+            step_seconds=sum(r.step_seconds for r in ranks),
             up=bool(current),
             live_pids=tuple(sorted({r.pid for r in current.values()})),
-            device_uuids=tuple(uuids),
+            device_uuids=_device_uuids(current),
             batch_size=newest.batch_size if newest else 0,
             flops_per_step=newest.effective_flops_per_step[0] if newest else 0.0,
-            files=len(paths),
+            files=files,
             cgroup_throttled_seconds=cgroup_throttled,
             cgroup_limit_cores=cgroup_limit,
             ranks=ranks,
-            rank_info=tuple(info[k] for k in sorted(info)),
+            rank_info=_rank_info(current),
             memory_usage_bytes=memory_usage,
             memory_limit_bytes=memory_limit,
             oom_kills=oom_kills,
-            loader_worker_kills=self._loader_kills(),
+            loader_worker_kills=float(kills) if kills is not None else None,
             records=tuple(sorted(current.values(), key=lambda r: (r.pid, r.start_time_ns))),
         )
 
@@ -509,3 +491,23 @@ class ProbeReader:
             if name.isdigit():
                 present.add(int(name))
         self._folded = {k for k in self._folded if k[0] in present}
+
+
+def _device_uuids(current: dict[Key, ProbeRecord]) -> tuple[str, ...]:
+    """The GPUs the live processes publish, each once, in pid order."""
+    uuids: list[str] = []
+    for r in sorted(current.values(), key=lambda r: r.pid):
+        for u in r.device_uuids:
+            if u and u not in uuids:
+                uuids.append(u)
+    return tuple(uuids)
+
+
+def _rank_info(current: dict[Key, ProbeRecord]) -> tuple[RankInfo, ...]:
+    """The identity of each rank (its newest live record's), by rank."""
+    info = {
+        r.rank: RankInfo(r.rank, r.local_rank, r.world_size)
+        for r in sorted(current.values(), key=lambda r: r.last_update_ns)
+        if r.rank is not None
+    }
+    return tuple(info[k] for k in sorted(info))
