@@ -95,7 +95,11 @@ class WebhookLimits:
 
     request_timeout_seconds: float = 10.0
     max_body_bytes: int = MAX_BODY_BYTES
-    max_buffered_bytes: int = 64 * 1024 * 1024
+    # Each open connection weighs up to 0.64 MiB measured (0.31 MiB before a byte of its request:
+    # asyncio's SSL protocol with its 256 KiB read buffer; the rest, its request's bytes in
+    # asyncio's, OpenSSL's and aiohttp's buffers), a body taken whole about 2.5 x its bytes: these
+    # two caps are what the chart's memory limit holds for the webhook (docs/performance.md).
+    max_buffered_bytes: int = 32 * 1024 * 1024
     max_connections: int = 512
     max_header_bytes: int = 8190  # per line and per header field (aiohttp's defaults)
     max_headers: int = 64
@@ -309,6 +313,7 @@ class WebhookServer:
     certfile: str
     keyfile: str
     listener: asyncio.Server | None = None
+    handshakes: set[_Handshake] = field(default_factory=set)
 
     def reload_certificate(self) -> None:
         """Load renewed files; new connections use them (no restart)."""
@@ -317,14 +322,72 @@ class WebhookServer:
     async def close(self) -> None:
         if self.listener is not None:
             self.listener.close()
+        for pending in list(self.handshakes):
+            pending.cancel()
         await self.runner.cleanup()
 
 
-class _Refused(asyncio.Protocol):
-    """A connection over ``max_connections``: closed as soon as it is made."""
+class _Handshake(asyncio.Protocol):
+    """One accepted TCP connection before its TLS handshake is done.
+
+    It counts toward ``max_connections`` from the accept on: a connection over the cap is
+    closed at once, before asyncio builds its SSL protocol (and that protocol's 256 KiB read
+    buffer; 3,000 bare TCP connections that never started a handshake took the operator from 73
+    to 975 MiB while the cap counted only connections past their handshake). Under the cap, TLS
+    is started on it (``loop.start_tls``, server side, within the request timeout) and the
+    connection is handed to aiohttp's protocol, which counts it from then on
+    (``handler.connections``).
+    """
+
+    def __init__(
+        self,
+        server: WebhookServer,
+        make_protocol: Callable[[], asyncio.Protocol],
+        at_cap: Callable[[], bool],
+        timeout_seconds: float,
+    ) -> None:
+        self._server = server
+        self._make_protocol = make_protocol
+        self._at_cap = at_cap
+        self._timeout = timeout_seconds
+        self._task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
+        assert isinstance(transport, asyncio.Transport)
+        if self._at_cap():
+            transport.abort()
+            return
+        self._server.handshakes.add(self)
+        transport.pause_reading()  # the client's first bytes wait in the kernel for the TLS layer
+        self._task = asyncio.get_running_loop().create_task(self._start_tls(transport))
+
+    async def _start_tls(self, transport: asyncio.Transport) -> None:
+        protocol = self._make_protocol()
+        try:
+            # start_tls answers with the TLS transport once the handshake is done; it does not
+            # call the protocol's connection_made (asyncio: call_connection_made=False).
+            tls = await asyncio.get_running_loop().start_tls(
+                transport,
+                protocol,
+                self._server.ssl_context,
+                server_side=True,
+                ssl_handshake_timeout=self._timeout,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, asyncio.CancelledError) as exc:
+            # A failed, timed-out or cut handshake, or the server closing: nothing to answer.
+            log.debug("webhook: TLS handshake not completed: %r", exc)
+            transport.abort()
+            return
+        finally:
+            self._server.handshakes.discard(self)
+        if tls is None:  # the connection closed as the handshake ended
+            transport.abort()
+            return
+        protocol.connection_made(tls)
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 async def serve_webhook(
@@ -347,21 +410,20 @@ async def serve_webhook(
     await runner.setup()
     handler = runner.server
     assert handler is not None
+    server = WebhookServer(runner, context, certfile, keyfile)
+
+    def at_cap() -> bool:
+        # Connections in their handshake plus those past it (aiohttp's own list).
+        return len(server.handshakes) + len(handler.connections) >= limits.max_connections
 
     def connection() -> asyncio.BaseProtocol:
-        # Counts connections past the TLS handshake; a handshake has its own timeout below.
-        return _Refused() if len(handler.connections) >= limits.max_connections else handler()
+        return _Handshake(server, handler, at_cap, limits.request_timeout_seconds)
 
-    listener = await asyncio.get_running_loop().create_server(
-        connection,
-        host,
-        port,
-        ssl=context,
-        ssl_handshake_timeout=limits.request_timeout_seconds,
-        backlog=1024,
-        reuse_address=True,
+    # TLS is started per connection (``_Handshake``), after the cap is checked: no ``ssl=`` here.
+    server.listener = await asyncio.get_running_loop().create_server(
+        connection, host, port, backlog=1024, reuse_address=True
     )
-    return WebhookServer(runner, context, certfile, keyfile, listener)
+    return server
 
 
 # ---------------------------------------------------------------- configuration

@@ -21,6 +21,7 @@ from dam_operator.cluster.spec import parse_spec
 from dam_operator.cluster.webhook import (
     MUTATE_PATH,
     ProfileRef,
+    WebhookLimits,
     make_webhook_app,
     serve_webhook,
     webhook_configuration,
@@ -232,6 +233,48 @@ def test_webhook_serves_tls_with_a_certificate_the_ca_vouches_for(tmp_path: Path
                 with pytest.raises(aiohttp.ClientConnectorCertificateError):
                     await session.get(f"https://127.0.0.1:{port}/healthz", ssl=ssl.create_default_context())
             server.reload_certificate()
+        finally:
+            await server.close()
+
+    asyncio.run(run())
+
+
+def test_connections_that_never_start_their_tls_handshake_count_toward_the_connection_cap(
+    tmp_path: Path,
+) -> None:
+    """Each accepted connection costs an SSL protocol and its buffers before any byte arrives: the
+    cap counts it from the accept, so bare TCP clients cannot pile up past it, and a closed one
+    frees its place at once."""
+    certs = issue(["localhost"], ip_addresses=["127.0.0.1"])
+    certfile, keyfile = write_pem_files(certs, tmp_path)
+    port = free_port()
+    limits = WebhookLimits(max_connections=4, request_timeout_seconds=30.0)
+
+    async def closed_soon(reader: asyncio.StreamReader) -> bool:
+        try:
+            return await asyncio.wait_for(reader.read(), 1.0) == b""
+        except TimeoutError:
+            return False
+
+    async def run() -> None:
+        app = make_webhook_app(_profiles_for, SETTINGS, limits=limits)
+        server = await serve_webhook(app, "127.0.0.1", port, str(certfile), str(keyfile))
+        try:
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(limits.max_connections)]
+            extra_reader, extra_writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await closed_soon(extra_reader), "a connection past the cap was held in its handshake"
+            extra_writer.close()
+            assert not await closed_soon(held[0][0]), "a connection within the cap was closed"
+            for _, writer in held:
+                writer.close()
+                await writer.wait_closed()
+            await asyncio.sleep(0.2)
+            trust = ssl.create_default_context(cadata=certs.ca.cert_pem.decode())
+            # A new connection for each request: finished ones must give their places back too.
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                for _ in range(limits.max_connections + 2):  # their places are free again
+                    async with session.get(f"https://127.0.0.1:{port}/healthz", ssl=trust) as resp:
+                        assert resp.status == 200
         finally:
             await server.close()
 

@@ -14,7 +14,12 @@ import yaml
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (the Helm engine) is not installed")
 
 from dam_operator.cluster.settings import OperatorSettings  # noqa: E402
-from dam_operator.cluster.webhook import MUTATE_PATH, WEBHOOK_NAME, webhook_configuration  # noqa: E402
+from dam_operator.cluster.webhook import (  # noqa: E402
+    MUTATE_PATH,
+    WEBHOOK_NAME,
+    WebhookLimits,
+    webhook_configuration,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "dam-operator"
@@ -275,14 +280,16 @@ def test_operator_pod_is_restricted_and_unprivileged(chart: Any, values: dict[st
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"  # serves, not only lives
         # A memory limit sized for 5,000 profiles plus every body read at its cap (values.yaml).
-        assert container["resources"]["limits"]["memory"] == "768Mi"
+        assert container["resources"]["limits"]["memory"] == "1280Mi"
         assert container["resources"]["requests"]["memory"] == "256Mi"
 
 
 def test_memory_limit_holds_the_measured_peak_and_every_capped_read_at_once(chart: Any) -> None:
     """The limit is what 5,000 profiles x 2 pods peaked at (docs/performance.md: 195 MiB) plus
     every read at its cap at once and one Prometheus answer decoded (3.6 x its bytes, measured
-    at 5 x for margin); a cap or a concurrency raised without the limit fails here."""
+    at 5 x for margin), and the webhook's server full (every connection open with its request's
+    bytes in flight, 0.64 MiB each measured, and its body budget taken, 2.3 x its bytes
+    measured); a cap or a concurrency raised without the limit fails here."""
     deployment = one(render(chart), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = env_of(deployment)
@@ -297,6 +304,8 @@ def test_memory_limit_holds_the_measured_peak_and_every_capped_read_at_once(char
         + settings.scrape_concurrency * settings.scrape_max_bytes
         + settings.prometheus_concurrency * settings.prometheus_max_answer_bytes
         + 5 * settings.prometheus_max_answer_bytes
+        + WebhookLimits().max_connections * 0.7 * mib
+        + 2.5 * WebhookLimits().max_buffered_bytes
     )
     assert int(limit[:-2]) * mib >= needed, f"{limit} < {needed / mib:.0f} MiB"
     assert env["DAM_PROMETHEUS_MAX_ANSWER_BYTES"] == "16777216"  # an integer, not 1.6777216e+07
