@@ -610,12 +610,27 @@ def patch_ddp(module: ModuleType, p: Probe = PROBE) -> bool:
         )
     if getattr(init, MARK, False):
         return True
-    hook = make_ddp_hook(p)
     mode = ddp_timing_by_env()
     pre_forward = cls.__dict__.get("_pre_forward") if mode == "stats" else None
     if mode == "stats" and pre_forward is None:
         mode = "hook"
         note("DDP timed by a communication hook (DistributedDataParallel has no _pre_forward)")
+    register_comm_hook, register_builtin = _ddp_registrations(register, builtin, mode)
+    _replace(
+        cls,
+        (
+            ("__init__", _ddp_init(init, mode, make_ddp_hook(p)), init),
+            ("register_comm_hook", register_comm_hook, register),
+            ("_register_builtin_comm_hook", register_builtin, builtin),
+            ("_pre_forward", _ddp_pre_forward(pre_forward, p), pre_forward),
+        ),
+    )
+    p.comm_on = True
+    return True
+
+
+def _ddp_init(init: Callable[..., None], mode: str, hook: Callable[..., Any]) -> Callable[..., None]:
+    """DDP's ``__init__``, then its timing: DDP's runtime statistics, else the communication hook."""
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
         init(self, *args, **kwargs)
@@ -636,6 +651,11 @@ def patch_ddp(module: ModuleType, p: Probe = PROBE) -> bool:
         if attached:
             note(f"DDP timed by a communication hook ({why})")
 
+    return __init__
+
+
+def _ddp_pre_forward(pre_forward: Callable[..., Any] | None, p: Probe) -> Callable[..., Any]:
+    """DDP's ``_pre_forward``, then the previous synchronising step counted from DDP's statistics."""
     clock = perf_counter_ns
     torch: Any = sys.modules.get("torch")
     grad_enabled: Callable[[], bool] = getattr(torch, "is_grad_enabled", None) or (lambda: True)
@@ -657,6 +677,14 @@ def patch_ddp(module: ModuleType, p: Probe = PROBE) -> bool:
                 if now >= p.comm.next_ns:
                     p.publish_comm(now)
         return result
+
+    return _pre_forward
+
+
+def _ddp_registrations(
+    register: Callable[..., Any], builtin: Callable[..., Any] | None, mode: str
+) -> tuple[Callable[..., None], Callable[..., None]]:
+    """``register_comm_hook`` and ``_register_builtin_comm_hook``: a user's hook runs inside ours."""
 
     def register_comm_hook(self: Any, state: object, hook_fn: Callable[..., Any]) -> None:
         comm = getattr(self, DDP_SLOT, None)
@@ -683,19 +711,17 @@ def patch_ddp(module: ModuleType, p: Probe = PROBE) -> bool:
         comm.user_hook, comm.user_state = twin, comm.group
         return None
 
-    for name, fn, orig in (
-        ("__init__", __init__, init),
-        ("register_comm_hook", register_comm_hook, register),
-        ("_register_builtin_comm_hook", _register_builtin_comm_hook, builtin),
-        ("_pre_forward", _pre_forward, pre_forward),
-    ):
+    return register_comm_hook, _register_builtin_comm_hook
+
+
+def _replace(cls: Any, methods: tuple[tuple[str, Callable[..., Any], Any], ...]) -> None:
+    """Puts each wrapper on ``cls`` in place of its original (absent originals are left alone)."""
+    for name, fn, orig in methods:
         if orig is None:
             continue
         fn.__name__ = orig.__name__
         fn.__qualname__ = orig.__qualname__
         fn.__doc__ = orig.__doc__
-        fn.__wrapped__ = orig  # type: ignore[union-attr]
+        fn.__wrapped__ = orig  # type: ignore[attr-defined]
         setattr(fn, MARK, True)
         setattr(cls, name, fn)
-    p.comm_on = True
-    return True

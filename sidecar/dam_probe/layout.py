@@ -397,20 +397,30 @@ def _rank_field(value: int | None) -> int:
     return UNKNOWN_RANK if value is None else value
 
 
-def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
-    uuids = record.device_uuids[:MAX_DEVICES]
-    v2 = record.version >= 2
+_V2_FLAGS: Final = (  # a version-2 flag bit, set when its field is known (not None)
+    (FLAG_MEMORY, "memory_usage_bytes"),
+    (FLAG_COLLECTIVES, "collectives"),
+    (FLAG_PROCESS, "process_cpu_ns"),
+    (FLAG_LOADER_KILLS, "loader_worker_kills"),
+    (FLAG_RUN_QUEUE, "run_queue_ns"),
+    (FLAG_GOODPUT, "productive_ns"),
+    (FLAG_CHECKPOINTS, "checkpoint_ns"),
+    (FLAG_FLOPS_MEASURED, "measured_flops_per_step"),
+)
+
+
+def _flags(record: ProbeRecord) -> int:
     flags = (FLAG_CLOSED if record.closed else 0) | (0 if record.cgroup_throttled_ns is None else FLAG_CGROUP)
-    if v2:
-        flags |= (0 if record.memory_usage_bytes is None else FLAG_MEMORY) | (
-            0 if record.collectives is None else FLAG_COLLECTIVES
-        )
-        flags |= 0 if record.process_cpu_ns is None else FLAG_PROCESS
-        flags |= 0 if record.loader_worker_kills is None else FLAG_LOADER_KILLS
-        flags |= 0 if record.run_queue_ns is None else FLAG_RUN_QUEUE
-        flags |= 0 if record.productive_ns is None else FLAG_GOODPUT
-        flags |= 0 if record.checkpoint_ns is None else FLAG_CHECKPOINTS
-        flags |= 0 if record.measured_flops_per_step is None else FLAG_FLOPS_MEASURED
+    if record.version >= 2:
+        for bit, name in _V2_FLAGS:
+            if getattr(record, name) is not None:
+                flags |= bit
+    return flags
+
+
+def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
+    """The version-1 fields, then (version 2) the rest: what ``encode`` and the writer publish."""
+    uuids = record.device_uuids[:MAX_DEVICES]
     _PAYLOAD.pack_into(
         buf,
         _PAYLOAD_OFFSET,
@@ -423,7 +433,7 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         record.batch_size,
         float(record.flops_per_step),
         len(uuids),
-        flags,
+        _flags(record),
         record.cgroup_throttled_ns or 0,
         record.cgroup_limit_millicores or 0,
         record.cgroup_id or 0,
@@ -432,67 +442,69 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         raw = uuids[i].encode("ascii", "replace")[: UUID_BYTES - 1] if i < len(uuids) else b""
         off = _DEVICES_OFFSET + i * UUID_BYTES
         buf[off : off + UUID_BYTES] = raw.ljust(UUID_BYTES, b"\0")
-    if v2:
-        _PAYLOAD_V2.pack_into(
-            buf,
-            _V2_OFFSET,
-            _rank_field(record.rank),
-            _rank_field(record.local_rank),
-            _rank_field(record.world_size),
-            0,
-            record.collectives or 0,
-            record.collective_ns or 0,
-            record.collective_exposed_ns or 0,
-            record.collective_bytes or 0,
-            record.memory_usage_bytes or 0,
-            record.memory_limit_bytes or 0,
-            record.oom_kills or 0,
-            record.memory_cgroup_id or 0,
-        )
-        _PROCESS.pack_into(
-            buf,
-            _PROCESS_OFFSET,
-            record.process_cpu_ns or 0,
-            record.worker_cpu_ns or 0,
-            record.process_rss_bytes or 0,
-            record.worker_rss_bytes or 0,
-            min(record.workers or 0, _U32_MAX),
-            (record.pid_namespace or 0) & _U32_MAX,
-        )
-        _RUN_QUEUE.pack_into(
-            buf, _RUN_QUEUE_OFFSET, record.run_queue_ns or 0, record.worker_run_queue_ns or 0
-        )
-        _LOADER_KILLS.pack_into(
-            buf,
-            _LOADER_KILLS_OFFSET,
-            min(record.loader_worker_kills or 0, _U32_MAX),
-            min(record.loader_kill_signal or 0, _U32_MAX),
-        )
-        _GOODPUT.pack_into(
-            buf,
-            _GOODPUT_OFFSET,
-            record.process_start_ns or 0,
-            record.startup_ns or 0,
-            record.productive_ns or 0,
-            record.other_ns or 0,
-        )
-        _CHECKPOINTS.pack_into(
-            buf,
-            _CHECKPOINTS_OFFSET,
-            record.checkpoint_ns or 0,
-            record.checkpoint_step_ns or 0,
-            record.checkpoints or 0,
-            record.last_checkpoint_ns or 0,
-            record.last_checkpoint_steps or 0,
-        )
-        _FLOPS.pack_into(
-            buf,
-            _FLOPS_OFFSET,
-            float(record.measured_flops_per_step or 0.0),
-            record.flops_measured_ns or 0,
-            min(record.flops_measured_steps or 0, _U32_MAX),
-            min(record.flops_state or 0, _U32_MAX),
-        )
+    if record.version >= 2:
+        _pack_v2(buf, record)
+
+
+def _pack_v2(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
+    _PAYLOAD_V2.pack_into(
+        buf,
+        _V2_OFFSET,
+        _rank_field(record.rank),
+        _rank_field(record.local_rank),
+        _rank_field(record.world_size),
+        0,
+        record.collectives or 0,
+        record.collective_ns or 0,
+        record.collective_exposed_ns or 0,
+        record.collective_bytes or 0,
+        record.memory_usage_bytes or 0,
+        record.memory_limit_bytes or 0,
+        record.oom_kills or 0,
+        record.memory_cgroup_id or 0,
+    )
+    _PROCESS.pack_into(
+        buf,
+        _PROCESS_OFFSET,
+        record.process_cpu_ns or 0,
+        record.worker_cpu_ns or 0,
+        record.process_rss_bytes or 0,
+        record.worker_rss_bytes or 0,
+        min(record.workers or 0, _U32_MAX),
+        (record.pid_namespace or 0) & _U32_MAX,
+    )
+    _RUN_QUEUE.pack_into(buf, _RUN_QUEUE_OFFSET, record.run_queue_ns or 0, record.worker_run_queue_ns or 0)
+    _LOADER_KILLS.pack_into(
+        buf,
+        _LOADER_KILLS_OFFSET,
+        min(record.loader_worker_kills or 0, _U32_MAX),
+        min(record.loader_kill_signal or 0, _U32_MAX),
+    )
+    _GOODPUT.pack_into(
+        buf,
+        _GOODPUT_OFFSET,
+        record.process_start_ns or 0,
+        record.startup_ns or 0,
+        record.productive_ns or 0,
+        record.other_ns or 0,
+    )
+    _CHECKPOINTS.pack_into(
+        buf,
+        _CHECKPOINTS_OFFSET,
+        record.checkpoint_ns or 0,
+        record.checkpoint_step_ns or 0,
+        record.checkpoints or 0,
+        record.last_checkpoint_ns or 0,
+        record.last_checkpoint_steps or 0,
+    )
+    _FLOPS.pack_into(
+        buf,
+        _FLOPS_OFFSET,
+        float(record.measured_flops_per_step or 0.0),
+        record.flops_measured_ns or 0,
+        min(record.flops_measured_steps or 0, _U32_MAX),
+        min(record.flops_state or 0, _U32_MAX),
+    )
 
 
 def _goodput_kwargs(
