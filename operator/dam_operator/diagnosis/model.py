@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic.alias_generators import to_camel
@@ -298,7 +298,45 @@ class WindowMetrics(_Wire):
     """The worst few ranks (latest at the collectives first); only for jobs with several ranks."""
 
 
-class Straggler(_Wire):
+class _Recorded(_Wire):
+    """A wire model whose ``evidence`` sentences are rendered from ``Evidence`` records it keeps
+    (not on the wire): ``Bottleneck`` and ``Straggler``. No fields of its own (each subclass
+    declares ``evidence`` where its wire order has it)."""
+
+    if TYPE_CHECKING:
+        evidence: list[str]
+
+    _records: tuple[Evidence, ...] = PrivateAttr(default=())
+
+    @classmethod
+    def of(cls, records: Sequence[Evidence], **fields: Any) -> Self:
+        """One whose ``evidence`` is rendered from ``records``, which it keeps (not on the wire)."""
+        made = cls(evidence=[r.sentence for r in records], **fields)
+        made._records = tuple(records)
+        return made
+
+    def with_records(self, records: Sequence[Evidence]) -> Self:
+        """This one with ``evidence`` rendered from ``records``, which it keeps (not on the wire)."""
+        copy = self.model_copy(update={"evidence": [r.sentence for r in records]})
+        copy._records = tuple(records)
+        return copy
+
+    def records(self) -> list[Evidence]:
+        """The record behind each evidence sentence: the engine's, where it made the sentence (the
+        records survive ``model_copy``); a ``NOTE`` with no numbers for any other (read from a status)."""
+        known = {r.sentence: r for r in self._records}
+        return [known.get(s) or note(s) for s in self.evidence]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the wire fields are: one read back from its status equals the verdict's."""
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # lists inside: never hashable
+
+
+class Straggler(_Recorded):
     """``status.bottleneck.straggler``: the rank that holds a job back, and why."""
 
     pod: str | None = None
@@ -309,7 +347,7 @@ class Straggler(_Wire):
     evidence: list[str] = Field(default_factory=list)
 
 
-class Bottleneck(_Wire):
+class Bottleneck(_Recorded):
     """``status.bottleneck``: the verdict, a hypothesis with its evidence."""
 
     axis: Axis
@@ -323,35 +361,6 @@ class Bottleneck(_Wire):
     since: str | None = None
     missing: list[str] = Field(default_factory=list)
     straggler: Straggler | None = None
-
-    _records: tuple[Evidence, ...] = PrivateAttr(default=())
-
-    @classmethod
-    def of(cls, records: Sequence[Evidence], **fields: Any) -> Bottleneck:
-        """A bottleneck whose ``evidence`` is rendered from ``records``, which it keeps (not on the wire)."""
-        made = cls(evidence=[r.sentence for r in records], **fields)
-        made._records = tuple(records)
-        return made
-
-    def with_records(self, records: Sequence[Evidence]) -> Bottleneck:
-        """This bottleneck with ``evidence`` rendered from ``records``, which it keeps (not on the wire)."""
-        copy = self.model_copy(update={"evidence": [r.sentence for r in records]})
-        copy._records = tuple(records)
-        return copy
-
-    def records(self) -> list[Evidence]:
-        """The record behind each evidence sentence: the engine's, where it made the sentence (the
-        records survive ``model_copy``); a ``NOTE`` with no numbers for any other (read from a status)."""
-        known = {r.sentence: r for r in self._records}
-        return [known.get(s) or note(s) for s in self.evidence]
-
-    def __eq__(self, other: object) -> bool:
-        """Equal when the wire fields are: a bottleneck read back from its status equals the verdict's."""
-        if not isinstance(other, Bottleneck):
-            return NotImplemented
-        return self.__dict__ == other.__dict__
-
-    __hash__ = None  # type: ignore[assignment]  # lists inside: never hashable
 
 
 class Verdict(_Wire):

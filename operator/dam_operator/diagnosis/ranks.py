@@ -18,7 +18,8 @@ data far more than they do, is the straggler.
 The cause of a straggler is judged from its own signals against its peers': its data wait
 (→ Data), its GPU clocks, slowdown reasons or utilization (→ Machine), its container's CPU
 throttling or a saturated node (→ Machine, the host); otherwise Unknown, naming what is
-missing. Pure: no I/O.
+missing. Each line of ``Straggler.evidence`` is an ``Evidence`` record (its kind and the numbers
+it states), one builder per sentence below. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from dam_operator.diagnosis.evidence import Evidence, Kind, note, pct, thr
 from dam_operator.diagnosis.model import Axis, Observation, RankFigures, RankId, Straggler, Thresholds
 
 STRAGGLER_RATE_RATIO = 0.75
@@ -48,14 +50,6 @@ NODE_CPU_BUSY = 0.90
 """A rank on a node whose CPUs are this busy, while its peers' are not, competes for host CPU."""
 MAX_RANK_FIGURES = 8
 """``status.metrics.ranks`` lists at most this many ranks (the worst)."""
-
-
-def _pct(x: float) -> str:
-    return f"{x:.1%}"
-
-
-def _thr(x: float) -> str:
-    return f"{x:.0%}" if round(x * 100, 6) == round(x * 100) else f"{x:.1%}"
 
 
 def _ms(seconds: float) -> str:
@@ -162,102 +156,153 @@ def is_synchronous(ranks: Mapping[RankId, Observation]) -> bool:
     return len(timed) >= 2 and any(c for c in timed)
 
 
+# --- the straggler's sentences: one record each ----------------------------------------------
+
+
+def _data_wait_vs_peers(w: float, peer_w: float, detail: str) -> Evidence:
+    text = f"its data wait is {pct(w)} of its step time vs a median of {pct(peer_w)} for its peers{detail}"
+    return Evidence(Kind.DATA_WAIT, text, {"data_wait_ratio": w, "peer_data_wait_ratio": peer_w})
+
+
+def _data_wait_unpaired(w: float, t: Thresholds) -> Evidence:
+    text = (
+        f"its data wait is {pct(w)} of its step time (screen > {thr(t.data_wait_suspect)}); "
+        "its peers' is not measured"
+    )
+    return Evidence(Kind.DATA_WAIT, text, {"data_wait_ratio": w})
+
+
+def _loader_quota(throttled: float) -> Evidence:
+    text = (
+        f"its container is CPU-throttled {pct(throttled)} of the window: "
+        "the host CPU quota starves its loader"
+    )
+    return Evidence(Kind.CPU_THROTTLED, text, {"cpu_throttled_ratio": throttled})
+
+
+def _clocks_held(reasons: set[str]) -> Evidence:
+    text = "its GPU clocks are held down (" + ", ".join(sorted(reasons)) + ") while its peers' are not"
+    return Evidence(Kind.GPU_SLOWDOWN, text)
+
+
+def _slow_clock(hertz: float, peer_hertz: float) -> Evidence:
+    text = (
+        f"its SM clock is {hertz / 1e6:.0f} MHz vs a median of {peer_hertz / 1e6:.0f} MHz "
+        "for its peers: a slowed GPU"
+    )
+    return Evidence(Kind.SM_CLOCK, text, {"sm_clock_hertz": hertz, "peer_sm_clock_hertz": peer_hertz})
+
+
+def _busier_gpu(u: float, peer_u: float) -> Evidence:
+    text = (
+        f"its GPU is busy {pct(u)} vs a median of {pct(peer_u)} for its peers: "
+        "it computes while they wait (a slower GPU, or more work on it)"
+    )
+    return Evidence(Kind.GPU_UTILIZATION, text, {"gpu_utilization": u, "peer_gpu_utilization": peer_u})
+
+
+def _host_quota(throttled: float, peer: float | None, t: Thresholds) -> Evidence:
+    peers_text = "" if peer is None else f" (its peers' median {pct(peer)})"
+    text = (
+        f"its container is CPU-throttled {pct(throttled)} of the window{peers_text}, "
+        f"screen > {thr(t.cpu_throttled_suspect)}: the host CPU holds it back"
+    )
+    numbers = {"cpu_throttled_ratio": throttled} | (
+        {} if peer is None else {"peer_cpu_throttled_ratio": peer}
+    )
+    return Evidence(Kind.CPU_THROTTLED, text, numbers)
+
+
+def _run_queue(wait: float, peer: float | None) -> Evidence:
+    peers_text = "" if peer is None else f" vs a median of {pct(peer)} for its peers"
+    text = (
+        f"it waited for a CPU {pct(wait)} of the window{peers_text} (run-queue delay): "
+        "a busy node holds it back"
+    )
+    numbers = {"cpu_wait_ratio": wait} | ({} if peer is None else {"peer_cpu_wait_ratio": peer})
+    return Evidence(Kind.CPU_WAIT, text, numbers)
+
+
+def _busy_node(node: float) -> Evidence:
+    text = f"its node's CPUs are {node:.0%} busy: the host CPU holds it back"
+    return Evidence(Kind.NODE_CPU, text, {"node_cpu_utilization": node})
+
+
+def _cause_unknown(missing: list[str]) -> Evidence:
+    text = "cause unknown: its data wait, GPU and host CPU look like its peers'"
+    if missing:
+        text += "; not measured: " + ", ".join(missing)
+    return note(text)
+
+
 # --- the cause ------------------------------------------------------------------------------
 
 
-def _cause(
-    o: Observation, peers: list[Observation], t: Thresholds, gap_seconds: float | None
-) -> tuple[Axis, list[str]]:
-    """The straggler's cause from its own signals against its peers'; sentences with numbers.
+def _throttled(o: Observation, t: Thresholds) -> bool:
+    return o.cpu_throttled_ratio is not None and o.cpu_throttled_ratio > t.cpu_throttled_suspect
 
-    ``gap_seconds`` is the collective gap per step (synchronous jobs), None for independent ones.
-    """
-    ev: list[str] = []
-    missing: list[str] = []
 
-    # Data: its own loader.
+def _data_cause(
+    o: Observation, peers: list[Observation], t: Thresholds, gap_seconds: float | None, missing: list[str]
+) -> list[Evidence] | None:
+    """Data: its own loader waits more than its peers' (enough to explain the collective gap, for a
+    synchronous job), or above the screen where its peers' wait is not measured."""
     w = o.data_wait_ratio
     peer_w = _median(p.data_wait_ratio for p in peers)
-    step = step_seconds(o)
-    throttled = o.cpu_throttled_ratio is not None and o.cpu_throttled_ratio > t.cpu_throttled_suspect
-    throttle_note = (
-        f"its container is CPU-throttled {_pct(o.cpu_throttled_ratio or 0.0)} of the window: "
-        "the host CPU quota starves its loader"
-    )
-    if w is not None and peer_w is not None:
-        extra = w - peer_w
-        if gap_seconds is not None and step is not None:
-            explains = extra > 0 and extra * step >= DATA_SHARE_OF_GAP * gap_seconds
-            detail = f": {_ms(extra * step)} per step of the {_ms(gap_seconds)} gap" if explains else ""
-        else:
-            explains = extra >= STRAGGLER_WAIT_GAP and w >= 2 * peer_w
-            detail = ""
-        if explains:
-            ev.append(
-                f"its data wait is {_pct(w)} of its step time vs a median of {_pct(peer_w)} "
-                f"for its peers{detail}"
-            )
-            if throttled:
-                ev.append(throttle_note)
-            return Axis.DATA, ev
-    elif w is None:
+    if w is None:
         missing.append("its data wait (dataWaitRatio)")
-    elif w > t.data_wait_suspect:
-        ev.append(
-            f"its data wait is {_pct(w)} of its step time (screen > {_thr(t.data_wait_suspect)}); "
-            "its peers' is not measured"
-        )
-        return Axis.DATA, ev
+        return None
+    if peer_w is None:
+        return [_data_wait_unpaired(w, t)] if w > t.data_wait_suspect else None
+    extra = w - peer_w
+    step = step_seconds(o)
+    if gap_seconds is not None and step is not None:
+        explains = extra > 0 and extra * step >= DATA_SHARE_OF_GAP * gap_seconds
+        detail = f": {_ms(extra * step)} per step of the {_ms(gap_seconds)} gap" if explains else ""
+    else:
+        explains = extra >= STRAGGLER_WAIT_GAP and w >= 2 * peer_w
+        detail = ""
+    if not explains:
+        return None
+    records = [_data_wait_vs_peers(w, peer_w, detail)]
+    if _throttled(o, t):
+        records.append(_loader_quota(o.cpu_throttled_ratio or 0.0))
+    return records
 
-    # Machine: its GPU.
-    gpu_known = False
+
+def _gpu_cause(o: Observation, peers: list[Observation], missing: list[str]) -> Evidence | None:
+    """Machine, its GPU: slowdown reasons its peers do not share, a slower SM clock, a busier GPU."""
     if o.gpu_slowdown_reasons is not None:
-        gpu_known = True
-        peer_reasons = [
-            set(p.gpu_slowdown_reasons or ()) for p in peers if p.gpu_slowdown_reasons is not None
-        ]
-        own = set(o.gpu_slowdown_reasons)
+        peer_reasons = [set(p.gpu_slowdown_reasons) for p in peers if p.gpu_slowdown_reasons is not None]
         common = set.intersection(*peer_reasons) if peer_reasons else set()
-        if own - common:
-            ev.append(
-                "its GPU clocks are held down ("
-                + ", ".join(sorted(own - common))
-                + ") while its peers' are not"
-            )
-            return Axis.MACHINE, ev
+        own = set(o.gpu_slowdown_reasons) - common
+        if own:
+            return _clocks_held(own)
     peer_clock = _median(p.sm_clock_hertz for p in peers)
-    if o.sm_clock_hertz is not None:
-        gpu_known = True
-        if peer_clock and o.sm_clock_hertz < CLOCK_RATIO * peer_clock:
-            ev.append(
-                f"its SM clock is {o.sm_clock_hertz / 1e6:.0f} MHz vs a median of {peer_clock / 1e6:.0f} MHz "
-                "for its peers: a slowed GPU"
-            )
-            return Axis.MACHINE, ev
+    if o.sm_clock_hertz is not None and peer_clock and o.sm_clock_hertz < CLOCK_RATIO * peer_clock:
+        return _slow_clock(o.sm_clock_hertz, peer_clock)
     peer_util = _median(p.gpu_utilization for p in peers)
-    if o.gpu_utilization is not None:
-        gpu_known = True
-        if peer_util is not None and o.gpu_utilization >= peer_util + UTIL_GAP:
-            ev.append(
-                f"its GPU is busy {_pct(o.gpu_utilization)} vs a median of {_pct(peer_util)} for its peers: "
-                "it computes while they wait (a slower GPU, or more work on it)"
-            )
-            return Axis.MACHINE, ev
+    u = o.gpu_utilization
+    if u is not None and peer_util is not None and u >= peer_util + UTIL_GAP:
+        return _busier_gpu(u, peer_util)
+    gpu_known = any(x is not None for x in (o.gpu_slowdown_reasons, o.sm_clock_hertz, u))
     if not gpu_known and o.gpu_count != 0:
         missing.append("its GPU utilization, clocks and slowdown reasons")
+    return None
 
-    # Machine: its host.
-    if o.cpu_throttled_ratio is not None:
-        peer_throttle = _median(p.cpu_throttled_ratio for p in peers)
-        if throttled and (peer_throttle is None or o.cpu_throttled_ratio >= peer_throttle + THROTTLE_GAP):
-            peers_text = "" if peer_throttle is None else f" (its peers' median {_pct(peer_throttle)})"
-            ev.append(
-                f"its container is CPU-throttled {_pct(o.cpu_throttled_ratio)} of the window{peers_text}, "
-                f"screen > {_thr(t.cpu_throttled_suspect)}: the host CPU holds it back"
-            )
-            return Axis.MACHINE, ev
-    else:
+
+def _host_cause(
+    o: Observation, peers: list[Observation], t: Thresholds, missing: list[str]
+) -> Evidence | None:
+    """Machine, its host: its container throttled more than its peers', its process waiting for a
+    CPU, or its node's CPUs busy while its peers' are not."""
+    throttled = o.cpu_throttled_ratio
+    if throttled is None:
         missing.append("its container CPU throttling")
+    else:
+        peer_throttle = _median(p.cpu_throttled_ratio for p in peers)
+        if _throttled(o, t) and (peer_throttle is None or throttled >= peer_throttle + THROTTLE_GAP):
+            return _host_quota(throttled, peer_throttle, t)
     wait = o.cpu_wait_ratio
     peer_wait = _median(p.cpu_wait_ratio for p in peers)
     if (
@@ -265,26 +310,59 @@ def _cause(
         and wait >= t.cpu_wait_suspect
         and (peer_wait is None or wait >= peer_wait + UTIL_GAP)
     ):
-        peers_text = "" if peer_wait is None else f" vs a median of {_pct(peer_wait)} for its peers"
-        ev.append(
-            f"it waited for a CPU {_pct(wait)} of the window{peers_text} (run-queue delay): "
-            "a busy node holds it back"
-        )
-        return Axis.MACHINE, ev
+        return _run_queue(wait, peer_wait)
     node = o.node_cpu_utilization
     peer_node = _median(p.node_cpu_utilization for p in peers)
     if node is not None and node >= NODE_CPU_BUSY and (peer_node is None or peer_node < NODE_CPU_BUSY):
-        ev.append(f"its node's CPUs are {node:.0%} busy: the host CPU holds it back")
-        return Axis.MACHINE, ev
+        return _busy_node(node)
+    return None
 
-    text = "cause unknown: its data wait, GPU and host CPU look like its peers'"
-    if missing:
-        text += "; not measured: " + ", ".join(missing)
-    ev.append(text)
-    return Axis.UNKNOWN, ev
+
+def _cause(
+    o: Observation, peers: list[Observation], t: Thresholds, gap_seconds: float | None
+) -> tuple[Axis, list[Evidence]]:
+    """The straggler's cause from its own signals against its peers'; records with the numbers.
+
+    Data (its loader) first, then the Machine (its GPU, then its host); otherwise Unknown, naming
+    what is not measured. ``gap_seconds`` is the collective gap per step (synchronous jobs), None
+    for independent ones.
+    """
+    missing: list[str] = []
+    data = _data_cause(o, peers, t, gap_seconds, missing)
+    if data is not None:
+        return Axis.DATA, data
+    machine = _gpu_cause(o, peers, missing) or _host_cause(o, peers, t, missing)
+    if machine is not None:
+        return Axis.MACHINE, [machine]
+    return Axis.UNKNOWN, [_cause_unknown(missing)]
 
 
 # --- the straggler --------------------------------------------------------------------------
+
+
+def _arrives_last(late: RankId, most: RankId, cr: CrossRank, t: Thresholds) -> Evidence:
+    assert cr.min_collective_per_step is not None and cr.max_collective_per_step is not None
+    assert cr.step_seconds is not None and cr.skew is not None
+    text = (
+        f"{late.describe()} arrives last at the collectives: it waits "
+        f"{_ms(cr.min_collective_per_step)} per step in them vs {_ms(cr.max_collective_per_step)} "
+        f"for {most.describe()} "
+        f"(skew {pct(cr.skew)} of the {_ms(cr.step_seconds)} step, threshold > {thr(t.straggler_skew)})"
+    )
+    numbers = {
+        "collective_skew": cr.skew,
+        "min_collective_seconds_per_step": cr.min_collective_per_step,
+        "max_collective_seconds_per_step": cr.max_collective_per_step,
+        "step_seconds": cr.step_seconds,
+    }
+    return Evidence(Kind.COLLECTIVE_SKEW, text, numbers)
+
+
+def _late_too(late: RankId, close: list[RankId]) -> Evidence:
+    pods = {k.pod for k in close}
+    where = f" of pod {late.pod}" if pods == {late.pod} and late.pod else ""
+    text = f"{len(close)} other rank{'s' if len(close) > 1 else ''}{where} arrive about as late"
+    return Evidence(Kind.LATE_RANKS, text, {"ranks": len(close)})
 
 
 def _synchronous_straggler(ranks: Mapping[RankId, Observation], t: Thresholds) -> Straggler | None:
@@ -293,15 +371,9 @@ def _synchronous_straggler(ranks: Mapping[RankId, Observation], t: Thresholds) -
     if cr.skew is None or cr.skew <= t.straggler_skew or cr.least_waiting is None or cr.most_waiting is None:
         return None
     assert cr.min_collective_per_step is not None and cr.max_collective_per_step is not None
-    assert cr.step_seconds is not None
     late = cr.least_waiting
     gap = cr.max_collective_per_step - cr.min_collective_per_step
-    ev = [
-        f"{late.describe()} arrives last at the collectives: it waits "
-        f"{_ms(cr.min_collective_per_step)} per step in them vs {_ms(cr.max_collective_per_step)} "
-        f"for {cr.most_waiting.describe()} "
-        f"(skew {_pct(cr.skew)} of the {_ms(cr.step_seconds)} step, threshold > {_thr(t.straggler_skew)})"
-    ]
+    records = [_arrives_last(late, cr.most_waiting, cr, t)]
     # Ranks that arrive about as late as it: a pod-wide cause when they share its pod.
     close = [
         k
@@ -309,59 +381,71 @@ def _synchronous_straggler(ranks: Mapping[RankId, Observation], t: Thresholds) -
         if k != late and (collective_per_step(o) or 0.0) - cr.min_collective_per_step <= 0.25 * gap
     ]
     if close:
-        pods = {k.pod for k in close}
-        where = f" of pod {late.pod}" if pods == {late.pod} and late.pod else ""
-        ev.append(f"{len(close)} other rank{'s' if len(close) > 1 else ''}{where} arrive about as late")
+        records.append(_late_too(late, close))
     peers = [o for k, o in timed.items() if k != late and k not in close] or [
         o for k, o in timed.items() if k != late
     ]
-    cause, cause_ev = _cause(timed[late], peers, t, gap)
-    return Straggler(pod=late.pod or None, rank=late.rank, cause=cause, evidence=ev + cause_ev)
+    cause, cause_records = _cause(timed[late], peers, t, gap)
+    return Straggler.of([*records, *cause_records], pod=late.pod or None, rank=late.rank, cause=cause)
+
+
+def _slower(key: RankId, rate: float, median: float, others: str) -> Evidence:
+    text = (
+        f"{key.describe()} runs {rate:.2f} steps/s vs a median of {median:.2f} steps/s for the other {others}"
+    )
+    return Evidence(Kind.STEP_RATE, text, {"steps_per_second": rate, "peer_steps_per_second": median})
+
+
+def _waits_more(key: RankId, wait: float, median: float, others: str) -> Evidence:
+    text = (
+        f"{key.describe()} waits for data {wait:.1%} of its step time "
+        f"vs a median of {median:.1%} for the other {others}"
+    )
+    return Evidence(Kind.DATA_WAIT, text, {"data_wait_ratio": wait, "peer_data_wait_ratio": median})
+
+
+def _stands_out(key: RankId, ranks: Mapping[RankId, Observation], noun: str) -> list[tuple[float, Evidence]]:
+    """How far ``key`` stands out from the other independent processes: (score, record) for a step
+    rate well below their median (score: the shortfall) and for a data wait well above theirs
+    (score: the gap), in that order."""
+    obs = ranks[key]
+    others = [o for k, o in ranks.items() if k != key]
+    n = len(others)
+    plural = noun if n == 1 else f"{n} {noun}s"
+    out: list[tuple[float, Evidence]] = []
+    rates = [o.steps_per_second for o in others if o.steps_per_second is not None]
+    if obs.steps_per_second is not None and rates:
+        median = statistics.median(rates)
+        if median > 0 and obs.steps_per_second < STRAGGLER_RATE_RATIO * median:
+            out.append(
+                (1.0 - obs.steps_per_second / median, _slower(key, obs.steps_per_second, median, plural))
+            )
+    waits = [o.data_wait_ratio for o in others if o.data_wait_ratio is not None]
+    if obs.data_wait_ratio is not None and waits:
+        median_wait = statistics.median(waits)
+        gap = obs.data_wait_ratio - median_wait
+        if gap >= STRAGGLER_WAIT_GAP and obs.data_wait_ratio >= 2 * median_wait:
+            out.append((gap, _waits_more(key, obs.data_wait_ratio, median_wait, plural)))
+    return out
 
 
 def _independent_straggler(ranks: Mapping[RankId, Observation], t: Thresholds) -> Straggler | None:
     if len(ranks) < 2:
         return None
-    ranked = any(k.rank is not None for k in ranks)
-    noun = "rank" if ranked else "pod"
-    worst: tuple[float, RankId, str, bool] | None = None
+    noun = "rank" if any(k.rank is not None for k in ranks) else "pod"
+    worst: tuple[float, RankId, Evidence] | None = None
     for key in sorted(ranks, key=RankId.sort_key):
-        obs = ranks[key]
-        others = [o for k, o in ranks.items() if k != key]
-        n = len(others)
-        plural = noun if n == 1 else f"{n} {noun}s"
-        rates = [o.steps_per_second for o in others if o.steps_per_second is not None]
-        if obs.steps_per_second is not None and rates:
-            median = statistics.median(rates)
-            if median > 0 and obs.steps_per_second < STRAGGLER_RATE_RATIO * median:
-                score = 1.0 - obs.steps_per_second / median
-                text = (
-                    f"{key.describe()} runs {obs.steps_per_second:.2f} steps/s vs a median of {median:.2f} "
-                    f"steps/s for the other {plural}"
-                )
-                if worst is None or score > worst[0]:
-                    worst = (score, key, text, False)
-        waits = [o.data_wait_ratio for o in others if o.data_wait_ratio is not None]
-        if obs.data_wait_ratio is not None and waits:
-            median_wait = statistics.median(waits)
-            gap = obs.data_wait_ratio - median_wait
-            if gap >= STRAGGLER_WAIT_GAP and obs.data_wait_ratio >= 2 * median_wait:
-                text = (
-                    f"{key.describe()} waits for data {obs.data_wait_ratio:.1%} of its step time "
-                    f"vs a median of {median_wait:.1%} for the other {plural}"
-                )
-                if worst is None or gap > worst[0]:
-                    worst = (gap, key, text, True)
+        for score, record in _stands_out(key, ranks, noun):
+            if worst is None or score > worst[0]:
+                worst = (score, key, record)
     if worst is None:
         return None
-    _, key, text, by_wait = worst
+    _, key, record = worst
+    if record.kind is Kind.DATA_WAIT:  # its own loader: the wait is the cause
+        return Straggler.of([record], pod=key.pod or None, rank=key.rank, cause=Axis.DATA)
     peers = [o for k, o in ranks.items() if k != key]
-    cause_ev: list[str] = []
-    if by_wait:
-        cause = Axis.DATA
-    else:
-        cause, cause_ev = _cause(ranks[key], peers, t, None)
-    return Straggler(pod=key.pod or None, rank=key.rank, cause=cause, evidence=[text, *cause_ev])
+    cause, cause_records = _cause(ranks[key], peers, t, None)
+    return Straggler.of([record, *cause_records], pod=key.pod or None, rank=key.rank, cause=cause)
 
 
 STRAGGLER_PREFIX = "straggler ("

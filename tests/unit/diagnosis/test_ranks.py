@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.model import Axis, Observation, RankId, Regime, Thresholds, Verdict
+from dam_operator.diagnosis.evidence import Kind
+from dam_operator.diagnosis.model import Axis, Observation, RankId, Regime, Straggler, Thresholds, Verdict
 from dam_operator.diagnosis.ranks import MAX_RANK_FIGURES, find_straggler, rank_figures
 from dam_operator.diagnosis.render import render_text
 from dam_operator.diagnosis.window import (
@@ -213,6 +214,24 @@ def test_straggler_on_a_throttled_host_has_cause_machine_host() -> None:
     s = verdict_of(w).bottleneck.straggler
     assert s is not None and (s.pod, s.cause) == ("b", Axis.MACHINE)
     assert any("CPU-throttled 35.0%" in e and "host CPU" in e for e in s.evidence)
+
+
+def test_a_stragglers_lines_are_records_with_their_kind_and_numbers() -> None:
+    def pod(collective: float, throttled: float) -> PodWindow:
+        return pod_window(
+            cpu_job([Rank(0, wait_ratio=0.01, collective_ratio=collective)], throttled_ratio=throttled)
+        )
+
+    s = verdict_of(job_window({"a": pod(0.4, 0.0), "b": pod(0.05, 0.35)})).bottleneck.straggler
+    assert s is not None
+    records = s.records()
+    assert [r.kind for r in records] == [Kind.COLLECTIVE_SKEW, Kind.CPU_THROTTLED]
+    assert [r.sentence for r in records] == s.evidence
+    assert records[0].numbers["collective_skew"] > Thresholds().straggler_skew
+    assert records[1].numbers["cpu_throttled_ratio"] == pytest.approx(0.35, abs=0.01)
+    # Read back from its status it is the same straggler; its lines are then notes (no numbers).
+    back = Straggler.model_validate(s.model_dump(by_alias=True))
+    assert back == s and [r.kind for r in back.records()] == [Kind.NOTE, Kind.NOTE]
 
 
 def test_late_rank_waiting_for_data_is_cause_data_even_when_peers_do_not_measure_it() -> None:
