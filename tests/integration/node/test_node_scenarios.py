@@ -1,0 +1,347 @@
+"""Verdicts and faults on a real node: the kubelet's own limits, the kernel's OOM killer, DDP between
+Pods, Apply mode, and the operator's, sidecar's and webhook's failures, each on real Pods.
+
+Every scenario's Job was created at once by the package fixture ``scenarios``
+(tests/integration/node/conftest.py), each in its own namespace with its own DAMProfile (10 s
+windows, 2 for a verdict); each test here waits on its own result. The fault tests come last: they
+stop and restart parts the verdict tests rely on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dam_sidecar import names
+from tests.support.node_jobs import (
+    OPERATOR_SELECTOR,
+    SIDECAR_CONTAINER,
+    SYSTEM_NS,
+    condition,
+    dump,
+    events_of,
+    get,
+    pods_of,
+    scrape_sidecar,
+    status_of,
+    training_job,
+    wait_status,
+)
+from tests.support.procs import wait_for
+
+from .conftest import Launched
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@contextlib.contextmanager
+def explained(launched: Launched, scenario: str) -> Iterator[str]:
+    """The scenario's namespace; on a failure, what a human would look at first is printed."""
+    ns = launched.ns(scenario)
+    try:
+        yield ns
+    except BaseException:
+        dump(launched.node, ns)
+        raise
+
+
+def _seen(
+    launched: Launched, scenario: str, check: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+) -> dict[str, Any]:
+    """The first status the scenario's profile had (since the Jobs started) for which ``check`` holds."""
+    history = launched.history.setdefault(launched.ns(scenario), [])
+    try:
+        return wait_for(
+            lambda: next((s for s in list(history) if check(s)), None), timeout_s, what, interval=1.0
+        )
+    except AssertionError as exc:
+        shown = [(s.get("bottleneck") or {}).get("lever") for s in history]
+        last = json.dumps(history[-1] if history else {}, indent=1)
+        raise AssertionError(f"{exc}; levers seen: {shown}; last status:\n{last}") from None
+
+
+def _terminated(pod: dict[str, Any], container: str = "train") -> dict[str, Any]:
+    for cs in pod["status"].get("containerStatuses") or ():
+        if cs["name"] == container:
+            terminated: dict[str, Any] = (cs.get("state") or {}).get("terminated") or {}
+            return terminated
+    return {}
+
+
+def _metric(text: str, name: str, labels: str = "") -> float | None:
+    for line in text.splitlines():
+        if line.startswith(f"{name}{labels} ") or (not labels and line.startswith(f"{name}{{")):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_cpu_limit_of_300m_on_a_decode_heavy_loader_gives_raise_cpu_limit(scenarios: Launched) -> None:
+    """The kubelet's CFS quota for limits.cpu 300m throttles the trainer. The throttling reaches the
+    sidecar through the probe, which reads its own container's cgroup from inside the trainer: the
+    sidecar's /sys/fs/cgroup is its own container's, and the trainer's cgroup files behind
+    /proc/PID/root need ptrace rights a restricted, non-root sidecar lacks (docs/sidecar.md)."""
+    node = scenarios.node
+    with explained(scenarios, "cpu") as ns:
+        running = wait_for(
+            lambda: next(
+                (p for p in pods_of(node, ns, "decode") if p["status"].get("phase") == "Running"), None
+            ),
+            120,
+            "the decode Pod to run",
+        )
+        status = _seen(
+            scenarios,
+            "cpu",
+            lambda s: (s.get("bottleneck") or {}).get("lever") == "raise-cpu-limit",
+            180,
+            "lever raise-cpu-limit",
+        )
+        text = scrape_sidecar(running)
+        assert _metric(text, names.CONTAINER_CPU_SOURCE, f'{{source="{names.CPU_SOURCE_PROBE}"}}') == 1.0, (
+            text
+        )
+        assert _metric(text, names.CONTAINER_CPU_LIMIT_CORES) == pytest.approx(0.3), text
+        assert (_metric(text, names.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL) or 0.0) > 0.0, text
+        assert status["bottleneck"]["regime"] == "input-bound", status["bottleneck"]
+        assert status["metrics"]["cpuThrottledRatio"] > 0.2, status["metrics"]
+        assert status["pods"]["reporting"] == 1, status["pods"]
+        node.kubectl("-n", ns, "delete", "job", "decode", "--wait=false")  # 240 s of 0.3 CPU otherwise
+
+
+def test_loader_workers_over_the_memory_limit_are_oom_killed_and_give_reduce_loader_memory(
+    scenarios: Launched,
+) -> None:
+    node = scenarios.node
+    with explained(scenarios, "loader-oom") as ns:
+        status = _seen(
+            scenarios,
+            "loader-oom",
+            lambda s: (s.get("bottleneck") or {}).get("regime") == "memory-capacity",
+            180,
+            "regime memory-capacity",
+        )
+        assert status["bottleneck"]["lever"] == "reduce-loader-memory", status["bottleneck"]
+        (pod,) = pods_of(node, ns, "leaky")
+        # The kernel took a worker; the trainer then exited on DataLoader's error (exit 1).
+        assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 1}, pod["status"]
+        assert pod["status"]["phase"] == "Failed"
+
+
+def test_trainer_container_oom_killed_gives_memory_capacity_from_the_container_status(
+    scenarios: Launched,
+) -> None:
+    node = scenarios.node
+    with explained(scenarios, "trainer-oom") as ns:
+        status = _seen(
+            scenarios,
+            "trainer-oom",
+            lambda s: (s.get("bottleneck") or {}).get("regime") == "memory-capacity",
+            180,
+            "regime memory-capacity",
+        )
+        (pod,) = pods_of(node, ns, "hog")
+        assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 137}, pod["status"]
+        evidence = " ".join(status["bottleneck"]["evidence"])
+        assert f"pod {pod['metadata']['name']}: container train was OOM-killed" in evidence, evidence
+        assert "judged from the kubelet's container status" in evidence, evidence
+
+
+def test_two_pod_ddp_over_gloo_names_the_slow_loader_pod_a_data_straggler(scenarios: Launched) -> None:
+    node = scenarios.node
+    with explained(scenarios, "ddp") as ns:
+        status = _seen(
+            scenarios, "ddp", lambda s: bool((s.get("bottleneck") or {}).get("straggler")), 180, "a straggler"
+        )
+        pods = {
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+            for p in pods_of(node, ns, "ddp")
+        }
+        assert sorted(pods) == ["0", "1"], sorted(pods)
+        assert pods["0"]["status"]["podIP"] != pods["1"]["status"]["podIP"]
+        straggler = status["bottleneck"]["straggler"]
+        assert straggler["pod"] == pods["1"]["metadata"]["name"], straggler
+        assert straggler["rank"] == 1, straggler
+        assert straggler["cause"] == "Data", straggler
+        assert status["pods"] | {"matched": 2, "reporting": 2} == status["pods"], status["pods"]
+        events = [e.get("reason") for e in events_of(node, ns)]
+        assert "StragglerDetected" in events, events
+        node.kubectl("-n", ns, "wait", "--for=condition=Complete", "job/ddp", "--timeout=180s", timeout_s=190)
+
+
+def test_apply_mode_gives_the_jobs_next_pod_the_loader_lever_and_records_what_it_measured(
+    scenarios: Launched,
+) -> None:
+    node = scenarios.node
+    with explained(scenarios, "apply") as ns:
+        status = _seen(
+            scenarios,
+            "apply",
+            lambda s: any(a.get("outcome") not in (None, "pending") for a in s.get("actions") or ()),
+            300,
+            "an action judged on the Job's next Pod",
+        )
+        first, second = pods_of(node, ns, "apply")[:2]
+        (action,) = status["actions"]
+        assert action["lever"] == "increase-dataloader-workers", action
+        assert action["setting"]["name"] == "num_workers", action
+        assert action["pod"] == second["metadata"]["name"], (action, first["metadata"]["name"])
+        # The webhook gave the second Pod the setting; the first ran without it.
+        annotation = "dam.mlsys.dev/action"
+        assert second["metadata"]["annotations"].get(annotation, "").endswith(":applied"), second["metadata"]
+        assert (
+            annotation not in first["metadata"].get("annotations", {})
+            or first["metadata"]["annotations"][annotation] != second["metadata"]["annotations"][annotation]
+        )
+        train = next(c for c in second["spec"]["containers"] if c["name"] == "train")
+        overrides = {e["name"]: e.get("value") for e in train["env"]}.get("DAM_LOADER_OVERRIDES")
+        assert overrides and json.loads(overrides)["num_workers"] == int(action["setting"]["after"]), (
+            overrides
+        )
+        for side in ("before", "after"):
+            assert action[side]["stepsPerSecond"] > 0, action
+            assert 0 <= action[side]["dataWaitRatio"] <= 1, action
+        assert action["outcome"] in ("improved", "no-change", "worse", "rolled-back"), action
+
+
+# --- faults, on the same operator, after the verdicts above ---------------------------------------
+
+
+def _faults_ready(scenarios: Launched) -> tuple[str, dict[str, Any]]:
+    node = scenarios.node
+    ns = scenarios.ns("faults")
+    wait_status(node, ns, lambda s: (s.get("bottleneck") or {}).get("axis") == "Data", 180, "a Data verdict")
+    (pod,) = [p for p in pods_of(node, ns, "faults") if p["status"].get("phase") == "Running"]
+    return ns, pod
+
+
+def _sidecar_status(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(s for s in pod["status"].get("initContainerStatuses") or () if s["name"] == SIDECAR_CONTAINER)
+
+
+def test_killed_sidecar_container_restarts_and_the_operator_reports_the_gap_then_recovers(
+    scenarios: Launched,
+) -> None:
+    node = scenarios.node
+    with explained(scenarios, "faults"):
+        ns, pod = _faults_ready(scenarios)
+        name = pod["metadata"]["name"]
+        container_id = _sidecar_status(pod)["containerID"].removeprefix("containerd://")
+        killed_at = dt.datetime.now(dt.UTC)
+        node.ctr("tasks", "kill", "--signal", "SIGKILL", container_id)
+        restarted = wait_for(
+            lambda: (
+                (s := _sidecar_status(get(node, "-n", ns, "get", "pod", name)))["restartCount"] >= 1
+                and "running" in s["state"]
+                and s
+            ),
+            60,
+            "the native sidecar to restart",
+        )
+        assert restarted["lastState"]["terminated"]["exitCode"] == 137, restarted
+        gap = wait_status(
+            node,
+            ns,
+            lambda s: condition(s, "Reporting").get("status") == "False",
+            60,
+            "the Reporting condition to report the sidecar's gap",
+        )
+        assert name in condition(gap, "Reporting")["message"], condition(gap, "Reporting")
+        recovered = wait_status(
+            node,
+            ns,
+            lambda s: (
+                condition(s, "Reporting").get("status") == "True"
+                and dt.datetime.fromisoformat(s["lastEvaluationTime"]) > killed_at
+                and (s.get("bottleneck") or {}).get("axis") == "Data"
+            ),
+            90,
+            "Reporting again, with a Data verdict",
+        )
+        assert recovered["pods"]["reporting"] == 1, recovered["pods"]
+
+
+def test_deleted_operator_pod_comes_back_with_the_status_intact_and_no_duplicate_event(
+    scenarios: Launched,
+) -> None:
+    node = scenarios.node
+    with explained(scenarios, "faults"):
+        ns, _ = _faults_ready(scenarios)
+        before = status_of(node, ns)
+        events_before = sorted((e["reason"], e["message"], e.get("count", 1)) for e in events_of(node, ns))
+        (old,) = get(node, "-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_SELECTOR)["items"]
+        node.kubectl("-n", SYSTEM_NS, "delete", "pod", old["metadata"]["name"], "--wait=false")
+        deleted_at = dt.datetime.now(dt.UTC)
+
+        def new_pod_ready() -> dict[str, Any] | None:
+            for p in get(node, "-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_SELECTOR)["items"]:
+                ready = all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
+                if (
+                    p["metadata"]["uid"] != old["metadata"]["uid"]
+                    and ready
+                    and p["status"].get("phase") == "Running"
+                ):
+                    return p
+            return None
+
+        wait_for(new_pod_ready, 120, "the Deployment's new operator Pod to be Ready", interval=1.0)
+        after = wait_status(
+            node,
+            ns,
+            lambda s: (
+                dt.datetime.fromisoformat(s["lastEvaluationTime"]) > deleted_at + dt.timedelta(seconds=1)
+            ),
+            90,
+            "a window evaluated by the new operator",
+        )
+        for key in ("axis", "regime", "lever", "since"):
+            assert after["bottleneck"][key] == before["bottleneck"][key], (
+                key,
+                before["bottleneck"],
+                after["bottleneck"],
+            )
+        events_after = sorted((e["reason"], e["message"], e.get("count", 1)) for e in events_of(node, ns))
+        assert events_after == events_before, (events_before, events_after)
+
+
+def test_pod_created_while_the_webhook_is_down_starts_uninstrumented_and_is_reported(
+    scenarios: Launched,
+) -> None:
+    node = scenarios.node
+    with explained(scenarios, "faults") as ns:
+        node.kubectl("-n", SYSTEM_NS, "scale", "deploy/dam-operator", "--replicas=0")
+        try:
+            wait_for(
+                lambda: not get(node, "-n", SYSTEM_NS, "get", "pods", "-l", OPERATOR_SELECTOR)["items"],
+                60,
+                "the operator Pod to be gone",
+                interval=0.5,
+            )
+            job = training_job("late", "train.py", ["--scenario", "starved", "--seconds", "120"])
+            node.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(job))
+            (late,) = wait_for(
+                lambda: pods_of(node, ns, "late"), 60, "the Job's Pod (admitted: failurePolicy Ignore)"
+            )
+            assert not late["spec"].get("initContainers"), late["spec"]
+        finally:
+            node.kubectl("-n", SYSTEM_NS, "scale", "deploy/dam-operator", "--replicas=1")
+        node.kubectl(
+            "-n", SYSTEM_NS, "rollout", "status", "deploy/dam-operator", "--timeout=120s", timeout_s=130
+        )
+        name = late["metadata"]["name"]
+        status = wait_status(
+            node,
+            ns,
+            lambda s: name in ((s.get("pods") or {}).get("notInstrumented") or ()),
+            90,
+            "the uninstrumented Pod in status.pods.notInstrumented",
+        )
+        instrumented = condition(status, "Instrumented")
+        assert instrumented.get("status") == "False" and name in instrumented.get("message", ""), instrumented
+        assert status["pods"]["matched"] == 2 and status["pods"]["instrumented"] == 1, status["pods"]
+        late_now = get(node, "-n", ns, "get", "pod", name)
+        assert late_now["status"].get("phase") in ("Pending", "Running"), late_now["status"]
