@@ -73,6 +73,7 @@ from dam_operator.diagnosis.ranks import find_straggler, is_synchronous, rank_fi
 from dam_operator.diagnosis.rules import decide
 from dam_operator.diagnosis.rules.base import Context, Finding
 from dam_operator.diagnosis.rules.context_lines import add_context_lines
+from dam_operator.diagnosis.signals import status_values
 
 __all__ = ["Derived", "derive", "diagnose"]
 
@@ -81,36 +82,14 @@ MAX_CONFIDENCE = 0.99
 
 
 def _metrics(obs: Observation, d: Derived) -> WindowMetrics:
+    """``status.metrics``: the signals' own figures (the signal table's ``status``) and the derived."""
     return WindowMetrics(
-        data_wait_ratio=obs.data_wait_ratio,
-        gpu_utilization=obs.gpu_utilization,
-        gpu_memory_busy=obs.gpu_memory_busy,
-        sm_active=obs.sm_active,
-        sm_occupancy=obs.sm_occupancy,
-        tensor_active=obs.tensor_active,
-        dram_bandwidth_utilization=obs.dram_bandwidth_utilization,
-        cpu_throttled_ratio=obs.cpu_throttled_ratio,
-        main_cpu_cores=obs.main_cpu_cores,
-        worker_cpu_cores=obs.worker_cpu_cores,
-        worker_count=obs.worker_count,
-        cpu_wait_ratio=obs.cpu_wait_ratio,
-        worker_cpu_wait_ratio=obs.worker_cpu_wait_ratio,
+        **status_values(obs),
         steps_per_second=d.steps_per_second,
         mfu=d.mfu,
-        flops_per_step=obs.flops_per_step,
-        flops_per_step_source=obs.flops_per_step_source if obs.flops_per_step is not None else None,
-        checkpoint_ratio=obs.checkpoint_ratio,
         arithmetic_intensity=d.arithmetic_intensity,
         ridge_point=d.ridge_point,
         iron_law=d.iron_law,
-        collective_ratio=obs.collective_ratio,
-        exposed_communication_ratio=obs.exposed_communication_ratio,
-        collective_skew=obs.collective_skew,
-        nvlink_bytes_per_second=obs.nvlink_bytes_per_second,
-        pcie_bytes_per_second=obs.pcie_bytes_per_second,
-        gpu_memory_used_ratio=obs.gpu_memory_used_ratio,
-        container_memory_ratio=obs.container_memory_ratio,
-        oom_kills=obs.oom_kills,
     )
 
 

@@ -1,10 +1,12 @@
 """From two metric snapshots to one ``Observation``; per rank; from many pods to one job.
 
-Counters (``*_total``) are differences between the two snapshots. A counter that went
-down was reset (a restarted process): like Prometheus, the AFTER value is taken as the
-increase. A series absent from BEFORE is counted from zero. Gauges are read from
-AFTER and averaged across GPUs (label ``gpu``); when ``gpu_uuids`` is given, samples
-with a ``uuid`` label outside the set are ignored (other tenants' GPUs).
+What each figure is, how it is read from the two snapshots and how pods combine it is the
+signal table's (``diagnosis.signals``); this module runs it over pods and ranks. Counters
+(``*_total``) are differences between the two snapshots. A counter that went down was reset
+(a restarted process): like Prometheus, the AFTER value is taken as the increase. A series
+absent from BEFORE is counted from zero. Gauges are read from AFTER and averaged across GPUs
+(label ``gpu``); when ``gpu_uuids`` is given, samples with a ``uuid`` label outside the set
+are ignored (other tenants' GPUs).
 
 The window length is, in order: ``elapsed_seconds`` when given, the difference of
 ``dam_snapshot_timestamp_seconds``, the snapshots' own timestamps, and finally the
@@ -24,18 +26,35 @@ the cross-rank figures (skew-corrected exposed communication, collective skew);
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from dam_operator.diagnosis import ranks as rank_rules
+from dam_operator.diagnosis import signals
 from dam_operator.diagnosis.model import Observation, RankId
+from dam_operator.diagnosis.series import attributed, counter_increase, increase, label_of
+from dam_operator.diagnosis.signals import BENIGN_CLOCK_REASONS, GPU_RATIO_GAUGES, UNLIMITED_MEMORY_BYTES
 from dam_sidecar import names
 from dam_sidecar.promtext import CompactSnapshot, Labels, Sample, Snapshot
+
+__all__ = [
+    "BENIGN_CLOCK_REASONS",
+    "GPU_RATIO_GAUGES",
+    "UNLIMITED_MEMORY_BYTES",
+    "JobWindow",
+    "PodWindow",
+    "aggregate",
+    "baseline",
+    "counter_increase",
+    "find_straggler",
+    "furthest_steps",
+    "job_window",
+    "observation_from_snapshots",
+    "rank_observations",
+]
 
 # Series of docs/architecture.md (metric names) for distributed jobs and memory.
 COLLECTIVE_SECONDS_TOTAL = names.COLLECTIVE_SECONDS_TOTAL
@@ -77,62 +96,6 @@ POD_TOTALS: frozenset[str] = frozenset(
     }
 )
 """Pod-wide sums over processes: not given to one rank of a pod that holds several."""
-BENIGN_CLOCK_REASONS: frozenset[str] = frozenset(
-    {"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"}
-)
-"""NVML clock reasons that do not slow a busy GPU."""
-UNLIMITED_MEMORY_BYTES = 2.0**60
-"""A cgroup memory limit at or above this is "max": no limit."""
-
-_RATIO_TOLERANCE = 1.05
-"""Ratios up to this are clamped to 1 (sampling jitter); above it they are garbage."""
-
-GPU_RATIO_GAUGES: Mapping[str, str] = {
-    "gpu_utilization": names.GPU_UTILIZATION_RATIO,
-    "gpu_memory_busy": names.GPU_MEMORY_BUSY_RATIO,
-    "sm_active": names.GPU_SM_ACTIVE_RATIO,
-    "sm_occupancy": names.GPU_SM_OCCUPANCY_RATIO,
-    "tensor_active": names.GPU_TENSOR_ACTIVE_RATIO,
-    "dram_bandwidth_utilization": names.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO,
-}
-
-
-def _valid(v: float | None) -> float | None:
-    if v is None or not math.isfinite(v) or v < 0:
-        return None
-    return v
-
-
-def _ratio(v: float | None) -> float | None:
-    v = _valid(v)
-    if v is None or v > _RATIO_TOLERANCE:
-        return None
-    return min(v, 1.0)
-
-
-def _label(labels: Labels, key: str) -> str | None:
-    for k, v in labels:
-        if k == key:
-            return v
-    return None
-
-
-def counter_increase(
-    before: Snapshot, after: Snapshot, name: str, where: Callable[[Labels], bool] | None = None
-) -> float | None:
-    """Sum over series of the counter's increase; None when AFTER has no valid series."""
-    prev = before.series(name)
-    total: float | None = None
-    for labels, value in after.series(name).items():
-        if where is not None and not where(labels):
-            continue
-        a = _valid(value)
-        if a is None:
-            continue
-        b = _valid(prev.get(labels))
-        delta = a if b is None or a < b else a - b
-        total = delta if total is None else total + delta
-    return total
 
 
 def furthest_steps(before: Snapshot, after: Snapshot) -> float | None:
@@ -143,12 +106,9 @@ def furthest_steps(before: Snapshot, after: Snapshot) -> float | None:
     prev = before.series(names.STEPS_TOTAL)
     best: float | None = None
     for labels, value in after.series(names.STEPS_TOTAL).items():
-        a = _valid(value)
-        if a is None:
-            continue
-        b = _valid(prev.get(labels))
-        delta = a if b is None or a < b else a - b
-        best = delta if best is None else max(best, delta)
+        delta = increase(prev.get(labels), value)
+        if delta is not None:
+            best = delta if best is None else max(best, delta)
     return best
 
 
@@ -175,41 +135,16 @@ _BASELINE_GAUGES = frozenset({names.SNAPSHOT_TIMESTAMP_SECONDS, names.PROCESSES}
 most either end saw: the last scrape of a finished job sees no workers)."""
 
 
-def _role_count(snapshot: Snapshot, role: str) -> float | None:
-    """``dam_processes{role}`` summed over its series; None when absent or garbage."""
-    total: float | None = None
-    for s in snapshot.samples(names.PROCESSES):
-        count = _valid(s.value)
-        if _label(s.labels, "role") == role and count is not None and count <= 100_000:
-            total = count if total is None else total + count
-    return total
+@dataclass(frozen=True)
+class _Known:
+    """What the caller knows about a pod's window; explicit values win over the snapshots'."""
 
-
-def _gauge(snapshot: Snapshot, name: str) -> float | None:
-    for s in snapshot.samples(name):
-        v = _valid(s.value)
-        if v is not None:
-            return v
-    return None
-
-
-def _attribution_state(snapshot: Snapshot) -> str | None:
-    """The ``state`` label of ``dam_gpu_attribution`` whose value is 1 (None when absent)."""
-    for s in snapshot.samples(names.GPU_ATTRIBUTION):
-        if s.value == 1.0:
-            return s.label("state") or None
-    return None
-
-
-def _attributed(sample: Sample, gpu_uuids: set[str] | None) -> bool:
-    if gpu_uuids is None:
-        return True
-    uuid = sample.label("uuid")
-    return not uuid or uuid in gpu_uuids
-
-
-def _gpu_key(sample: Sample) -> str:
-    return sample.label("uuid") or sample.label("gpu") or ""
+    elapsed_seconds: float | None = None
+    gpu_uuids: set[str] | None = None
+    batch_size: int | None = None
+    flops_per_step: float | None = None
+    gpu_model: str | None = None
+    oom_killed: bool | None = None
 
 
 def _build(fields: dict[str, Any]) -> Observation:
@@ -225,6 +160,22 @@ def _build(fields: dict[str, Any]) -> Observation:
             for key in bad:
                 data.pop(key, None)
     return Observation()
+
+
+def _fields(before: Snapshot, after: Snapshot, known: _Known) -> dict[str, Any]:
+    """Every signal of one pod's (or rank's) window (``signals.extract``)."""
+    return signals.extract(
+        signals.Scrapes(
+            before,
+            after,
+            known.elapsed_seconds,
+            gpu_uuids=known.gpu_uuids,
+            batch_size=known.batch_size,
+            flops_per_step=known.flops_per_step,
+            gpu_model=known.gpu_model,
+            oom_killed=known.oom_killed,
+        )
+    )
 
 
 def observation_from_snapshots(
@@ -245,296 +196,36 @@ def observation_from_snapshots(
     killer). With several ranks in the snapshots, the exposed communication and the
     collective skew are the cross-rank figures (see ``diagnosis.ranks``).
     """
-    kwargs: dict[str, Any] = {
-        "elapsed_seconds": elapsed_seconds,
-        "gpu_uuids": gpu_uuids,
-        "batch_size": batch_size,
-        "flops_per_step": flops_per_step,
-        "gpu_model": gpu_model,
-        "oom_killed": oom_killed,
-    }
-    return _pod_observation(before, after, kwargs, None)
+    known = _Known(elapsed_seconds, gpu_uuids, batch_size, flops_per_step, gpu_model, oom_killed)
+    return _pod_observation(before, after, known, None)
 
 
 def _pod_observation(
     before: Snapshot,
     after: Snapshot,
-    kwargs: dict[str, Any],
+    known: _Known,
     per_rank: Mapping[RankId, Observation] | None,
 ) -> Observation:
     """The pod's observation; its ranks' cross-rank figures from ``per_rank`` (split here if None)."""
-    fields = _fields(before, after, **kwargs)
     rank_numbers = _rank_numbers(after)
+    if not rank_numbers and per_rank is not None and len(per_rank) == 1:
+        # A pod without ranks is its one process: ``_rank_observations`` read the same window.
+        return next(iter(per_rank.values()))
+    fields = _fields(before, after, known)
     if rank_numbers:
         fields["ranks"] = len(rank_numbers)
     if len(rank_numbers) > 1:
         if per_rank is None:
-            per_rank = rank_observations(before, after, **kwargs)
+            per_rank = _rank_observations(before, after, "", known)
         fields.update(_cross_rank_fields(per_rank))
     return _build(fields)
-
-
-def _fields(
-    before: Snapshot,
-    after: Snapshot,
-    *,
-    elapsed_seconds: float | None,
-    gpu_uuids: set[str] | None,
-    batch_size: int | None,
-    flops_per_step: float | None,
-    gpu_model: str | None,
-    oom_killed: bool | None,
-) -> dict[str, Any]:
-    step_s = counter_increase(before, after, names.STEP_SECONDS_TOTAL)
-    wait_s = counter_increase(before, after, names.DATALOADER_WAIT_SECONDS_TOTAL)
-    steps = counter_increase(before, after, names.STEPS_TOTAL)
-
-    elapsed = _valid(elapsed_seconds) or None
-    if elapsed is None:
-        t0 = _gauge(before, names.SNAPSHOT_TIMESTAMP_SECONDS)
-        t1 = _gauge(after, names.SNAPSHOT_TIMESTAMP_SECONDS)
-        if t0 is not None and t1 is not None and t1 > t0:
-            elapsed = t1 - t0
-    if elapsed is None:
-        t0, t1 = _valid(before.timestamp_seconds), _valid(after.timestamp_seconds)
-        if t0 is not None and t1 is not None and t1 > t0:
-            elapsed = t1 - t0
-    if elapsed is None and step_s:
-        elapsed = step_s
-
-    fields: dict[str, Any] = {"window_seconds": elapsed, "steps": steps}
-    if steps is not None and elapsed:
-        fields["steps_per_second"] = steps / elapsed
-    if steps and step_s is not None:
-        fields["mean_step_seconds"] = step_s / steps
-    if wait_s is not None and step_s:
-        fields["data_wait_ratio"] = _ratio(wait_s / step_s)
-
-    # GPUs: gauges from AFTER, averaged over the attributed GPUs.
-    gpu_keys: set[str] = set()
-    for field_name, metric in GPU_RATIO_GAUGES.items():
-        values = []
-        for s in after.samples(metric):
-            if not _attributed(s, gpu_uuids):
-                continue
-            v = _ratio(s.value)
-            if v is not None:
-                values.append(v)
-                gpu_keys.add(_gpu_key(s))
-        if values:
-            fields[field_name] = statistics.fmean(values)
-    if gpu_keys:
-        fields["gpu_count"] = len(gpu_keys)
-    elif _gauge(after, names.NVML_UP) == 1.0 and _attribution_state(after) != "none":
-        # NVML answers, the sidecar knows which GPUs are the job's, and none is: a CPU-only job.
-        # With attribution "none" the job's GPUs are unknown, not absent: gpu_count stays None.
-        fields["gpu_count"] = 0
-
-    # Host CPU.
-    if elapsed:
-        for field_name, role in (
-            ("main_cpu_cores", names.ROLE_MAIN),
-            ("worker_cpu_cores", names.ROLE_WORKER),
-        ):
-            cpu = counter_increase(
-                before,
-                after,
-                names.PROCESS_CPU_SECONDS_TOTAL,
-                lambda labels, r=role: _label(labels, "role") == r,  # type: ignore[misc]
-            )
-            if cpu is not None:
-                fields[field_name] = cpu / elapsed
-        throttled = counter_increase(before, after, names.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL)
-        if throttled is not None:
-            fields["cpu_throttled_ratio"] = min(1.0, throttled / elapsed)
-    limit = _gauge(after, names.CONTAINER_CPU_LIMIT_CORES)
-    if limit:
-        fields["cpu_limit_cores"] = limit
-    # Processes seen in the window: the most at either end (``dam run`` gives AFTER the most any
-    # sample of the window saw). A run's last sample, taken after the command exited, sees no
-    # loader workers, and a window that ends there still had them.
-    counts: dict[str, float] = {}
-    for role in (names.ROLE_MAIN, names.ROLE_WORKER):
-        seen = _known((_role_count(before, role), _role_count(after, role)))
-        if seen:
-            counts[role] = max(seen)
-    if names.ROLE_WORKER in counts:
-        fields["worker_count"] = round(counts[names.ROLE_WORKER])
-    # Run-queue delay (time runnable but waiting for a CPU) per process and wall second.
-    if elapsed:
-        for field_name, role in (
-            ("cpu_wait_ratio", names.ROLE_MAIN),
-            ("worker_cpu_wait_ratio", names.ROLE_WORKER),
-        ):
-            waited = counter_increase(
-                before,
-                after,
-                names.PROCESS_CPU_WAIT_SECONDS_TOTAL,
-                lambda labels, r=role: _label(labels, "role") == r,  # type: ignore[misc]
-            )
-            processes = counts.get(role, 1.0 if role == names.ROLE_MAIN else 0.0)
-            if waited is not None and processes >= 1:
-                # One thread waits at most the wall time: above it (jitter) is clamped to 1.
-                fields[field_name] = min(1.0, waited / (elapsed * processes))
-    node = _gauge(after, names.NODE_CPU_UTILIZATION_RATIO)
-    if node is not None:
-        fields["node_cpu_utilization"] = _ratio(node)
-
-    # Workload description.
-    if batch_size is None:
-        sizes = [v for s in after.samples(names.BATCH_SIZE) if (v := _valid(s.value)) is not None]
-        if sizes and max(sizes) <= 1e9:
-            batch_size = round(max(sizes))
-    fields["batch_size"] = batch_size
-    if flops_per_step is None:
-        flops = [
-            (v, s.label(names.SOURCE_LABEL))
-            for s in after.samples(names.MODEL_FLOPS_PER_STEP)
-            if (v := _valid(s.value)) is not None
-        ]
-        if flops:
-            flops_per_step = statistics.fmean(v for v, _ in flops)
-            sources = {src for _, src in flops}
-            # Every process measured its own (or an older sidecar without the label: declared).
-            fields["flops_per_step_source"] = (
-                names.FLOPS_MEASURED if sources == {names.FLOPS_MEASURED} else names.FLOPS_DECLARED
-            )
-    else:
-        fields["flops_per_step_source"] = names.FLOPS_DECLARED
-    fields["flops_per_step"] = flops_per_step
-    fields.update(_checkpoint_fields(before, after, elapsed))
-    if gpu_model is None:
-        for s in after.samples(names.GPU_INFO):
-            model = s.label("model") or s.label("name")
-            if model and _attributed(s, gpu_uuids):
-                gpu_model = model[:64]
-                break
-    fields["gpu_model"] = gpu_model
-
-    # Collectives (probe).
-    collective_s = counter_increase(before, after, COLLECTIVE_SECONDS_TOTAL)
-    exposed_s = counter_increase(before, after, COLLECTIVE_EXPOSED_SECONDS_TOTAL)
-    fields["collective_seconds"] = collective_s
-    fields["collective_exposed_seconds"] = exposed_s
-    fields["collectives"] = counter_increase(before, after, COLLECTIVES_TOTAL)
-    fields["collective_bytes"] = counter_increase(before, after, COLLECTIVE_BYTES_TOTAL)
-    # A process that ran no collective in the window (a single-process job exports the counters
-    # at 0) has no communication figures: "exposed communication 0 %" would be noise there.
-    communicated = bool(fields["collectives"]) or bool(collective_s)
-    if communicated and collective_s is not None and step_s:
-        fields["collective_ratio"] = collective_s / step_s
-    if communicated and exposed_s is not None and step_s:
-        fields["exposed_communication_ratio"] = _ratio(exposed_s / step_s)
-
-    # Interconnect.
-    def attributed(labels: Labels) -> bool:
-        uuid = _label(labels, "uuid")
-        return gpu_uuids is None or not uuid or uuid in gpu_uuids
-
-    if elapsed:
-        nvlink = counter_increase(before, after, GPU_NVLINK_BYTES_TOTAL, attributed)
-        if nvlink is not None:
-            fields["nvlink_bytes_per_second"] = nvlink / elapsed
-        pcie = counter_increase(before, after, GPU_PCIE_BYTES_TOTAL, attributed)
-        if pcie is not None:
-            fields["pcie_bytes_per_second"] = pcie / elapsed
-    if "pcie_bytes_per_second" not in fields:
-        rates = [
-            v
-            for metric in (names.GPU_PCIE_TX_BYTES_PER_SECOND, names.GPU_PCIE_RX_BYTES_PER_SECOND)
-            for s in after.samples(metric)
-            if _attributed(s, gpu_uuids) and (v := _valid(s.value)) is not None
-        ]
-        if rates:
-            fields["pcie_bytes_per_second"] = _fsum(rates)
-
-    # Memory.
-    totals = {
-        _gpu_key(s): v
-        for s in after.samples(names.GPU_MEMORY_TOTAL_BYTES)
-        if _attributed(s, gpu_uuids) and (v := _valid(s.value))
-    }
-    used_ratios = [
-        r
-        for s in after.samples(names.GPU_MEMORY_USED_BYTES)
-        if _attributed(s, gpu_uuids)
-        and (v := _valid(s.value)) is not None
-        and (total := totals.get(_gpu_key(s)))
-        and (r := _ratio(v / total)) is not None
-    ]
-    if used_ratios:
-        fields["gpu_memory_used_ratio"] = max(used_ratios)
-    usage = _gauge(after, CONTAINER_MEMORY_USAGE_BYTES)
-    mem_limit = _gauge(after, CONTAINER_MEMORY_LIMIT_BYTES)
-    if mem_limit and mem_limit < UNLIMITED_MEMORY_BYTES:
-        fields["container_memory_limit_bytes"] = mem_limit
-        if usage is not None:
-            fields["container_memory_ratio"] = _ratio(usage / mem_limit)
-    fields["oom_kills"] = counter_increase(before, after, CONTAINER_OOM_KILLS_TOTAL)
-    fields["loader_worker_kills"] = counter_increase(before, after, names.DATALOADER_WORKER_KILLS_TOTAL)
-    fields["oom_killed"] = oom_killed
-    for field_name, role in (("main_rss_bytes", names.ROLE_MAIN), ("worker_rss_bytes", names.ROLE_WORKER)):
-        rss = [
-            v
-            for s in after.samples(PROCESS_RESIDENT_MEMORY_BYTES)
-            if s.label("role") == role and (v := _valid(s.value)) is not None
-        ]
-        if rss:
-            fields[field_name] = _fsum(rss)
-
-    # Clocks.
-    clocks = [
-        v
-        for s in after.samples(names.GPU_SM_CLOCK_HERTZ)
-        if _attributed(s, gpu_uuids) and (v := _valid(s.value)) is not None
-    ]
-    if clocks:
-        fields["sm_clock_hertz"] = statistics.fmean(clocks)
-    reasons = [s for s in after.samples(names.GPU_THROTTLE_REASON) if _attributed(s, gpu_uuids)]
-    if reasons:
-        fields["gpu_slowdown_reasons"] = tuple(
-            sorted(
-                {
-                    s.label("reason")[:64]
-                    for s in reasons
-                    if s.value == 1.0 and s.label("reason") and s.label("reason") not in BENIGN_CLOCK_REASONS
-                }
-            )
-        )
-    return fields
-
-
-def _checkpoint_fields(before: Snapshot, after: Snapshot, elapsed: float | None) -> dict[str, Any]:
-    """Checkpoint badput in the window: the most-saving process's (a synchronous job waits for it)."""
-    prev = before.series(names.BADPUT_SECONDS_TOTAL)
-    saves_prev = before.series(names.CHECKPOINTS_TOTAL)
-    saves_after = after.series(names.CHECKPOINTS_TOTAL)
-    best: tuple[float, float | None] | None = None
-    for labels, value in after.series(names.BADPUT_SECONDS_TOTAL).items():
-        if _label(labels, names.CAUSE_LABEL) != names.CAUSE_CHECKPOINT or (a := _valid(value)) is None:
-            continue
-        b = _valid(prev.get(labels))
-        delta = a if b is None or a < b else a - b
-        rank = tuple(kv for kv in labels if kv[0] != names.CAUSE_LABEL)
-        saves = None
-        if (sa := _valid(saves_after.get(rank))) is not None:
-            sb = _valid(saves_prev.get(rank))
-            saves = sa if sb is None or sa < sb else sa - sb
-        if best is None or delta > best[0]:
-            best = (delta, saves)
-    if best is None:
-        return {}
-    out: dict[str, Any] = {"checkpoint_seconds": best[0], "checkpoints": best[1]}
-    if elapsed:
-        out["checkpoint_ratio"] = _ratio(best[0] / elapsed)
-    return out
 
 
 # --- ranks ---------------------------------------------------------------------------
 
 
 def _rank_of(labels: Labels) -> int | None:
-    raw = _label(labels, RANK_LABEL)
+    raw = label_of(labels, RANK_LABEL)
     if raw is None or not raw.isdigit() or len(raw) > 7:
         return None
     return int(raw)
@@ -554,7 +245,7 @@ def _rank_numbers(snapshot: Snapshot) -> list[int]:
 def _has_unranked_probe_series(snapshot: Snapshot) -> bool:
     # dam_probe_up is the pod's gauge, never per rank: it does not make an unranked process.
     return any(
-        _label(s.labels, RANK_LABEL) is None
+        label_of(s.labels, RANK_LABEL) is None
         for metric in PROBE_SERIES - {names.PROBE_UP}
         for s in snapshot.samples(metric)
     )
@@ -588,7 +279,7 @@ def _rank_gpus(after: Snapshot, rank_numbers: list[int], gpu_uuids: set[str] | N
     found: set[str] = set()
     for metric in (*GPU_RATIO_GAUGES.values(), names.GPU_MEMORY_USED_BYTES, names.GPU_SM_CLOCK_HERTZ):
         for s in after.samples(metric):
-            if _attributed(s, gpu_uuids) and s.label("gpu") and _label(s.labels, RANK_LABEL) is None:
+            if attributed(s, gpu_uuids) and s.label("gpu") and label_of(s.labels, RANK_LABEL) is None:
                 found.add(s.label("gpu"))
     gpus = sorted(found, key=_gpu_sort_key)
     if len(rank_numbers) < 2 or len(gpus) < 2:
@@ -619,7 +310,7 @@ def _rank_views(
         probe = metric in PROBE_SERIES
         skip_totals = several and metric in POD_TOTALS
         for s in snapshot.samples(metric):
-            if _label(s.labels, RANK_LABEL) is not None:
+            if label_of(s.labels, RANK_LABEL) is not None:
                 rank = _rank_of(s.labels)
                 if rank is not None and rank in own:
                     own[rank].append(_without_rank(s))
@@ -657,29 +348,28 @@ def rank_observations(
     totals (CPU seconds, RSS, worker count) are left out of a rank's view when the pod holds
     several ranks.
     """
+    known = _Known(elapsed_seconds, gpu_uuids, batch_size, flops_per_step, gpu_model, oom_killed)
+    return _rank_observations(before, after, pod, known)
+
+
+def _rank_observations(
+    before: Snapshot, after: Snapshot, pod: str, known: _Known
+) -> dict[RankId, Observation]:
     numbers = _rank_numbers(after)
-    kwargs: dict[str, Any] = {
-        "elapsed_seconds": elapsed_seconds,
-        "gpu_uuids": gpu_uuids,
-        "batch_size": batch_size,
-        "flops_per_step": flops_per_step,
-        "gpu_model": gpu_model,
-        "oom_killed": oom_killed,
-    }
     if not numbers:
-        return {RankId(pod, None): _build(_fields(before, after, **kwargs))}
+        return {RankId(pod, None): _build(_fields(before, after, known))}
     unranked = _has_unranked_probe_series(after)
     several = len(numbers) > 1 or unranked
-    gpus = _rank_gpus(after, numbers, gpu_uuids)
+    gpus = _rank_gpus(after, numbers, known.gpu_uuids)
     views_before = _rank_views(before, numbers, several=several, gpus=gpus)
     views_after = _rank_views(after, numbers, several=several, gpus=gpus)
     out: dict[RankId, Observation] = {}
     for rank in numbers:
-        fields = _fields(views_before[rank], views_after[rank], **kwargs)
+        fields = _fields(views_before[rank], views_after[rank], known)
         fields["ranks"] = 1
         out[RankId(pod, rank)] = _build(fields)
     if unranked:
-        rest = _build(_fields(views_before[None], views_after[None], **kwargs))
+        rest = _build(_fields(views_before[None], views_after[None], known))
         # Beside ranked processes, series without a rank that made no step in the window are
         # no rank of the job (e.g. totals carried over from a process that published before it
         # knew its rank, or a launcher): counting them would add an empty rank to the job.
@@ -704,53 +394,17 @@ def _cross_rank_fields(per_rank: Mapping[RankId, Observation]) -> dict[str, Any]
 # --- many pods ----------------------------------------------------------------------
 
 
-def _known(values: Iterable[float | int | None]) -> list[float]:
-    return [float(v) for v in values if v is not None]
-
-
-def _fsum(values: Iterable[float]) -> float | None:
-    """``math.fsum``, None when the sum overflows (garbage in: the signal is dropped)."""
-    try:
-        total = math.fsum(values)
-    except OverflowError:
-        return None
-    return total if math.isfinite(total) else None
-
-
-def _median(values: Iterable[float | int | None]) -> float | None:
-    known = _known(values)
-    return statistics.median(known) if known else None
-
-
-def _sum(values: Iterable[float | int | None]) -> float | None:
-    known = _known(values)
-    return _fsum(known) if known else None
-
-
-def _weighted(pairs: Iterable[tuple[float | None, float]]) -> float | None:
-    known = [(v, w) for v, w in pairs if v is not None and w > 0]
-    total = _fsum(w for _, w in known)
-    if not known or total is None or total <= 0:
-        return None
-    weighted = _fsum(v * w for v, w in known)
-    return None if weighted is None else weighted / total
-
-
-def _common(values: Iterable[Any]) -> Any:
-    known = {v for v in values if v is not None}
-    return known.pop() if len(known) == 1 else None
-
-
 def aggregate(
     per_pod: Mapping[str, Observation], *, ranks: Mapping[RankId, Observation] | None = None
 ) -> Observation:
-    """One observation for a job from its pods' observations.
+    """One observation for a job from its pods' observations (each signal's ``aggregate``).
 
     Counts and rates (steps, steps/s, CPU cores, CPU limits, GPUs, collective time and bytes,
     interconnect bytes/s, OOM kills, RSS) are summed; the data wait and collective ratios are
     weighted by each pod's step time; GPU ratios by its GPU count; the throttled ratio and
     the window are the mean and the longest; memory ratios are the fullest pod's. Batch size
-    and GPU model are kept only when every pod agrees.
+    and GPU model are kept only when every pod agrees. The pods of one distributed job
+    (each with ranks) run at the median pod's rate.
 
     ``ranks`` (every rank of the job, e.g. from ``rank_observations``) gives the cross-rank
     figures across pods: the least-waiting rank's exposed communication and the collective
@@ -763,96 +417,9 @@ def aggregate(
         if ranks is None:
             return pods[0]
         return _build({**pods[0].model_dump(), **_cross_rank_fields(ranks)})
-
-    def step_weight(o: Observation) -> float:
-        if o.steps is not None and o.mean_step_seconds is not None:
-            return o.steps * o.mean_step_seconds
-        return 0.0
-
-    use_step_time = all(step_weight(o) > 0 for o in pods)
-    use_steps = all(o.steps for o in pods)
-    wait_weights = [
-        step_weight(o) if use_step_time else (float(o.steps or 0) if use_steps else 1.0) for o in pods
-    ]
-    gpu_weights = [float(o.gpu_count) if o.gpu_count else 1.0 for o in pods]
-    steps_weights = [float(o.steps) if o.steps else 1.0 for o in pods]
-
-    fields: dict[str, Any] = {
-        "window_seconds": max(_known(o.window_seconds for o in pods), default=None),
-        "steps": _sum(o.steps for o in pods),
-        "steps_per_second": _sum(o.steps_per_second for o in pods),
-        "data_wait_ratio": _weighted((o.data_wait_ratio, w) for o, w in zip(pods, wait_weights, strict=True)),
-        "mean_step_seconds": _weighted(
-            (o.mean_step_seconds, w) for o, w in zip(pods, steps_weights, strict=True)
-        ),
-        "main_cpu_cores": _sum(o.main_cpu_cores for o in pods),
-        "worker_cpu_cores": _sum(o.worker_cpu_cores for o in pods),
-        "cpu_limit_cores": _sum(o.cpu_limit_cores for o in pods),
-        "cpu_throttled_ratio": _weighted((o.cpu_throttled_ratio, 1.0) for o in pods),
-        "node_cpu_utilization": _weighted((o.node_cpu_utilization, 1.0) for o in pods),
-        "batch_size": _common(o.batch_size for o in pods),
-        "flops_per_step": _weighted((o.flops_per_step, w) for o, w in zip(pods, steps_weights, strict=True)),
-        "bytes_per_step": _weighted((o.bytes_per_step, w) for o, w in zip(pods, steps_weights, strict=True)),
-        "gpu_model": _common(o.gpu_model for o in pods),
-    }
-    if all(o.ranks for o in pods):
-        # Pods of one distributed job (without the ranks' own figures): the ranks advance together.
-        rates = _known(o.steps_per_second for o in pods)
-        fields["steps_per_second"] = statistics.median(rates) if rates else None
-        fields["job_steps"] = _median(o.job_steps if o.job_steps is not None else o.steps for o in pods)
-    counts = _known(o.gpu_count for o in pods)
-    fields["gpu_count"] = round(math.fsum(counts)) if counts else None
-    workers = _known(o.worker_count for o in pods)
-    fields["worker_count"] = round(math.fsum(workers)) if workers else None
-    for name in GPU_RATIO_GAUGES:
-        fields[name] = _weighted((getattr(o, name), w) for o, w in zip(pods, gpu_weights, strict=True))
-    for name in ("data_wait_ratio", "cpu_throttled_ratio", "node_cpu_utilization", *GPU_RATIO_GAUGES):
-        if fields[name] is not None:
-            fields[name] = min(1.0, max(0.0, fields[name]))
-
-    wait_pairs = list(zip(pods, wait_weights, strict=True))
-    for name in (
-        "collective_seconds",
-        "collective_exposed_seconds",
-        "collectives",
-        "collective_bytes",
-        "nvlink_bytes_per_second",
-        "pcie_bytes_per_second",
-        "oom_kills",
-        "loader_worker_kills",
-        "main_rss_bytes",
-        "worker_rss_bytes",
-    ):
-        fields[name] = _sum(getattr(o, name) for o in pods)
-    fields["collective_ratio"] = _weighted((o.collective_ratio, w) for o, w in wait_pairs)
-    rank_counts = [o.ranks for o in pods]
-    if any(r is not None for r in rank_counts):
-        fields["ranks"] = sum(1 if r is None else r for r in rank_counts)
-    fields["exposed_communication_ratio"] = min(
-        _known(o.exposed_communication_ratio for o in pods), default=None
-    )
-    fields["collective_skew"] = max(_known(o.collective_skew for o in pods), default=None)
+    fields = signals.combine(pods)
     if ranks is not None:
         fields.update(_cross_rank_fields(ranks))
-    fields["gpu_memory_used_ratio"] = max(_known(o.gpu_memory_used_ratio for o in pods), default=None)
-    # The most contended pod's run-queue delay: a synchronous job runs at its slowest pod's pace.
-    fields["cpu_wait_ratio"] = max(_known(o.cpu_wait_ratio for o in pods), default=None)
-    fields["worker_cpu_wait_ratio"] = max(_known(o.worker_cpu_wait_ratio for o in pods), default=None)
-    fullest = max(
-        (o for o in pods if o.container_memory_ratio is not None),
-        key=lambda o: o.container_memory_ratio or 0.0,
-        default=None,
-    )
-    if fullest is not None:
-        fields["container_memory_ratio"] = fullest.container_memory_ratio
-        fields["container_memory_limit_bytes"] = fullest.container_memory_limit_bytes
-    killed = [o.oom_killed for o in pods if o.oom_killed is not None]
-    fields["oom_killed"] = any(killed) if killed else None
-    fields["sm_clock_hertz"] = _weighted(
-        (o.sm_clock_hertz, w) for o, w in zip(pods, gpu_weights, strict=True)
-    )
-    slow = [o.gpu_slowdown_reasons for o in pods if o.gpu_slowdown_reasons is not None]
-    fields["gpu_slowdown_reasons"] = tuple(sorted({r for rs in slow for r in rs})) if slow else None
     return _build(fields)
 
 
@@ -895,16 +462,9 @@ def job_window(
     per_rank: dict[RankId, Observation] = {}
     for name in sorted(pods):
         w = pods[name]
-        kwargs: dict[str, Any] = {
-            "elapsed_seconds": w.elapsed_seconds,
-            "gpu_uuids": w.gpu_uuids,
-            "batch_size": batch_size,
-            "flops_per_step": flops_per_step,
-            "gpu_model": gpu_model,
-            "oom_killed": w.oom_killed,
-        }
-        pod_ranks = rank_observations(w.before, w.after, pod=name, **kwargs)
-        per_pod[name] = _pod_observation(w.before, w.after, kwargs, pod_ranks)
+        known = _Known(w.elapsed_seconds, w.gpu_uuids, batch_size, flops_per_step, gpu_model, w.oom_killed)
+        pod_ranks = _rank_observations(w.before, w.after, name, known)
+        per_pod[name] = _pod_observation(w.before, w.after, known, pod_ranks)
         per_rank.update(pod_ranks)
     job = aggregate(per_pod, ranks=per_rank) if per_pod else Observation()
     return JobWindow(job=job, pods=per_pod, ranks=per_rank)
