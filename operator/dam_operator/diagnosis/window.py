@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from dam_operator.diagnosis import ranks as rank_rules
 from dam_operator.diagnosis import signals
+from dam_operator.diagnosis.extractors import Scrapes
 from dam_operator.diagnosis.model import Observation, RankId
 from dam_operator.diagnosis.series import attributed, counter_increase, increase, label_of
 from dam_operator.diagnosis.signals import BENIGN_CLOCK_REASONS, GPU_RATIO_GAUGES, UNLIMITED_MEMORY_BYTES
@@ -165,7 +166,7 @@ def _build(fields: dict[str, Any]) -> Observation:
 def _fields(before: Snapshot, after: Snapshot, known: _Known) -> dict[str, Any]:
     """Every signal of one pod's (or rank's) window (``signals.extract``)."""
     return signals.extract(
-        signals.Scrapes(
+        Scrapes(
             before,
             after,
             known.elapsed_seconds,

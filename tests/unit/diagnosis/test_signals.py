@@ -5,14 +5,12 @@ from __future__ import annotations
 import pytest
 
 from dam_operator.diagnosis.engine import diagnose
+from dam_operator.diagnosis.extractors import Combine, Gauge, Scrapes
 from dam_operator.diagnosis.model import Observation, WindowMetrics
 from dam_operator.diagnosis.signals import (
     SIGNALS,
     STATUS_DERIVED,
     Agg,
-    Combine,
-    Gauge,
-    Scrapes,
     combine,
     extract,
     status_values,
