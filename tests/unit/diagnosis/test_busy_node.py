@@ -149,3 +149,15 @@ def test_a_rank_on_a_busy_node_is_a_machine_straggler() -> None:
     found = find_straggler(ranks)
     assert found is not None and found.pod == "p0" and found.cause is Axis.MACHINE
     assert any("waited for a CPU 50.0%" in e for e in found.evidence)
+
+
+def test_a_main_process_loader_on_a_busy_node_still_asks_for_workers_first() -> None:
+    # No workers: the batches load in the main process, which also waits for a CPU. More workers load
+    # in parallel (and hide the node's delays); the wait is said beside the lever, not instead of it.
+    obs = Observation(data_wait_ratio=0.7, steps=200, main_cpu_cores=0.2, worker_count=0, cpu_wait_ratio=0.37)
+    b = diagnose(obs).bottleneck
+    assert (b.regime, b.lever) == (Regime.INPUT_BOUND, "increase-dataloader-workers")
+    assert any("batches are loaded in the main process" in e for e in b.evidence)
+    assert any("waited for a CPU" in e and "raise-cpu-request if it stays busy" in e for e in b.evidence), (
+        b.evidence
+    )

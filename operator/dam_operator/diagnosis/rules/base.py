@@ -91,16 +91,13 @@ class Context:
     def loader_contended(self) -> Evidence | None:
         """Why the loader is held back by a busy node, or None.
 
-        The workers wait for a CPU; or, with no workers, the main process (which loads the batches).
+        The workers wait for a CPU. With no workers the first lever stays more workers (they load in
+        parallel, which also hides a busy node's delays); the wait is then said beside it.
         """
         o, t = self.obs, self.t
         workers_wait = o.worker_cpu_wait_ratio
         if o.worker_count and workers_wait is not None and workers_wait >= t.cpu_wait_suspect:
             return ev.loader_cpu_wait(o, t).because(": a busy node starves the loader")
-        if o.worker_count == 0 and self.contended():
-            return ev.cpu_wait(o, t).because(
-                ": a busy node starves the loader (batches load in the main process)"
-            )
         return None
 
     def cpu_limit_saturated(self) -> Evidence | None:

@@ -52,6 +52,12 @@ def _cause(ctx: Context, finding: Finding) -> None:
         seen.append(starved_by_node)
     elif o.worker_count is not None and o.worker_count == 0:
         seen.append(ev.note("batches are loaded in the main process (no DataLoader workers)"))
+        if ctx.contended():
+            seen.append(
+                ev.cpu_wait(o, t).because(
+                    ": the node is busy too; workers load in parallel (raise-cpu-request if it stays busy)"
+                )
+            )
     elif o.worker_count and o.worker_cpu_cores is not None and o.worker_cpu_cores / o.worker_count < 0.5:
         finding.lever = "use-sequential-shards"
         text = (
