@@ -27,7 +27,7 @@ from dam_operator.cluster.spec import DAMProfileSpec
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Verdict
-from dam_operator.diagnosis.window import PodWindow, baseline, furthest_steps, job_window
+from dam_operator.diagnosis.window import JobWindow, PodWindow, baseline, furthest_steps, job_window
 from dam_sidecar import names
 from dam_sidecar.promtext import CompactSnapshot, Snapshot
 
@@ -294,16 +294,78 @@ def window_step(
     ``goodput``: the profile's ledger (``cluster.goodput``), updated in place from the pods'
     latest scrapes and the profile's ``finished`` pods; the patch carries ``status.goodput``.
     """
-    scrape = classify(pods, results)
-    gaps = sidecar_gaps(pods, when, spec.evaluation.window_seconds)
-    if gaps:
-        scrape = Scrape(scrape.answered, [*scrape.problems, *gaps], scrape.error_reasons)
+    window_seconds = spec.evaluation.window_seconds
+    scrape = _classify_with_gaps(pods, results, when, window_seconds)
     counts = count_pods(pods, scrape)
     known = {p.name for p in pods} | {p.name for p in ended}
+    new_marks = {k: v for k, v in (marks or {}).items() if k in known} | {
+        name: memory_mark(result) for name, result in scrape.answered.items()
+    }
+    windows, new_baselines = _pod_windows(
+        spec, pods, scrape, baselines, known, when=when, max_baseline_seconds=max_baseline_seconds
+    )
+    oom_notes = _oom_windows(windows, [*pods, *ended], baselines, new_marks, when, window_seconds)
+    job, verdict = _verdict(spec, windows, oom_notes, stabilizer, when)
+    patch = _window_patch(
+        status,
+        generation=generation,
+        counts=counts,
+        scrape=scrape,
+        job=job,
+        verdict=verdict,
+        when=when,
+        webhook_enabled=webhook_enabled,
+    )
+    acted = window_actions(
+        spec=spec,
+        status=status,
+        generation=generation,
+        pods=pods,
+        per_pod=job.pods,
+        verdict=verdict,
+        when=when,
+    )
+    if acted.actions is not None:
+        patch["status"]["actions"] = acted.actions
+    if goodput is not None:
+        goodput.update(pods=pods, answered=scrape.answered, finished=finished)
+        patch["status"]["goodput"] = st.goodput_patch(status.get("goodput"), goodput.status())
+    return StepResult(
+        patch=patch,
+        counts=counts,
+        events=[*_verdict_events(status, published, verdict), *acted.events],
+        verdict=verdict,
+        baselines=new_baselines,
+        published=st.verdict_key(verdict.bottleneck),
+        error_reasons=scrape.error_reasons,
+        resizes=acted.resizes,
+        marks=new_marks,
+    )
+
+
+def _classify_with_gaps(
+    pods: Sequence[PodInfo], results: Results, when: dt.datetime, window_seconds: float
+) -> Scrape:
+    """``classify``, and the pods whose sidecar restarted within the window as problems."""
+    scrape = classify(pods, results)
+    gaps = sidecar_gaps(pods, when, window_seconds)
+    if gaps:
+        scrape = Scrape(scrape.answered, [*scrape.problems, *gaps], scrape.error_reasons)
+    return scrape
+
+
+def _pod_windows(
+    spec: DAMProfileSpec,
+    pods: Sequence[PodInfo],
+    scrape: Scrape,
+    baselines: Mapping[str, Snapshot],
+    known: set[str],
+    *,
+    when: dt.datetime,
+    max_baseline_seconds: float,
+) -> tuple[dict[str, PodWindow], dict[str, Snapshot]]:
+    """Each answering pod's window against its baseline, and the baselines for the next window."""
     new_baselines = {k: v for k, v in baselines.items() if k in known}
-    new_marks: dict[str, Snapshot] = {k: v for k, v in (marks or {}).items() if k in known}
-    for name, result in scrape.answered.items():
-        new_marks[name] = memory_mark(result)
     by_name = {p.name: p for p in pods}
     windows: dict[str, PodWindow] = {}
     min_steps = spec.thresholds_model().min_steps
@@ -334,11 +396,25 @@ def window_step(
             elapsed_seconds=elapsed,
             oom_killed=oom_killed_within(by_name[name].last_oom_kill, when, elapsed),
         )
+    return windows, new_baselines
 
-    oom_notes: list[str] = []
-    window_seconds = spec.evaluation.window_seconds
+
+def _oom_windows(  # noqa: PLR0917 (six positional: called once, in window_step)
+    windows: dict[str, PodWindow],
+    pods: Sequence[PodInfo],
+    baselines: Mapping[str, Snapshot],
+    marks: Mapping[str, Snapshot],
+    when: dt.datetime,
+    window_seconds: float,
+) -> list[str]:
+    """Adds to ``windows`` the pods OOM-killed before they formed one; the evidence for each.
+
+    ``pods``: the active pods and the ``ended`` ones. A finished pod counts only while no pod of
+    the profile forms a window (its evidence is not current otherwise).
+    """
+    notes: list[str] = []
     live = bool(windows)
-    for pod in [*pods, *ended]:
+    for pod in pods:
         if pod.name in windows or pod.last_oom_kill is None:
             continue
         if pod.active and not oom_killed_within(pod.last_oom_kill, when, window_seconds):
@@ -346,15 +422,25 @@ def window_step(
         if not pod.active and live:
             continue  # a pod of the profile forms windows now: its evidence is current
         first: Snapshot = baselines.get(pod.name) or Snapshot([])
-        mark = new_marks.get(pod.name)
+        mark = marks.get(pod.name)
         parts = (first,) if mark is None else (first, mark)
         last = Snapshot(
             [s for part in parts for n in sorted(part.names()) for s in part.samples(n)],
             first.timestamp_seconds,
         )
         windows[pod.name] = PodWindow(first, last, elapsed_seconds=None, oom_killed=True)
-        oom_notes.append(_oom_sentence(pod, mark))
+        notes.append(_oom_sentence(pod, mark))
+    return notes
 
+
+def _verdict(
+    spec: DAMProfileSpec,
+    windows: Mapping[str, PodWindow],
+    oom_notes: Sequence[str],
+    stabilizer: Stabilizer,
+    when: dt.datetime,
+) -> tuple[JobWindow, Verdict]:
+    """The job's window and its verdict, stabilized (the stabilizer is updated in place)."""
     job = job_window(
         windows,
         batch_size=spec.model.batch_size if spec.model else None,
@@ -369,7 +455,21 @@ def window_step(
         )
     # No data this window gives an unknown verdict, which the stabilizer holds off
     # for a few windows: a missed scrape does not erase a diagnosis.
-    verdict = stabilizer.update(raw, when)
+    return job, stabilizer.update(raw, when)
+
+
+def _window_patch(
+    status: Mapping[str, Any],
+    *,
+    generation: int | None,
+    counts: PodCounts,
+    scrape: Scrape,
+    job: JobWindow,
+    verdict: Verdict,
+    when: dt.datetime,
+    webhook_enabled: bool,
+) -> dict[str, Any]:
+    """The status patch of a window: the verdict, the pods and the conditions."""
     conditions = [
         *_common_conditions(counts, scrape, generation, webhook_enabled),
         st.diagnosed_condition(
@@ -380,7 +480,7 @@ def window_step(
             generation=generation,
         ),
     ]
-    patch = st.evaluation_patch(
+    return st.evaluation_patch(
         status,
         verdict_status=verdict.to_status(),
         pods=st.pods_status(counts.matched, counts.instrumented, counts.reporting, counts.uninstrumented),
@@ -388,20 +488,12 @@ def window_step(
         generation=generation,
         now=st.format_time(when),
     )
-    acted = window_actions(
-        spec=spec,
-        status=status,
-        generation=generation,
-        pods=pods,
-        per_pod=job.pods,
-        verdict=verdict,
-        when=when,
-    )
-    if acted.actions is not None:
-        patch["status"]["actions"] = acted.actions
-    if goodput is not None:
-        goodput.update(pods=pods, answered=scrape.answered, finished=finished)
-        patch["status"]["goodput"] = st.goodput_patch(status.get("goodput"), goodput.status())
+
+
+def _verdict_events(
+    status: Mapping[str, Any], published: tuple[str, str] | None, verdict: Verdict
+) -> list[st.EventSpec]:
+    """The Events of a new verdict: the bottleneck changed, a straggler appeared or went."""
     previous = None if published is None else {"axis": published[0], "regime": published[1]}
     old_bottleneck = status.get("bottleneck")
     events = [
@@ -411,14 +503,4 @@ def window_step(
             verdict.bottleneck.straggler,
         ),
     ]
-    return StepResult(
-        patch=patch,
-        counts=counts,
-        events=[*(e for e in events if e is not None), *acted.events],
-        verdict=verdict,
-        baselines=new_baselines,
-        published=st.verdict_key(verdict.bottleneck),
-        error_reasons=scrape.error_reasons,
-        resizes=acted.resizes,
-        marks=new_marks,
-    )
+    return [e for e in events if e is not None]
