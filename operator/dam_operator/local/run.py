@@ -23,17 +23,20 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
 from typing import IO, Any, TextIO
 
 from dam_operator.diagnosis.goodput import Goodput, accelerators_of, goodput_of
 from dam_operator.diagnosis.hysteresis import rfc3339
-from dam_operator.diagnosis.model import Hardware
+from dam_operator.diagnosis.model import Hardware, RankFigures, Verdict
 from dam_operator.diagnosis.render import render_goodput, render_text
 from dam_operator.local.child import (
+    SnapshotSource,
     SourceFactory,
+    Workspace,
     child_environment,
     command_after_dashes,
     default_source,
@@ -125,6 +128,148 @@ def _fd(stream: IO[Any]) -> int | None:
         return None
 
 
+@dataclass
+class _Live:
+    """Where the live verdict (``--live``) and the command's own output (``--json``) go."""
+
+    mode: str
+    status: StatusLine | None = None
+    """The status line redrawn in place (mode ``line``)."""
+    relay: OutputRelay | None = None
+    """Copies the command's output above the status line (mode ``line``, both streams on descriptors)."""
+    command_out: Any = None
+    command_err: Any = None
+
+    def finish(self) -> None:
+        """The command has exited: its last output copied, the status line cleared."""
+        if self.relay is not None:
+            self.relay.drain()
+        if self.status is not None:
+            self.status.close()
+
+
+def _live(args: argparse.Namespace, err: Callable[[str], None]) -> _Live:
+    err_fd = _fd(sys.stderr)
+    mode = live_mode(args.live, stderr_is_terminal=err_fd is not None and os.isatty(err_fd))
+    # --json: stdout carries only the verdict, the command's stdout goes to stderr.
+    live = _Live(mode, command_out=sys.stderr if args.json else None)
+    if mode != "line":
+        return live
+    live.status = StatusLine(err, lambda: terminal_columns(2 if err_fd is None else err_fd))
+    out_fd = _fd(sys.stderr if args.json else sys.stdout)
+    if err_fd is not None and out_fd is not None:
+        sys.stdout.flush()
+        live.relay = OutputRelay({1: out_fd, 2: err_fd}, live.status)
+        live.command_out, live.command_err = live.relay.child_fds[1], live.relay.child_fds[2]
+    return live
+
+
+def _start(
+    args: argparse.Namespace, live: _Live, workspace: Workspace, err: Callable[[str], None]
+) -> subprocess.Popen[bytes] | None:
+    """Starts the command under the probe; None (said on ``err``) when it cannot start."""
+    env = child_environment(os.environ, workspace.inject_dir, workspace.probe_dir)
+    try:
+        child = subprocess.Popen(args.command, env=env, stdout=live.command_out, stderr=live.command_err)
+    except OSError as exc:
+        if live.relay is not None:
+            live.relay.close()
+        err(f"dam run: cannot start {args.command[0]!r}: {exc.strerror or exc}\n")
+        return None
+    if live.relay is not None:
+        live.relay.started()
+    return child
+
+
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _forward_signals(child: subprocess.Popen[bytes]) -> dict[signal.Signals, Any]:
+    """Ctrl-C and SIGTERM go to the command (which decides how to stop); the previous handlers."""
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    return {s: signal.signal(s, forward) for s in _FORWARDED_SIGNALS}
+
+
+def _live_verdicts(
+    session: LocalSession, live: _Live, args: argparse.Namespace, err: Callable[[str], None]
+) -> Callable[[float, Snapshot], bool]:
+    """The sampling callback: each snapshot into ``session``; the live verdict (at most once per
+    evaluation period) on the status line, or on ``err`` when it changed."""
+    changes = ChangeFilter()
+    eval_period = min(args.window, max(args.interval, 1.0))
+    last_eval = float("-inf")
+
+    def on_sample(t: float, snap: Snapshot) -> bool:
+        nonlocal last_eval
+        session.add(t, snap)
+        if live.mode == "never":
+            return False
+        if session.warming_up():
+            if live.status is not None:
+                live.status.show(progress_text(t, session.steps, args.window))
+            return False
+        if t - last_eval < eval_period:
+            return False
+        last_eval = t
+        verdict = session.window_verdict()
+        if verdict is None:
+            return False
+        if live.status is not None:
+            live.status.show(verdict_text(t, verdict))
+        elif changes.changed(verdict):
+            err(verdict_text(t, verdict) + "\n")
+        return False
+
+    return on_sample
+
+
+def _watch(
+    child: subprocess.Popen[bytes],
+    source: SnapshotSource,
+    on_sample: Callable[[float, Snapshot], bool],
+    *,
+    interval_seconds: float,
+    live: _Live,
+    previous_handlers: Mapping[signal.Signals, Any],
+) -> int:
+    """Samples until the command exits; then the signal handlers are restored and its return code
+    is returned (also when sampling failed: the command is waited for)."""
+    try:
+        pump = None if live.relay is None else live.relay.pump
+        sample_while_running(child, source, interval_seconds, on_sample, pump=pump)
+    finally:
+        source.close()
+        for s, handler in previous_handlers.items():
+            signal.signal(s, handler)
+        returncode = child.wait()
+        live.finish()
+    return returncode
+
+
+def _report(
+    args: argparse.Namespace,
+    final: Verdict,
+    ranks: Sequence[RankFigures],
+    goodput: Goodput | None,
+    code: int,
+) -> str:
+    """The final verdict: the status's fields as JSON (``--json``), else the text."""
+    if not args.json:
+        return "\n" + render_text(final) + ("" if goodput is None else render_goodput(goodput)) + "\n"
+    doc = final.to_status()
+    if ranks:  # a multi-rank job (torchrun): each rank's figures
+        doc["ranks"] = [r.model_dump(by_alias=True, exclude_none=True, mode="json") for r in ranks]
+    if goodput is not None:  # status.goodput's shape: over the command's life
+        doc["goodput"] = goodput.model_dump(by_alias=True, exclude_none=True, mode="json")
+    doc["lastEvaluationTime"] = rfc3339(datetime.now(UTC))
+    doc["exitCode"] = code
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
 def run(
     args: argparse.Namespace,
     make_source: SourceFactory = default_source,
@@ -141,95 +286,28 @@ def run(
     """
     out = out or _writer(sys.stdout)
     err = err or _writer(sys.stderr)
-    err_fd = _fd(sys.stderr)
-    mode = live_mode(args.live, stderr_is_terminal=err_fd is not None and os.isatty(err_fd))
-    command_out: Any = sys.stderr if args.json else None  # --json: stdout carries only the verdict
-    command_err: Any = None
-    status: StatusLine | None = None
-    relay: OutputRelay | None = None
-    if mode == "line":
-        status = StatusLine(err, lambda: terminal_columns(2 if err_fd is None else err_fd))
-        out_fd = _fd(sys.stderr if args.json else sys.stdout)
-        if err_fd is not None and out_fd is not None:
-            sys.stdout.flush()
-            relay = OutputRelay({1: out_fd, 2: err_fd}, status)
-            command_out, command_err = relay.child_fds[1], relay.child_fds[2]
+    live = _live(args, err)
     with probe_workspace() as workspace:
-        env = child_environment(os.environ, workspace.inject_dir, workspace.probe_dir)
-        try:
-            child = subprocess.Popen(args.command, env=env, stdout=command_out, stderr=command_err)
-        except OSError as exc:
-            if relay is not None:
-                relay.close()
-            err(f"dam run: cannot start {args.command[0]!r}: {exc.strerror or exc}\n")
+        child = _start(args, live, workspace, err)
+        if child is None:
             return 127
-        if relay is not None:
-            relay.started()
-        forwarded: list[int] = []
-
-        def forward(signum: int, _frame: FrameType | None) -> None:
-            forwarded.append(signum)
-            if child.poll() is None:
-                child.send_signal(signum)
-
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous_handlers = _forward_signals(child)
         session = LocalSession(window_seconds=args.window, hardware=_hardware(args))
-        changes = ChangeFilter()
-        eval_period = min(args.window, max(args.interval, 1.0))
-        last_eval = [float("-inf")]
-
-        def on_sample(t: float, snap: Snapshot) -> bool:
-            session.add(t, snap)
-            if mode == "never":
-                return False
-            if session.warming_up():
-                if status is not None:
-                    status.show(progress_text(t, session.steps, args.window))
-                return False
-            if t - last_eval[0] < eval_period:
-                return False
-            last_eval[0] = t
-            verdict = session.window_verdict()
-            if verdict is None:
-                return False
-            if status is not None:
-                status.show(verdict_text(t, verdict))
-            elif changes.changed(verdict):
-                err(verdict_text(t, verdict) + "\n")
-            return False
-
         source = make_source(workspace.probe_dir, args.interval)
         memory = None if memory_cgroup is None else MemoryCgroupSource(source, memory_cgroup(), child.pid)
-        if memory is not None:
-            source = memory
-        try:
-            sample_while_running(
-                child, source, args.interval, on_sample, pump=None if relay is None else relay.pump
-            )
-        finally:
-            source.close()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            returncode = child.wait()
-            code = shell_exit_status(returncode)
-            if relay is not None:
-                relay.drain()
-            if status is not None:
-                status.close()
+        returncode = _watch(
+            child,
+            source if memory is None else memory,
+            _live_verdicts(session, live, args, err),
+            interval_seconds=args.interval,
+            live=live,
+            previous_handlers=previous_handlers,
+        )
         final = session.final_verdict(oom_killed=None if memory is None else memory.oom_killed(returncode))
         ranks = session.final_ranks()
         goodput = _goodput(session)
-    if args.json:
-        doc = final.to_status()
-        if ranks:  # a multi-rank job (torchrun): each rank's figures
-            doc["ranks"] = [r.model_dump(by_alias=True, exclude_none=True, mode="json") for r in ranks]
-        if goodput is not None:  # status.goodput's shape: over the command's life
-            doc["goodput"] = goodput.model_dump(by_alias=True, exclude_none=True, mode="json")
-        doc["lastEvaluationTime"] = rfc3339(datetime.now(UTC))
-        doc["exitCode"] = code
-        out(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    else:
-        out("\n" + render_text(final) + ("" if goodput is None else render_goodput(goodput)) + "\n")
+    code = shell_exit_status(returncode)
+    out(_report(args, final, ranks, goodput, code))
     return code
 
 
