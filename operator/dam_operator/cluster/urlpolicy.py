@@ -76,7 +76,6 @@ API_SERVER_NAMES = frozenset(
     }
 )
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
-_LOOPBACK_HOSTS = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
 
 
 def _host(value: str | None) -> str:
@@ -212,9 +211,16 @@ class UrlPolicy:
         problem = self._api_server_rule(host, port)
         if problem is not None:
             return problem
-        if (host in LOOPBACK_NAMES or host.endswith(".localhost")) and not self._loopback_allowed():
-            # A name, not an address: its addresses are checked again at connect time.
-            return self._refused(url, host, "loopback (the operator's own pod)")
+        if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+            # Refused as a name even where its addresses are allowed; the fixes that work are the
+            # admin naming this URL, or the profile writing the address (not "allow localhost").
+            return (
+                f"{FIELD}: {url} refused: {host} is loopback (the operator's own pod); the operator "
+                "does not send requests there for a profile, and a loopback name is refused even "
+                f"where its addresses are allowed. An admin names the URL in {SETTING_URL} or "
+                f"{SETTING_PREFIXES}, or allows the address with {SETTING_NETWORKS} (e.g. "
+                "127.0.0.1/32) and the profile writes it as an address (http://127.0.0.1:PORT)"
+            )
         ip = _address(host)
         if ip is not None:
             return self._address_rule(url, ip)
@@ -231,12 +237,6 @@ class UrlPolicy:
         if problem is not None:
             return problem
         return self._address_rule(f"http://{host}:{port}", ip, resolved_from=host)
-
-    def _loopback_allowed(self) -> bool:
-        """The admin allowed a network holding 127.0.0.1 or ::1: a loopback name (``localhost``) may
-        be asked then, its resolved addresses being checked when the operator connects."""
-        nets = self.allowed_networks
-        return any(ip in net for ip in _LOOPBACK_HOSTS for net in nets if net.version == ip.version)
 
     def _api_server_rule(self, host: str, port: int | None, resolved_from: str | None = None) -> str | None:
         api = URL(self.api_server()) if self.api_server() else None
@@ -294,12 +294,8 @@ def _rule_of(ip: IPAddress) -> str | None:
 
 
 def _example_network(address: str) -> str:
-    """A value of DAM_PROMETHEUS_ALLOWED_NETWORKS that lifts the rule for ``address``; for a loopback
-    name (``localhost``), the networks of the addresses it names."""
     ip = _address(address)
-    if ip is None:
-        return "127.0.0.1/32,::1/128"
-    return f"{ip}/32" if isinstance(ip, ipaddress.IPv4Address) else f"{ip}/128"
+    return f"{ip}/32" if isinstance(ip, ipaddress.IPv4Address) else f"{ip}/128" if ip else address
 
 
 def parse_networks(values: Iterable[str]) -> list[str]:

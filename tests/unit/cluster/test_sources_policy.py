@@ -108,16 +108,18 @@ def test_an_allowed_network_lifts_the_loopback_rule_for_its_addresses_only() -> 
 
 
 @pytest.mark.parametrize("url", ["http://localhost:9090", "http://prometheus.localhost:9090"])
-def test_a_loopback_name_is_refused_with_a_network_setting_that_lifts_it(url: str) -> None:
-    """The fix the refusal names works: its example is a value the setting takes, and with it set
-    the name passes the spec's check (its addresses are checked again at connect time)."""
+def test_a_loopback_name_is_refused_naming_fixes_that_work(url: str) -> None:
+    """The refusal's fixes work: the admin naming the URL lets it through; the network it gives as
+    an example is a value the setting takes (not "localhost") and lets the address through; the
+    name itself stays refused where its addresses are allowed."""
     problem = OPEN.check_url(url)
-    assert problem is not None
+    assert problem is not None and "loopback" in problem
+    assert "DAM_PROMETHEUS_URL" in problem and "DAM_PROMETHEUS_ALLOWED_URL_PREFIXES" in problem
+    assert _policy(prometheus_url=url).check_url(url) is None
     example = problem.split("(e.g. ")[1].split(")")[0]
-    OperatorSettings(prometheus_allowed_networks=example)  # a valid value, not "localhost"
-    assert _policy(prometheus_allowed_networks=example).check_url(url) is None
-    assert _policy(prometheus_allowed_networks="127.0.0.1/32").check_url(url) is None
-    assert _policy(prometheus_allowed_networks="10.0.0.0/8").check_url(url) is not None
+    allowing = _policy(prometheus_allowed_networks=example)  # a valid value
+    assert allowing.check_url("http://127.0.0.1:9090") is None
+    assert allowing.check_url(url) is not None
 
 
 @pytest.mark.parametrize(
