@@ -594,29 +594,25 @@ class Injection:
     notes: list[str] = field(default_factory=list)
 
 
-def build_injection(
-    pod: Mapping[str, Any],
-    profile_name: str,
-    spec: DAMProfileSpec,
-    settings: InjectionSettings,
-    actions: ActionOverrides | None = None,
-) -> Injection:
-    """The injection of ``pod`` for ``profile_name`` (``build_injection_patch`` documents the patch).
+def _raw_annotations(pod: Mapping[str, Any]) -> Any:
+    """The pod's annotations as they are (None, a mapping, or anything else: ``_annotation_ops``)."""
+    return (pod.get("metadata") or {}).get("annotations")
 
-    Raises ``InjectionError`` when the pod cannot take the sidecar as it is; its ``note`` says why.
-    """
-    pod_spec = _spec(pod)
-    ops: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    notes: list[str] = []
 
-    # Annotations first: they are what marks the pod injected.
-    annotations = (pod.get("metadata") or {}).get("annotations")
-    if is_instrumented(pod) and annotations and annotations.get(ANNOTATION_INJECTED) == "true":
+def _already_instrumented(pod: Mapping[str, Any]) -> Injection | None:
+    """A pod that carries the sidecar already: nothing to do, or (a sidecar someone else put
+    there) only the mark that it is injected; None for a pod without the sidecar."""
+    if not is_instrumented(pod):
+        return None
+    annotations = _raw_annotations(pod)
+    if annotations and annotations.get(ANNOTATION_INJECTED) == "true":
         return Injection([])
-    if is_instrumented(pod):
-        # A sidecar someone else put there: only mark the pod, change nothing else.
-        return Injection(_annotation_ops(annotations, {ANNOTATION_INJECTED: "true"}))
+    return Injection(_annotation_ops(annotations, {ANNOTATION_INJECTED: "true"}))
+
+
+def _check_admissible(pod: Mapping[str, Any], spec: DAMProfileSpec) -> None:
+    """Raises ``InjectionError`` when the sidecar's port is the pod's, or for a hostNetwork pod
+    without its consent."""
     if spec.sidecar.port in _declared_ports(pod):
         raise InjectionError(
             f"a container already uses port {spec.sidecar.port}; "
@@ -624,32 +620,30 @@ def build_injection(
             NOTE_SKIP_PORT,
         )
     _host_network(pod, spec)
-    names, renamed = choose_names(pod)
-    warnings.extend(renamed)
 
-    containers = _containers(pod, "containers")
-    more, pythonpath = _pythonpath_notes(containers)
-    warnings.extend(more)
-    notes.extend(pythonpath)
+
+def _process_namespace(pod_spec: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """(ops, warnings, notes): the sidecar sees the training processes through a shared process
+    namespace, unless the pod said no (kept, and noted) or sees every process already (hostPID)."""
     if pod_spec.get("shareProcessNamespace") is False:
         # The user's explicit choice wins: a shared namespace lets same-uid processes read each other's
         # environment and root file system. The probe publishes what the sidecar would read in /proc.
-        notes.append(NOTE_NO_SHARED_PROCESS_NAMESPACE)
-        warnings.append(
+        warning = (
             "the pod sets shareProcessNamespace: false, which is kept: the sidecar cannot see the training "
             "processes, so their CPU time and memory come from the probe (processes without the probe, "
             "e.g. a non-Python launcher, are not counted)"
         )
-    elif not pod_spec.get("hostPID") and pod_spec.get("shareProcessNamespace") is not True:
+        return [], [warning], [NOTE_NO_SHARED_PROCESS_NAMESPACE]
+    if not pod_spec.get("hostPID") and pod_spec.get("shareProcessNamespace") is not True:
         # hostPID pods see every process already (and may not set both).
-        ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
+        return [{"op": "add", "path": "/spec/shareProcessNamespace", "value": True}], [], []
+    return [], [], []
 
-    wanted_annotations = {ANNOTATION_INJECTED: "true", ANNOTATION_PROFILE: profile_name}
-    if notes:
-        wanted_annotations[ANNOTATION_NOTES] = ",".join(notes)
-    ops[:0] = _annotation_ops(annotations, wanted_annotations)
 
-    volumes = pod_spec.get("volumes")
+def _volume_ops(
+    pod_spec: Mapping[str, Any], names: Names, settings: InjectionSettings
+) -> list[dict[str, Any]]:
+    """The probe's in-memory volume, and the empty one over the API token's path (``_token_mount``)."""
     new_volumes = [
         {
             "name": names.volume,
@@ -658,13 +652,23 @@ def build_injection(
         # Holds nothing: it only hides the API token's path from our containers (``_token_mount``).
         {"name": names.token_volume, "emptyDir": {"medium": "Memory", "sizeLimit": TOKEN_VOLUME_SIZE_LIMIT}},
     ]
-    if isinstance(volumes, list):
-        ops.extend({"op": "add", "path": "/spec/volumes/-", "value": v} for v in new_volumes)
-    else:
-        ops.append({"op": "add", "path": "/spec/volumes", "value": new_volumes})
+    if isinstance(pod_spec.get("volumes"), list):
+        return [{"op": "add", "path": "/spec/volumes/-", "value": v} for v in new_volumes]
+    return [{"op": "add", "path": "/spec/volumes", "value": new_volumes}]
 
+
+def _training_container_ops(
+    pod: Mapping[str, Any],
+    containers: Sequence[Mapping[str, Any]],
+    names: Names,
+    actions: ActionOverrides | None,
+) -> list[dict[str, Any]]:
+    """Each of the pod's containers gets the probe (environment, volume); where the probe loads, the
+    action's loader settings, and its CPU on the training container; then the action's annotation,
+    when a container carries it."""
     loader_env = loader_override_env(actions.loader) if actions is not None and actions.loader else {}
     cpu_index = training_container_index(pod)
+    ops: list[dict[str, Any]] = []
     carried = False
     for i, container in enumerate(containers):
         base = f"/spec/containers/{i}"
@@ -675,8 +679,17 @@ def build_injection(
         if probe and i == cpu_index and actions is not None and actions.cpu is not None:
             ops.extend(_cpu_ops(base, container, actions.cpu))
     if actions is not None and carried:
+        annotations = _raw_annotations(pod)
         ops.extend(_annotation_ops(annotations, {ANNOTATION_ACTION: actions.label}, after_add=True))
+    return ops
 
+
+def _added_container_ops(
+    pod: Mapping[str, Any], spec: DAMProfileSpec, settings: InjectionSettings, names: Names
+) -> list[dict[str, Any]]:
+    """The installer in front of the init containers, and the sidecar: a native one (an init
+    container that keeps running) right after it, else the last container."""
+    ops: list[dict[str, Any]] = []
     new_init: list[dict[str, Any]] = [_installer(pod, spec, settings, names)]
     if settings.native_sidecar:
         new_init.append(_sidecar(pod, spec, settings, True, names))
@@ -688,13 +701,48 @@ def build_injection(
                 "value": _sidecar(pod, spec, settings, False, names),
             }
         )
-    if isinstance(pod_spec.get("initContainers"), list):
+    if isinstance(_spec(pod).get("initContainers"), list):
         # In front, in order: the probe is installed before anything else runs.
         ops.extend(
             {"op": "add", "path": f"/spec/initContainers/{i}", "value": c} for i, c in enumerate(new_init)
         )
     else:
         ops.append({"op": "add", "path": "/spec/initContainers", "value": new_init})
+    return ops
+
+
+def build_injection(
+    pod: Mapping[str, Any],
+    profile_name: str,
+    spec: DAMProfileSpec,
+    settings: InjectionSettings,
+    actions: ActionOverrides | None = None,
+) -> Injection:
+    """The injection of ``pod`` for ``profile_name`` (``build_injection_patch`` documents the patch).
+
+    Raises ``InjectionError`` when the pod cannot take the sidecar as it is; its ``note`` says why.
+    """
+    done = _already_instrumented(pod)
+    if done is not None:
+        return done
+    _check_admissible(pod, spec)
+    names, warnings = choose_names(pod)
+    containers = _containers(pod, "containers")
+    more, notes = _pythonpath_notes(containers)
+    namespace_ops, namespace_warnings, namespace_notes = _process_namespace(_spec(pod))
+    warnings += more + namespace_warnings
+    notes += namespace_notes
+    wanted_annotations = {ANNOTATION_INJECTED: "true", ANNOTATION_PROFILE: profile_name}
+    if notes:
+        wanted_annotations[ANNOTATION_NOTES] = ",".join(notes)
+    ops = [
+        # Annotations first: they are what marks the pod injected.
+        *_annotation_ops(_raw_annotations(pod), wanted_annotations),
+        *namespace_ops,
+        *_volume_ops(_spec(pod), names, settings),
+        *_training_container_ops(pod, containers, names, actions),
+        *_added_container_ops(pod, spec, settings, names),
+    ]
     return Injection(ops, warnings, notes)
 
 
@@ -721,8 +769,7 @@ def build_injection_patch(
 def skip_patch(pod: Mapping[str, Any], note: str) -> list[dict[str, Any]]:
     """The only change made to a pod the webhook does not instrument: a note saying why (so that the
     profile's status can say what to do), unless it is there already (reinvocation)."""
-    annotations = (pod.get("metadata") or {}).get("annotations")
-    return _annotation_ops(annotations, {ANNOTATION_NOTES: note})
+    return _annotation_ops(_raw_annotations(pod), {ANNOTATION_NOTES: note})
 
 
 def _annotation_ops(
