@@ -84,6 +84,128 @@ class _ProfileFigures:
     goodput: float | None = None  # status.goodput.ratio
 
 
+_PER_PROFILE = ("namespace", "profile")
+
+
+def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=[*_PER_PROFILE, *labels])
+
+
+class _ProfileFamilies:
+    """The per-profile families of one scrape, each filled from every profile's figures in turn."""
+
+    def __init__(self) -> None:
+        self.verdict = _gauge(
+            n.PROFILE_VERDICT,
+            "1 for the profile's current verdict (one series per profile; lever ids are bounded).",
+            "axis",
+            "regime",
+            "lever",
+        )
+        self.confidence = _gauge(n.PROFILE_CONFIDENCE_RATIO, "Confidence of the current verdict, 0-1.")
+        self.iron_law = _gauge(
+            n.PROFILE_IRON_LAW_SECONDS,
+            "Per-step estimate of an iron-law term (data, compute, latency), seconds.",
+            "term",
+        )
+        self.data_wait = _gauge(
+            n.PROFILE_DATA_WAIT_RATIO,
+            "Share of step time blocked waiting for the DataLoader over the window.",
+        )
+        self.steps = _gauge(n.PROFILE_STEPS_PER_SECOND, "Training steps per second over the window.")
+        self.mfu = _gauge(n.PROFILE_MFU_RATIO, "Model FLOPs utilization over the window, 0-1.")
+        self.pods = _gauge(
+            n.PROFILE_PODS, "Pods of the profile by state (matched, instrumented, reporting).", "state"
+        )
+        self.last = _gauge(
+            n.PROFILE_LAST_EVALUATION_TIMESTAMP_SECONDS, "Unix time of the profile's last evaluation."
+        )
+        self.action_info = _gauge(
+            n.PROFILE_ACTION_INFO,
+            "1 per action of the profile's status.actions: lever, setting changed, values, outcome.",
+            "action",
+            "lever",
+            "setting",
+            "before",
+            "after",
+            "outcome",
+        )
+        self.action_steps = _gauge(
+            n.PROFILE_ACTION_STEPS_PER_SECOND,
+            "Steps per second per pod before an action and after it (once measured).",
+            "action",
+            "phase",
+        )
+        self.accelerator_seconds = CounterMetricFamily(
+            n.PROFILE_ACCELERATOR_SECONDS_TOTAL,
+            "Accelerator-seconds of the profile's job by use (productive, or the badput cause), counted "
+            "by this operator process: sum by (use) (increase(...)) gives the fleet's accelerator-hours.",
+            labels=[*_PER_PROFILE, "use"],
+        )
+        self.goodput = _gauge(
+            n.PROFILE_GOODPUT_RATIO,
+            "Productive step time / elapsed time over the job's life so far (status.goodput.ratio), 0-1.",
+        )
+
+    def families(self) -> tuple[Metric, ...]:
+        """The families in the order they are exposed."""
+        return (
+            self.verdict,
+            self.confidence,
+            self.iron_law,
+            self.data_wait,
+            self.steps,
+            self.mfu,
+            self.pods,
+            self.last,
+            self.action_info,
+            self.action_steps,
+            self.accelerator_seconds,
+            self.goodput,
+        )
+
+    def add(self, key: list[str], f: _ProfileFigures) -> None:
+        """One profile's series (``key``: its namespace and name); a figure not known has none."""
+        self._add_goodput(key, f)
+        self._add_actions(key, f)
+        self._add_verdict(key, f)
+        if f.pods is not None:
+            for state, count in zip(n.POD_STATES, f.pods, strict=True):
+                self.pods.add_metric([*key, state], float(count))
+        if f.last_evaluation is not None:
+            self.last.add_metric(key, f.last_evaluation)
+
+    def _add_goodput(self, key: list[str], f: _ProfileFigures) -> None:
+        if f.accelerator_seconds is not None:
+            for use in n.ACCELERATOR_USES:
+                self.accelerator_seconds.add_metric([*key, use], f.accelerator_seconds.get(use, 0.0))
+        if f.goodput is not None:
+            self.goodput.add_metric(key, f.goodput)
+
+    def _add_actions(self, key: list[str], f: _ProfileFigures) -> None:
+        for a in f.actions:
+            self.action_info.add_metric(
+                [*key, a.action, a.lever, a.setting, a.before, a.after, a.outcome], 1.0
+            )
+            for phase, value in zip(n.ACTION_PHASES, (a.steps_before, a.steps_after), strict=True):
+                if value is not None:
+                    self.action_steps.add_metric([*key, a.action, phase], value)
+
+    def _add_verdict(self, key: list[str], f: _ProfileFigures) -> None:
+        if f.verdict is not None:
+            self.verdict.add_metric([*key, *f.verdict], 1.0)
+        for family, value in (
+            (self.confidence, f.confidence),
+            (self.data_wait, f.data_wait),
+            (self.steps, f.steps),
+            (self.mfu, f.mfu),
+        ):
+            if value is not None:
+                family.add_metric(key, value)
+        for term, seconds in f.iron_law.items():
+            self.iron_law.add_metric([*key, term], seconds)
+
+
 class _ProfileCollector(Collector):
     """Per-profile series built from ``OperatorMetrics``' state at scrape time.
 
@@ -98,104 +220,10 @@ class _ProfileCollector(Collector):
         return []  # collected lazily; nothing to check for duplicates at registration
 
     def collect(self) -> Iterable[Metric]:
-        per_profile = ["namespace", "profile"]
-        verdict = GaugeMetricFamily(
-            n.PROFILE_VERDICT,
-            "1 for the profile's current verdict (one series per profile; lever ids are bounded).",
-            labels=[*per_profile, "axis", "regime", "lever"],
-        )
-        confidence = GaugeMetricFamily(
-            n.PROFILE_CONFIDENCE_RATIO, "Confidence of the current verdict, 0-1.", labels=per_profile
-        )
-        iron_law = GaugeMetricFamily(
-            n.PROFILE_IRON_LAW_SECONDS,
-            "Per-step estimate of an iron-law term (data, compute, latency), seconds.",
-            labels=[*per_profile, "term"],
-        )
-        data_wait = GaugeMetricFamily(
-            n.PROFILE_DATA_WAIT_RATIO,
-            "Share of step time blocked waiting for the DataLoader over the window.",
-            labels=per_profile,
-        )
-        steps = GaugeMetricFamily(
-            n.PROFILE_STEPS_PER_SECOND, "Training steps per second over the window.", labels=per_profile
-        )
-        mfu = GaugeMetricFamily(
-            n.PROFILE_MFU_RATIO, "Model FLOPs utilization over the window, 0-1.", labels=per_profile
-        )
-        pods = GaugeMetricFamily(
-            n.PROFILE_PODS,
-            "Pods of the profile by state (matched, instrumented, reporting).",
-            labels=[*per_profile, "state"],
-        )
-        last = GaugeMetricFamily(
-            n.PROFILE_LAST_EVALUATION_TIMESTAMP_SECONDS,
-            "Unix time of the profile's last evaluation.",
-            labels=per_profile,
-        )
-        action_info = GaugeMetricFamily(
-            n.PROFILE_ACTION_INFO,
-            "1 per action of the profile's status.actions: lever, setting changed, values, outcome.",
-            labels=[*per_profile, "action", "lever", "setting", "before", "after", "outcome"],
-        )
-        action_steps = GaugeMetricFamily(
-            n.PROFILE_ACTION_STEPS_PER_SECOND,
-            "Steps per second per pod before an action and after it (once measured).",
-            labels=[*per_profile, "action", "phase"],
-        )
-        accelerator_seconds = CounterMetricFamily(
-            n.PROFILE_ACCELERATOR_SECONDS_TOTAL,
-            "Accelerator-seconds of the profile's job by use (productive, or the badput cause), counted "
-            "by this operator process: sum by (use) (increase(...)) gives the fleet's accelerator-hours.",
-            labels=[*per_profile, "use"],
-        )
-        goodput = GaugeMetricFamily(
-            n.PROFILE_GOODPUT_RATIO,
-            "Productive step time / elapsed time over the job's life so far (status.goodput.ratio), 0-1.",
-            labels=per_profile,
-        )
+        scrape = _ProfileFamilies()
         for (namespace, profile), f in self._owner.figures().items():
-            key = [namespace, profile]
-            if f.accelerator_seconds is not None:
-                for use in n.ACCELERATOR_USES:
-                    accelerator_seconds.add_metric([*key, use], f.accelerator_seconds.get(use, 0.0))
-            if f.goodput is not None:
-                goodput.add_metric(key, f.goodput)
-            for a in f.actions:
-                action_info.add_metric(
-                    [*key, a.action, a.lever, a.setting, a.before, a.after, a.outcome], 1.0
-                )
-                for phase, value in zip(n.ACTION_PHASES, (a.steps_before, a.steps_after), strict=True):
-                    if value is not None:
-                        action_steps.add_metric([*key, a.action, phase], value)
-            if f.verdict is not None:
-                verdict.add_metric([*key, *f.verdict], 1.0)
-            for family, value in ((confidence, f.confidence), (data_wait, f.data_wait), (steps, f.steps)):
-                if value is not None:
-                    family.add_metric(key, value)
-            if f.mfu is not None:
-                mfu.add_metric(key, f.mfu)
-            for term, seconds in f.iron_law.items():
-                iron_law.add_metric([*key, term], seconds)
-            if f.pods is not None:
-                for state, count in zip(n.POD_STATES, f.pods, strict=True):
-                    pods.add_metric([*key, state], float(count))
-            if f.last_evaluation is not None:
-                last.add_metric(key, f.last_evaluation)
-        yield from (
-            verdict,
-            confidence,
-            iron_law,
-            data_wait,
-            steps,
-            mfu,
-            pods,
-            last,
-            action_info,
-            action_steps,
-            accelerator_seconds,
-            goodput,
-        )
+            scrape.add([namespace, profile], f)
+        yield from scrape.families()
 
 
 class OperatorMetrics:
