@@ -56,6 +56,8 @@ REASON_ALL_REPORTING = "AllPodsReporting"
 REASON_NOT_REPORTING = "SidecarsNotReporting"
 REASON_SIDECAR_RESTARTED = "SidecarRestarted"
 """Reporting=False: every sidecar answered, but the kubelet restarted one within the window."""
+REASON_NO_ACTIVE_PODS = "NoActivePods"
+"""Reporting=False: no pod of the profile is active any more (the Job finished); the last verdict stays."""
 REASON_TOO_LARGE = "SourceAnswerTooLarge"
 """Reporting=False: an answer (a sidecar's /metrics, a Prometheus answer) passed the operator's cap."""
 REASON_SOURCE_REFUSED = "SourceRefused"
@@ -349,6 +351,25 @@ def diagnosed_condition(
         f"{reporting} of {matched} pods reporting.",
         generation,
     )
+
+
+def kept_conditions(
+    bottleneck: Mapping[str, Any], kept_from: str, generation: int | None
+) -> list[dict[str, Any]]:
+    """``Reporting`` and ``Diagnosed`` once no pod of the profile is active any more (its Job
+    finished, its Pods Succeeded or deleted): the last verdict stays in the status, as a VPA
+    keeps its recommendation, and the conditions say where it comes from."""
+    kept = f"the last verdict is kept from {kept_from}; no training pod is running"
+    return [
+        condition(REPORTING, False, REASON_NO_ACTIVE_PODS, kept, generation),
+        condition(
+            DIAGNOSED,
+            True,
+            REASON_DIAGNOSED,
+            f"{bottleneck.get('axis')} ({bottleneck.get('regime')}): pull {bottleneck.get('lever')}; {kept}.",
+            generation,
+        ),
+    ]
 
 
 def pending_condition(generation: int | None, window_seconds: float) -> dict[str, Any]:

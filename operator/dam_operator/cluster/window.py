@@ -26,7 +26,7 @@ from dam_operator.cluster.sources import SourceError
 from dam_operator.cluster.spec import DAMProfileSpec
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_operator.diagnosis.model import Verdict
+from dam_operator.diagnosis.model import Observation, Verdict
 from dam_operator.diagnosis.window import JobWindow, PodWindow, baseline, furthest_steps, job_window
 from dam_sidecar import names
 from dam_sidecar.promtext import CompactSnapshot, Snapshot
@@ -305,23 +305,36 @@ def window_step(
         spec, pods, scrape, baselines, known, when=when, max_baseline_seconds=max_baseline_seconds
     )
     oom_notes = _oom_windows(windows, [*pods, *ended], baselines, new_marks, when, window_seconds)
-    job, verdict = _verdict(spec, windows, oom_notes, stabilizer, when)
-    patch = _window_patch(
-        status,
-        generation=generation,
-        counts=counts,
-        scrape=scrape,
-        job=job,
-        verdict=verdict,
-        when=when,
-        webhook_enabled=webhook_enabled,
+    kept = (
+        None
+        if pods or windows
+        else _kept_patch(
+            status, counts, scrape, generation=generation, webhook_enabled=webhook_enabled, when=when
+        )
     )
+    verdict: Verdict | None = None
+    per_pod: Mapping[str, Observation] = {}
+    if kept is not None:
+        patch = kept  # the stabilizer is left as it is: the Job's next pod resumes from the verdict
+    else:
+        job, verdict = _verdict(spec, windows, oom_notes, stabilizer, when)
+        per_pod = job.pods
+        patch = _window_patch(
+            status,
+            generation=generation,
+            counts=counts,
+            scrape=scrape,
+            job=job,
+            verdict=verdict,
+            when=when,
+            webhook_enabled=webhook_enabled,
+        )
     acted = window_actions(
         spec=spec,
         status=status,
         generation=generation,
         pods=pods,
-        per_pod=job.pods,
+        per_pod=per_pod,
         verdict=verdict,
         when=when,
     )
@@ -333,13 +346,46 @@ def window_step(
     return StepResult(
         patch=patch,
         counts=counts,
-        events=[*_verdict_events(status, published, verdict), *acted.events],
+        events=[*(_verdict_events(status, published, verdict) if verdict else ()), *acted.events],
         verdict=verdict,
         baselines=new_baselines,
-        published=st.verdict_key(verdict.bottleneck),
+        published=published if verdict is None else st.verdict_key(verdict.bottleneck),
         error_reasons=scrape.error_reasons,
         resizes=acted.resizes,
         marks=new_marks,
+    )
+
+
+def _kept_patch(
+    status: Mapping[str, Any],
+    counts: PodCounts,
+    scrape: Scrape,
+    *,
+    generation: int | None,
+    webhook_enabled: bool,
+    when: dt.datetime,
+) -> dict[str, Any] | None:
+    """No pod of the profile is active any more (its Job finished, its Pods Succeeded or deleted)
+    and none died OOM-killed before a window: the status keeps the last verdict (``bottleneck``,
+    ``metrics``, ``lastEvaluationTime``; ``goodput`` as the ledger has it), as a VPA keeps its
+    recommendation, and ``Reporting``/``Diagnosed`` say it is kept and from when. None when there
+    is no verdict to keep (no pod ever reported, or the last one was Unknown)."""
+    bottleneck = status.get("bottleneck")
+    if not isinstance(bottleneck, Mapping) or bottleneck.get("axis") in (None, "Unknown"):
+        return None
+    kept_from = str(status.get("lastEvaluationTime") or bottleneck.get("since") or "?")
+    conditions = [
+        *_common_conditions(counts, scrape, generation, webhook_enabled)[:2],
+        *st.kept_conditions(bottleneck, kept_from, generation),
+    ]
+    return st.evaluation_patch(
+        status,
+        verdict_status=None,
+        pods=st.pods_status(counts.matched, counts.instrumented, counts.reporting, counts.uninstrumented),
+        conditions=conditions,
+        generation=generation,
+        now=st.format_time(when),
+        evaluated=False,
     )
 
 

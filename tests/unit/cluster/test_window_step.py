@@ -249,3 +249,70 @@ def test_a_sidecar_restarted_within_the_window_is_a_reported_gap_and_an_older_on
 
 def _condition(result: Any, kind: str) -> dict[str, Any]:
     return next(c for c in result.patch["status"]["conditions"] if c["type"] == kind)
+
+
+def _merged(status: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 over a copy (what the API server does with the step's patch)."""
+    out = dict(status)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_a_finished_jobs_verdict_is_kept_once_no_pod_of_the_profile_is_active() -> None:
+    """The Job completed and its Pods are gone: the last verdict, its figures and goodput stay (as a
+    VPA keeps its recommendation), the conditions say no training pod runs; windows past the
+    stabilizer's unknown hold-off change nothing, post no Event; a new pod resumes from it."""
+    before, after = _pair(Job(seconds=30.0, steps=60.0, wait_ratio=0.5))
+    spec = parse_spec({"selector": SELECTOR, "evaluation": {"windowSeconds": 30}})
+    stabilizer = Stabilizer(confirm_windows=1)
+
+    def step(
+        pods: list[PodInfo], results: dict[str, Any], status: dict[str, Any], published: Any, n: int
+    ) -> Any:
+        return window_step(
+            spec=spec,
+            status=status,
+            generation=1,
+            pods=pods,
+            results=results,
+            baselines={"a": before} if pods else {},
+            stabilizer=stabilizer,
+            published=published,
+            when=WHEN + dt.timedelta(seconds=30 * n),
+            webhook_enabled=True,
+            max_baseline_seconds=600.0,
+        )
+
+    first = step([_pod("a", True)], {"a": after}, {}, None, 0)
+    status = _merged({}, first.patch["status"])
+    assert status["bottleneck"]["axis"] == "Data", status["bottleneck"]
+    verdict = {k: status[k] for k in ("bottleneck", "metrics", "lastEvaluationTime")}
+    published = first.published
+    for n in range(1, 6):  # past unknown_windows (3): an unkept verdict would be Unknown by now
+        later = step([], {}, status, published, n)
+        status = _merged(status, later.patch["status"])
+        published = later.published
+        assert later.events == [], [e.reason for e in later.events]
+        assert {k: status[k] for k in verdict} == verdict, status
+        assert status["pods"]["matched"] == 0
+    reporting = next(c for c in status["conditions"] if c["type"] == st.REPORTING)
+    assert (reporting["status"], reporting["reason"]) == ("False", st.REASON_NO_ACTIVE_PODS), reporting
+    assert reporting["message"] == (
+        f"the last verdict is kept from {verdict['lastEvaluationTime']}; no training pod is running"
+    )
+    diagnosed = next(c for c in status["conditions"] if c["type"] == st.DIAGNOSED)
+    assert diagnosed["status"] == "True", diagnosed
+    # The Job's next Pod: evaluated again from the kept verdict, no BottleneckChanged Event.
+    again = step([_pod("b", True)], {"b": after}, status, published, 6)
+    assert again.patch["status"]["bottleneck"]["axis"] == "Data"
+    assert [e.reason for e in again.events] == []
+    # With no verdict to keep (no pod ever reported), no pods is still said as before.
+    empty = _window({"selector": SELECTOR}, [], {}, {})
+    assert empty.patch["status"]["bottleneck"]["axis"] == "Unknown"
+    assert _condition(empty, st.DIAGNOSED)["reason"] == st.REASON_NO_PODS
