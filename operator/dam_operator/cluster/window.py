@@ -305,30 +305,19 @@ def window_step(
         spec, pods, scrape, baselines, known, when=when, max_baseline_seconds=max_baseline_seconds
     )
     oom_notes = _oom_windows(windows, [*pods, *ended], baselines, new_marks, when, window_seconds)
-    kept = (
-        None
-        if pods or windows
-        else _kept_patch(
-            status, counts, scrape, generation=generation, webhook_enabled=webhook_enabled, when=when
-        )
+    patch, verdict, per_pod = _patch_and_verdict(
+        spec,
+        status,
+        windows=windows,
+        oom_notes=oom_notes,
+        active=bool(pods),
+        counts=counts,
+        scrape=scrape,
+        stabilizer=stabilizer,
+        generation=generation,
+        when=when,
+        webhook_enabled=webhook_enabled,
     )
-    verdict: Verdict | None = None
-    per_pod: Mapping[str, Observation] = {}
-    if kept is not None:
-        patch = kept  # the stabilizer is left as it is: the Job's next pod resumes from the verdict
-    else:
-        job, verdict = _verdict(spec, windows, oom_notes, stabilizer, when)
-        per_pod = job.pods
-        patch = _window_patch(
-            status,
-            generation=generation,
-            counts=counts,
-            scrape=scrape,
-            job=job,
-            verdict=verdict,
-            when=when,
-            webhook_enabled=webhook_enabled,
-        )
     acted = window_actions(
         spec=spec,
         status=status,
@@ -354,6 +343,43 @@ def window_step(
         resizes=acted.resizes,
         marks=new_marks,
     )
+
+
+def _patch_and_verdict(
+    spec: DAMProfileSpec,
+    status: Mapping[str, Any],
+    *,
+    windows: Mapping[str, PodWindow],
+    oom_notes: Sequence[str],
+    active: bool,
+    counts: PodCounts,
+    scrape: Scrape,
+    stabilizer: Stabilizer,
+    generation: int | None,
+    when: dt.datetime,
+    webhook_enabled: bool,
+) -> tuple[dict[str, Any], Verdict | None, Mapping[str, Observation]]:
+    """The window's status patch, its verdict and the pods' observations; with no pod of the
+    profile active and no window, the kept verdict's patch (no verdict, no observation), when
+    the status has a verdict to keep."""
+    if not active and not windows:
+        kept = _kept_patch(
+            status, counts, scrape, generation=generation, webhook_enabled=webhook_enabled, when=when
+        )
+        if kept is not None:  # the stabilizer is left as it is: the Job's next pod resumes from it
+            return kept, None, {}
+    job, verdict = _verdict(spec, windows, oom_notes, stabilizer, when)
+    patch = _window_patch(
+        status,
+        generation=generation,
+        counts=counts,
+        scrape=scrape,
+        job=job,
+        verdict=verdict,
+        when=when,
+        webhook_enabled=webhook_enabled,
+    )
+    return patch, verdict, job.pods
 
 
 def _kept_patch(
