@@ -158,50 +158,54 @@ class HostCollector:
         yield from _memory_families(reading.cpu, reading.container_memory)
 
 
-def _cpu_families(c: CpuSample, container: ContainerCpu) -> Iterator[Family]:
-    if c.main_cpu_seconds is not None:
-        fam = counter(n.PROCESS_CPU_SECONDS_TOTAL, ("role",))
-        fam.add_metric([n.ROLE_MAIN], c.main_cpu_seconds)
-        fam.add_metric([n.ROLE_WORKER], c.worker_cpu_seconds or 0.0)
-        yield fam
-        procs = gauge(n.PROCESSES, ("role",))
-        procs.add_metric([n.ROLE_MAIN], float(c.main_processes))
-        procs.add_metric([n.ROLE_WORKER], float(c.worker_processes))
-        yield procs
-    if c.main_wait_seconds is not None:
-        waits = counter(n.PROCESS_CPU_WAIT_SECONDS_TOTAL, ("role",))
-        waits.add_metric([n.ROLE_MAIN], c.main_wait_seconds)
-        waits.add_metric([n.ROLE_WORKER], c.worker_wait_seconds or 0.0)
-        yield waits
-    if container.throttled_seconds is not None:
-        yield single(n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL, container.throttled_seconds, "counter")
-    sources = gauge(n.CONTAINER_CPU_SOURCE, ("source",))
-    for source in n.CPU_SOURCES:
-        sources.add_metric([source], 1.0 if source == container.source else 0.0)
-    yield sources
-    for name, value in (
-        (n.CONTAINER_CPU_LIMIT_CORES, container.limit_cores),
-        (n.NODE_CPU_UTILIZATION_RATIO, c.node_utilization_ratio),
-    ):
+def _by_role(fam: Family, main: float, worker: float | None) -> Family:
+    """A ``role`` family: the training processes (``main``) and their DataLoader workers."""
+    fam.add_metric([n.ROLE_MAIN], main)
+    fam.add_metric([n.ROLE_WORKER], worker or 0.0)
+    return fam
+
+
+def _source(name: str, sources: tuple[str, ...], chosen: str) -> Family:
+    """1 for the source the container figures come from this tick, 0 for the others."""
+    fam = gauge(name, ("source",))
+    for source in sources:
+        fam.add_metric([source], 1.0 if source == chosen else 0.0)
+    return fam
+
+
+def _known(*pairs: tuple[str, float | None]) -> Iterator[Family]:
+    """An unlabelled gauge for each value that is known."""
+    for name, value in pairs:
         if value is not None:
             yield single(name, value)
+
+
+def _cpu_families(c: CpuSample, container: ContainerCpu) -> Iterator[Family]:
+    if c.main_cpu_seconds is not None:
+        yield _by_role(
+            counter(n.PROCESS_CPU_SECONDS_TOTAL, ("role",)), c.main_cpu_seconds, c.worker_cpu_seconds
+        )
+        yield _by_role(gauge(n.PROCESSES, ("role",)), float(c.main_processes), float(c.worker_processes))
+    if c.main_wait_seconds is not None:
+        waits = counter(n.PROCESS_CPU_WAIT_SECONDS_TOTAL, ("role",))
+        yield _by_role(waits, c.main_wait_seconds, c.worker_wait_seconds)
+    if container.throttled_seconds is not None:
+        yield single(n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL, container.throttled_seconds, "counter")
+    yield _source(n.CONTAINER_CPU_SOURCE, n.CPU_SOURCES, container.source)
+    yield from _known(
+        (n.CONTAINER_CPU_LIMIT_CORES, container.limit_cores),
+        (n.NODE_CPU_UTILIZATION_RATIO, c.node_utilization_ratio),
+    )
 
 
 def _memory_families(c: CpuSample, container: ContainerMemory) -> Iterator[Family]:
     if c.main_rss_bytes is not None:
         rss = gauge(n.PROCESS_RESIDENT_MEMORY_BYTES, ("role",))
-        rss.add_metric([n.ROLE_MAIN], c.main_rss_bytes)
-        rss.add_metric([n.ROLE_WORKER], c.worker_rss_bytes or 0.0)
-        yield rss
-    for name, value in (
+        yield _by_role(rss, c.main_rss_bytes, c.worker_rss_bytes)
+    yield from _known(
         (n.CONTAINER_MEMORY_USAGE_BYTES, container.usage_bytes),
         (n.CONTAINER_MEMORY_LIMIT_BYTES, container.limit_bytes),
-    ):
-        if value is not None:
-            yield single(name, value)
+    )
     if container.oom_kills is not None:
         yield single(n.CONTAINER_OOM_KILLS_TOTAL, container.oom_kills, "counter")
-    sources = gauge(n.CONTAINER_MEMORY_SOURCE, ("source",))
-    for source in n.MEMORY_SOURCES:
-        sources.add_metric([source], 1.0 if source == container.source else 0.0)
-    yield sources
+    yield _source(n.CONTAINER_MEMORY_SOURCE, n.MEMORY_SOURCES, container.source)
