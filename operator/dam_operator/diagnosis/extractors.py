@@ -5,7 +5,8 @@ The kinds a ``diagnosis.signals.Signal`` is declared with: ``Increase`` (a count
 step time, seconds per step), ``Gauge`` (read from AFTER: one pod-wide series, or the mean or
 sum over the job's GPUs or a process role), ``FirstOf`` (a preferred reading, then a fallback)
 and ``Custom`` (a named function). Each reads a ``Scrapes``: the two snapshots, the window's
-length, and what the caller knows (the job's GPUs, explicit batch size, FLOPs, GPU model).
+length, and what the caller knows (``Known``: the job's GPUs, explicit batch size, FLOPs, GPU
+model, an OOM kill).
 """
 
 from __future__ import annotations
@@ -28,6 +29,21 @@ _UNREAD: Any = object()
 
 
 @dataclass(frozen=True)
+class Known:
+    """What the caller knows about a pod's window; explicit values win over the snapshots'."""
+
+    elapsed_seconds: float | None = None
+    """The window's length (the pods' scrape times, ``dam run``'s clock)."""
+    gpu_uuids: set[str] | None = None
+    """The job's GPUs; samples of other GPUs are ignored (None: every GPU is the job's)."""
+    batch_size: int | None = None
+    flops_per_step: float | None = None
+    gpu_model: str | None = None
+    oom_killed: bool | None = None
+    """The pod's training container was OOM-killed (Pod status, ``dam run``'s child)."""
+
+
+@dataclass(frozen=True)
 class Scrapes:
     """One pod's (or one rank's) two scrapes and what the caller knows about the window.
 
@@ -37,16 +53,9 @@ class Scrapes:
 
     before: Snapshot
     after: Snapshot
-    elapsed_seconds: float | None = None
-    """The caller's window length (it wins over the snapshots')."""
-    gpu_uuids: set[str] | None = None
-    """The job's GPUs; samples of other GPUs are ignored (None: every GPU is the job's)."""
-    batch_size: int | None = None
-    flops_per_step: float | None = None
-    gpu_model: str | None = None
-    oom_killed: bool | None = None
+    known: Known = Known()
     elapsed: float | None = field(init=False)
-    """The window's length, seconds, in order: ``elapsed_seconds`` when given, the difference of
+    """The window's length, seconds, in order: ``known.elapsed_seconds`` when given, the difference of
     ``dam_snapshot_timestamp_seconds``, the snapshots' own timestamps, and finally the
     step-seconds counter's increase."""
     _memo: dict[Any, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -55,7 +64,7 @@ class Scrapes:
         object.__setattr__(self, "elapsed", self._length())
 
     def _length(self) -> float | None:
-        elapsed = series.valid(self.elapsed_seconds) or None
+        elapsed = series.valid(self.known.elapsed_seconds) or None
         if elapsed is None:
             t0 = series.first_gauge(self.before, names.SNAPSHOT_TIMESTAMP_SECONDS)
             t1 = series.first_gauge(self.after, names.SNAPSHOT_TIMESTAMP_SECONDS)
@@ -78,7 +87,7 @@ class Scrapes:
             if role is not None:
                 where = lambda labels, r=role: series.label_of(labels, "role") == r  # noqa: E731
             elif gpus:
-                where = lambda labels: series.attributed_labels(labels, self.gpu_uuids)  # noqa: E731
+                where = lambda labels: series.attributed_labels(labels, self.known.gpu_uuids)  # noqa: E731
             value = self._memo[key] = series.counter_increase(self.before, self.after, metric, where)
         return value
 
@@ -87,7 +96,7 @@ class Scrapes:
         key = (metric, check)
         found: list[tuple[str, float]] | None = self._memo.get(key)
         if found is None:
-            apply, uuids = _CHECKS[check], self.gpu_uuids
+            apply, uuids = _CHECKS[check], self.known.gpu_uuids
             found = self._memo[key] = [
                 (series.gpu_key(sample), v)
                 for sample in self.after.samples(metric)

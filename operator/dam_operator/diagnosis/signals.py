@@ -187,8 +187,8 @@ def _gpu_count(s: Scrapes) -> int | None:
 
 
 def _batch_size(s: Scrapes) -> int | None:
-    if s.batch_size is not None:
-        return s.batch_size
+    if s.known.batch_size is not None:
+        return s.known.batch_size
     sizes = [
         v for sample in s.after.samples(names.BATCH_SIZE) if (v := series.valid(sample.value)) is not None
     ]
@@ -197,8 +197,8 @@ def _batch_size(s: Scrapes) -> int | None:
 
 def _flops(s: Scrapes) -> tuple[float | None, str | None]:
     """FLOPs per step and where they come from: the caller's (declared), else the probes' mean."""
-    if s.flops_per_step is not None:
-        return s.flops_per_step, names.FLOPS_DECLARED
+    if s.known.flops_per_step is not None:
+        return s.known.flops_per_step, names.FLOPS_DECLARED
     flops = [
         (v, sample.label(names.SOURCE_LABEL))
         for sample in s.after.samples(names.MODEL_FLOPS_PER_STEP)
@@ -256,11 +256,11 @@ def _checkpoint_ratio(s: Scrapes) -> float | None:
 
 
 def _gpu_model(s: Scrapes) -> str | None:
-    if s.gpu_model is not None:
-        return s.gpu_model
+    if s.known.gpu_model is not None:
+        return s.known.gpu_model
     for sample in s.after.samples(names.GPU_INFO):
         model = sample.label("model") or sample.label("name")
-        if model and series.attributed(sample, s.gpu_uuids):
+        if model and series.attributed(sample, s.known.gpu_uuids):
             return model[:64]
     return None
 
@@ -270,12 +270,12 @@ def _gpu_memory_used(s: Scrapes) -> float | None:
     totals = {
         series.gpu_key(sample): v
         for sample in s.after.samples(names.GPU_MEMORY_TOTAL_BYTES)
-        if series.attributed(sample, s.gpu_uuids) and (v := series.valid(sample.value))
+        if series.attributed(sample, s.known.gpu_uuids) and (v := series.valid(sample.value))
     }
     used = [
         r
         for sample in s.after.samples(names.GPU_MEMORY_USED_BYTES)
-        if series.attributed(sample, s.gpu_uuids)
+        if series.attributed(sample, s.known.gpu_uuids)
         and (v := series.valid(sample.value)) is not None
         and (total := totals.get(series.gpu_key(sample)))
         and (r := series.ratio(v / total)) is not None
@@ -299,7 +299,7 @@ def _slowdown_reasons(s: Scrapes) -> tuple[str, ...] | None:
     reasons = [
         sample
         for sample in s.after.samples(names.GPU_THROTTLE_REASON)
-        if series.attributed(sample, s.gpu_uuids)
+        if series.attributed(sample, s.known.gpu_uuids)
     ]
     if not reasons:
         return None
@@ -521,7 +521,7 @@ SIGNALS: tuple[Signal, ...] = (
     S("container_memory_limit_bytes", U.BYTES, Custom(_memory_limit), _fullest_limit),
     S("oom_kills", U.COUNT, Increase(n.CONTAINER_OOM_KILLS_TOTAL), A.SUM, "oomKills"),
     S("loader_worker_kills", U.COUNT, Increase(n.DATALOADER_WORKER_KILLS_TOTAL), A.SUM),
-    S("oom_killed", U.FLAG, Custom(lambda s: s.oom_killed), A.ANY),
+    S("oom_killed", U.FLAG, Custom(lambda s: s.known.oom_killed), A.ANY),
     S(
         "main_rss_bytes",
         U.BYTES,

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from dam_operator.diagnosis import ranks as rank_rules
 from dam_operator.diagnosis import signals
-from dam_operator.diagnosis.extractors import Scrapes
+from dam_operator.diagnosis.extractors import Known, Scrapes
 from dam_operator.diagnosis.model import Observation, RankId
 from dam_operator.diagnosis.series import attributed, counter_increase, increase, label_of
 from dam_operator.diagnosis.signals import BENIGN_CLOCK_REASONS, GPU_RATIO_GAUGES, UNLIMITED_MEMORY_BYTES
@@ -136,18 +136,6 @@ _BASELINE_GAUGES = frozenset({names.SNAPSHOT_TIMESTAMP_SECONDS, names.PROCESSES}
 most either end saw: the last scrape of a finished job sees no workers)."""
 
 
-@dataclass(frozen=True)
-class _Known:
-    """What the caller knows about a pod's window; explicit values win over the snapshots'."""
-
-    elapsed_seconds: float | None = None
-    gpu_uuids: set[str] | None = None
-    batch_size: int | None = None
-    flops_per_step: float | None = None
-    gpu_model: str | None = None
-    oom_killed: bool | None = None
-
-
 def _build(fields: dict[str, Any]) -> Observation:
     """An Observation from the fields that validate; a field that does not is dropped."""
     data = {k: v for k, v in fields.items() if v is not None}
@@ -163,20 +151,9 @@ def _build(fields: dict[str, Any]) -> Observation:
     return Observation()
 
 
-def _fields(before: Snapshot, after: Snapshot, known: _Known) -> dict[str, Any]:
+def _fields(before: Snapshot, after: Snapshot, known: Known) -> dict[str, Any]:
     """Every signal of one pod's (or rank's) window (``signals.extract``)."""
-    return signals.extract(
-        Scrapes(
-            before,
-            after,
-            known.elapsed_seconds,
-            gpu_uuids=known.gpu_uuids,
-            batch_size=known.batch_size,
-            flops_per_step=known.flops_per_step,
-            gpu_model=known.gpu_model,
-            oom_killed=known.oom_killed,
-        )
-    )
+    return signals.extract(Scrapes(before, after, known))
 
 
 def observation_from_snapshots(
@@ -197,14 +174,14 @@ def observation_from_snapshots(
     killer). With several ranks in the snapshots, the exposed communication and the
     collective skew are the cross-rank figures (see ``diagnosis.ranks``).
     """
-    known = _Known(elapsed_seconds, gpu_uuids, batch_size, flops_per_step, gpu_model, oom_killed)
+    known = Known(elapsed_seconds, gpu_uuids, batch_size, flops_per_step, gpu_model, oom_killed)
     return _pod_observation(before, after, known, None)
 
 
 def _pod_observation(
     before: Snapshot,
     after: Snapshot,
-    known: _Known,
+    known: Known,
     per_rank: Mapping[RankId, Observation] | None,
 ) -> Observation:
     """The pod's observation; its ranks' cross-rank figures from ``per_rank`` (split here if None)."""
@@ -349,12 +326,12 @@ def rank_observations(
     totals (CPU seconds, RSS, worker count) are left out of a rank's view when the pod holds
     several ranks.
     """
-    known = _Known(elapsed_seconds, gpu_uuids, batch_size, flops_per_step, gpu_model, oom_killed)
+    known = Known(elapsed_seconds, gpu_uuids, batch_size, flops_per_step, gpu_model, oom_killed)
     return _rank_observations(before, after, pod, known)
 
 
 def _rank_observations(
-    before: Snapshot, after: Snapshot, pod: str, known: _Known
+    before: Snapshot, after: Snapshot, pod: str, known: Known
 ) -> dict[RankId, Observation]:
     numbers = _rank_numbers(after)
     if not numbers:
@@ -463,7 +440,7 @@ def job_window(
     per_rank: dict[RankId, Observation] = {}
     for name in sorted(pods):
         w = pods[name]
-        known = _Known(w.elapsed_seconds, w.gpu_uuids, batch_size, flops_per_step, gpu_model, w.oom_killed)
+        known = Known(w.elapsed_seconds, w.gpu_uuids, batch_size, flops_per_step, gpu_model, w.oom_killed)
         pod_ranks = _rank_observations(w.before, w.after, name, known)
         per_pod[name] = _pod_observation(w.before, w.after, known, pod_ranks)
         per_rank.update(pod_ranks)
