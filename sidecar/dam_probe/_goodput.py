@@ -61,6 +61,10 @@ FLOPS_AFTER_STEPS: Final = 10
 """The FLOP count starts at the first slow path after this many batches (warm-up: lazy
 initialisation, autotuning and the first optimizer step are behind)."""
 FLOPS_MAX_ATTEMPTS: Final = 3
+FLOPS_MIN_HEADROOM_BYTES: Final = 512 << 20
+"""No count when the container's memory limit leaves less than this free: importing PyTorch's
+FLOP counter and its first use cost about 150 MiB of host memory once (with the CUDA build most of
+it is the Triton modules it imports), which must never be what OOM-kills a tight container."""
 """A count cut short (the loader ran out before the next batch) is retried this often."""
 MARK: Final = "_dam_probe_checkpoint"
 SERIALIZATION: Final = "torch.serialization"
@@ -105,6 +109,15 @@ def _compiled() -> bool:
         return bool(dynamo.utils.counters["stats"]["unique_graphs"])
     except Exception:
         return True  # cannot tell: do not count
+
+
+def _tight_memory(p: Probe) -> bool:
+    """Whether the process's memory cgroup has a limit with less than the counter's cost free."""
+    memory = p.memory.read(perf_counter_ns())  # the clock the probe's readers are cached on
+    if memory is None:
+        return False
+    usage, limit = memory[0], memory[1]
+    return limit > 0 and limit - usage < FLOPS_MIN_HEADROOM_BYTES
 
 
 class FlopCount:
@@ -166,6 +179,9 @@ class FlopCount:
             self.state = FLOPS_OFF
             return
         if sys.modules.get("torch") is None or _compiled():
+            self.state = FLOPS_UNAVAILABLE
+            return
+        if _tight_memory(p):
             self.state = FLOPS_UNAVAILABLE
             return
         # The job's own torch, already loaded (never a dependency of the probe: imported by name).

@@ -80,6 +80,23 @@ def test_dam_probe_flops_0_turns_the_count_off(fast_probe: Probe, monkeypatch: p
     assert fast_probe.goodput.flops.state == FLOPS_OFF
 
 
+def test_no_count_in_a_container_without_room_for_the_counter(
+    fast_probe: Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 200 MiB free under the limit: the counter's one-time ~150 MiB must not be what OOM-kills the job.
+    limit = 2 << 30
+    monkeypatch.setattr(
+        type(fast_probe.memory), "read", lambda self, now_ns: (limit - (200 << 20), limit, 0, 1)
+    )
+    _train(30)
+    assert fast_probe.goodput.flops.state == FLOPS_UNAVAILABLE
+    # With room (or no limit) the same job is counted.
+    monkeypatch.setattr(type(fast_probe.memory), "read", lambda self, now_ns: (1 << 30, 0, 0, 1))
+    fast_probe.goodput.flops.reset()
+    _train(30)
+    assert fast_probe.goodput.flops.state == FLOPS_MEASURED
+
+
 def test_a_failing_counter_never_breaks_training(fast_probe: Probe, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.utils.flop_counter as fc
 
