@@ -399,10 +399,11 @@ SIGNALS: tuple[Signal, ...] = (
         A.STEPS_MEAN,
         "flopsPerStep",
     ),
-    S("flops_per_step_source", U.TEXT, Custom(_flops_source), A.NONE, "flopsPerStepSource"),
-    S("checkpoint_seconds", U.SECONDS, Custom(_checkpoint_seconds, (n.BADPUT_SECONDS_TOTAL,)), A.NONE),
-    S("checkpoint_ratio", U.RATIO, Custom(_checkpoint_ratio), A.NONE, "checkpointRatio"),
-    S("checkpoints", U.COUNT, Custom(_checkpoints, (n.CHECKPOINTS_TOTAL,)), A.NONE),
+    S("flops_per_step_source", U.TEXT, Custom(_flops_source), A.COMMON, "flopsPerStepSource"),
+    # A job of several pods waits for its slowest saver: the pod that saved the longest.
+    S("checkpoint_seconds", U.SECONDS, Custom(_checkpoint_seconds, (n.BADPUT_SECONDS_TOTAL,)), A.MAX),
+    S("checkpoint_ratio", U.RATIO, Custom(_checkpoint_ratio), A.MAX, "checkpointRatio"),
+    S("checkpoints", U.COUNT, Custom(_checkpoints, (n.CHECKPOINTS_TOTAL,)), A.MAX),
     S("bytes_per_step", U.BYTES, None, A.STEPS_MEAN),
     # --- accelerators (NVML, GPM) ---
     S("gpu_count", U.COUNT, Custom(_gpu_count, (n.NVML_UP, n.GPU_ATTRIBUTION)), A.COUNT),

@@ -143,3 +143,13 @@ def test_the_breakdown_reads_at_a_glance_one_bar_and_a_line_per_cause() -> None:
     assert "  k checkpoint        10.0 s  10.0%" in lines
     assert not any("restart" in line or "communication" in line for line in lines)  # none lost there
     assert lines[-1] == "  accelerator-seconds lost: 40.0"
+
+
+def test_a_job_of_several_pods_is_checkpoint_bound_by_its_longest_saver() -> None:
+    from dam_operator.diagnosis.window import aggregate
+
+    saver, other = _window(0, 8, 4), _window(0, 1, 4)
+    job = aggregate({"trainer-0": saver, "trainer-1": other})
+    assert job.checkpoint_ratio == pytest.approx(0.4) and job.checkpoints == 4
+    assert job.flops_per_step_source == "measured"
+    assert diagnose(job).bottleneck.regime is Regime.CHECKPOINT_BOUND
