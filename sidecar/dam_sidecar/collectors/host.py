@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from dam_sidecar import names as n
 from dam_sidecar.collectors.base import Tick, counter, gauge, single
 from dam_sidecar.exposition import Family
-from dam_sidecar.samplers.cpu import CpuSample, CpuSource, PublishedCpu, with_published
+from dam_sidecar.samplers.cpu import CpuSample, CpuSource, PublishedCpu, with_probe_workers, with_published
 from dam_sidecar.samplers.probe import ProbeSample
 
 log = logging.getLogger("dam_sidecar")
@@ -83,6 +83,8 @@ class HostCollector:
     ) -> None:
         self.source = source
         self.published = published if published is not None else PublishedCpu()
+        # The same figures of the trainers read here: their workers when /proc hides some.
+        self._visible = PublishedCpu(own_namespace=self.published.own_namespace)
         self.extra_pids = tuple(extra_pids)
         self.latest = HostReading()
         self._throttled = SourcedCounter()
@@ -96,7 +98,9 @@ class HostCollector:
         foreign = self.published.foreign(probe.records)
         hidden = {r.pid for r in foreign}
         pids = sorted((set(probe.live_pids) - hidden) | set(self.extra_pids))
-        self._update(with_published(self.source.sample(pids), self.published.sample(foreign)), probe)
+        visible = [r for r in probe.records if r.pid not in hidden]
+        own = with_probe_workers(self.source.sample(pids), self._visible.sample(visible))
+        self._update(with_published(own, self.published.sample(foreign)), probe)
 
     def fallback(self, tick: Tick) -> None:
         self._update(self.latest.cpu, tick.probe)

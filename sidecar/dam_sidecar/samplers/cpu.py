@@ -474,3 +474,25 @@ def with_published(own: CpuSample, published: CpuSample | None) -> CpuSample:
         main_rss_bytes=_add(own.main_rss_bytes, published.main_rss_bytes),
         worker_rss_bytes=_add(own.worker_rss_bytes, published.worker_rss_bytes),
     )
+
+
+def with_probe_workers(own: CpuSample, published: CpuSample | None) -> CpuSample:
+    """``own`` (the sidecar's ``/proc`` read of trainers it can see), with their probes' worker
+    figures (``PublishedCpu.sample`` over the same processes' records) where those count more.
+
+    The sidecar finds a trainer's workers under ``/proc/<pid>/task/*/children`` (else by parent
+    pid); the probe counts its own descendants from inside the trainer at publish time. More
+    workers published than found means the sidecar missed some: the probe's worker count and
+    resident memory are taken. Worker CPU is the larger of the two, both monotonic, so the
+    exported counter never goes down whichever wins (the probe's also holds the workers that
+    ended between two samples, through the trainer's ``cutime``/``cstime``).
+    """
+    if published is None or own.main_cpu_seconds is None:
+        return own
+    more = published.worker_processes > own.worker_processes
+    return replace(
+        own,
+        worker_cpu_seconds=max(own.worker_cpu_seconds or 0.0, published.worker_cpu_seconds or 0.0),
+        worker_processes=published.worker_processes if more else own.worker_processes,
+        worker_rss_bytes=published.worker_rss_bytes if more else own.worker_rss_bytes,
+    )

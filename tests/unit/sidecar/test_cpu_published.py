@@ -88,7 +88,7 @@ def test_a_trainer_of_this_pid_namespace_is_still_read_from_proc(tmp_path: Path)
     write_proc_stat(proc, 7, 1, utime=150, stime=50)
     write_proc_stat(proc, 8, 7, utime=300, stime=0)
     write_children(proc, 7, [8])
-    _published(probes, 7, OWN_NS, main_s=999.0, worker_s=999.0)
+    _published(probes, 7, OWN_NS, main_s=999.0, worker_s=2.5, workers=1)
     assert _cpu(collector) == {n.ROLE_MAIN: 2.0, n.ROLE_WORKER: 3.0}
 
 
@@ -116,3 +116,32 @@ def test_visible_and_hidden_trainers_add_up(tmp_path: Path) -> None:
     write_probe(probes, pid=7, pid_namespace=OWN_NS, process_cpu_ns=5 * 10**9)
     _published(probes, 9, OTHER_NS, main_s=4.0, worker_s=6.0)
     assert _cpu(collector) == {n.ROLE_MAIN: 5.0, n.ROLE_WORKER: 6.0}
+
+
+def test_workers_the_sidecar_cannot_find_are_taken_from_the_probe_of_a_visible_trainer(
+    tmp_path: Path,
+) -> None:
+    """The trainer is in this /proc, but its workers are not found under it (seen on a real node:
+    workerCount 0 for a Pod with two workers): its probe counts them from inside (flag bit 4), and
+    more workers published than found means the probe's worker count, CPU and RSS are taken."""
+    collector, probes, proc = _collector(tmp_path)
+    write_proc_stat(proc, 7, 1, utime=150, stime=50)
+    write_children(proc, 7, [])  # the kernel lists no children (the workers are not found)
+    (proc / "7" / "statm").write_text("1000 500 0 0 0 0 0\n")
+    _published(probes, 7, OWN_NS, main_s=2.0, worker_s=6.0, workers=2, worker_rss=GIB)
+    assert _cpu(collector) == {n.ROLE_MAIN: 2.0, n.ROLE_WORKER: 6.0}
+    snap = collector.snapshot()
+    assert snap.series(n.PROCESSES)[labels_of({"role": n.ROLE_WORKER})] == 2
+    assert snap.series(n.PROCESS_RESIDENT_MEMORY_BYTES)[labels_of({"role": n.ROLE_WORKER})] == GIB
+    # The sidecar finds one of them again: the probe's two still win; its CPU never goes down.
+    write_proc_stat(proc, 8, 7, utime=100, stime=0)
+    write_children(proc, 7, [8])
+    _published(probes, 7, OWN_NS, main_s=2.0, worker_s=6.5, workers=2, worker_rss=GIB)
+    assert _cpu(collector) == {n.ROLE_MAIN: 2.0, n.ROLE_WORKER: 6.5}
+    assert collector.snapshot().series(n.PROCESSES)[labels_of({"role": n.ROLE_WORKER})] == 2
+    # The workers ended (the probe says 0): what the sidecar reads stands, the counter kept.
+    remove_proc(proc, 8)
+    write_children(proc, 7, [])
+    _published(probes, 7, OWN_NS, main_s=2.1, worker_s=6.5, workers=0, worker_rss=0)
+    assert _cpu(collector)[n.ROLE_WORKER] == 6.5
+    assert collector.snapshot().series(n.PROCESSES)[labels_of({"role": n.ROLE_WORKER})] == 0
