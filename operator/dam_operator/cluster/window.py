@@ -495,9 +495,18 @@ def _oom_windows(  # noqa: PLR0917 (six positional: called once, in window_step)
             continue  # a pod of the profile forms windows now: its evidence is current
         first: Snapshot = baselines.get(pod.name) or Snapshot([])
         mark = marks.get(pod.name)
+        # The mark's series replace the baseline's of the same name (both keep ``dam_processes``:
+        # added up, two workers would be four).
+        marked = set() if mark is None else mark.names()
         parts = (first,) if mark is None else (first, mark)
         last = Snapshot(
-            [s for part in parts for n in sorted(part.names()) for s in part.samples(n)],
+            [
+                s
+                for part in parts
+                for n in sorted(part.names())
+                if part is mark or n not in marked
+                for s in part.samples(n)
+            ],
             first.timestamp_seconds,
         )
         windows[pod.name] = PodWindow(first, last, elapsed_seconds=None, oom_killed=True)

@@ -316,3 +316,49 @@ def test_a_finished_jobs_verdict_is_kept_once_no_pod_of_the_profile_is_active() 
     empty = _window({"selector": SELECTOR}, [], {}, {})
     assert empty.patch["status"]["bottleneck"]["axis"] == "Unknown"
     assert _condition(empty, st.DIAGNOSED)["reason"] == st.REASON_NO_PODS
+
+
+def test_a_pod_oom_killed_before_a_window_counts_its_workers_once() -> None:
+    """Its window is its baseline and its last memory mark; both hold ``dam_processes`` (the
+    baseline keeps the process counts): two workers are two, not four (seen on the node)."""
+    from dam_operator.cluster.window import memory_mark
+    from dam_operator.diagnosis.window import baseline
+    from dam_sidecar import names
+
+    def scrape(t: float) -> Snapshot:
+        text = "\n".join(
+            [
+                f"{names.STEPS_TOTAL} {t}",
+                f'{names.PROCESSES}{{role="main"}} 1',
+                f'{names.PROCESSES}{{role="worker"}} 2',
+                f'{names.PROCESS_RESIDENT_MEMORY_BYTES}{{role="main"}} {0.6 * 2**30}',
+                f'{names.PROCESS_RESIDENT_MEMORY_BYTES}{{role="worker"}} {1.3 * 2**30}',
+                f"{names.CONTAINER_MEMORY_USAGE_BYTES} {1.9 * 2**30}",
+                f"{names.CONTAINER_MEMORY_LIMIT_BYTES} {2 * 2**30}",
+                "",
+            ]
+        )
+        return parse_snapshot(text, timestamp_seconds=t)
+
+    killed = PodInfo(
+        "ns", "leaky", {"app": "t"}, phase="Failed", instrumented=True, last_oom_kill="2026-11-30T11:59:55Z"
+    )
+    step = window_step(
+        spec=parse_spec({"selector": SELECTOR}),
+        status={},
+        generation=1,
+        pods=[],
+        results={},
+        baselines={"leaky": baseline(scrape(1000.0))},
+        stabilizer=Stabilizer(confirm_windows=1),
+        published=None,
+        when=WHEN,
+        webhook_enabled=True,
+        max_baseline_seconds=600.0,
+        ended=[killed],
+        marks={"leaky": memory_mark(scrape(1004.0))},
+    )
+    b = step.patch["status"]["bottleneck"]
+    assert (b["regime"], b["lever"]) == ("memory-capacity", "reduce-loader-memory"), b
+    assert step.patch["status"]["metrics"]["workerCount"] == 2, step.patch["status"]["metrics"]
+    assert any(line.startswith("resident memory: 2 loader workers 1.30 GiB") for line in b["evidence"]), b
