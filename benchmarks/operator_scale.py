@@ -606,12 +606,19 @@ class Run:
                 await self.delete_pods(api)
 
                 def settled() -> bool:
-                    return watch.count("Unknown") == n and all(
-                        (s.get("pods") or {}).get("matched") == 0 for s in watch.status.values()
+                    # With no pod left a profile keeps its last verdict and says so (Reporting=False,
+                    # NoActivePods): that, not Unknown, is the settled state.
+                    return len(watch.status) == n and all(
+                        (st.get("pods") or {}).get("matched") == 0
+                        and any(
+                            c.get("type") == "Reporting" and c.get("reason") == "NoActivePods"
+                            for c in st.get("conditions") or ()
+                        )
+                        for st in watch.status.values()
                     )
 
                 with contextlib.suppress(AssertionError):
-                    await _wait(settled, 8 * window + 120, "every profile: no pods, Unknown")
+                    await _wait(settled, 8 * window + 120, "every profile: no pods, NoActivePods")
                 await asyncio.sleep(window)
                 s3 = await self.snapshot(api, watch, sidecars)
                 await asyncio.sleep(a.quiet_duration)
