@@ -96,13 +96,15 @@ def profile(
     window_seconds: float = 10,
     hysteresis_windows: int = 2,
     actions: dict[str, Any] | None = None,
+    thresholds: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """A DAMProfile for the pods labelled app=trainer: examples/damprofile.yaml's sidecar and
-    threshold, shorter windows (the scenarios run side by side for tens of seconds each)."""
+    threshold, shorter windows (the scenarios run side by side for tens of seconds each);
+    ``thresholds`` are added to its ``dataWaitSuspect``."""
     spec: dict[str, Any] = {
         "selector": {"matchLabels": {"app": "trainer"}},
         "evaluation": {"windowSeconds": window_seconds, "hysteresisWindows": hysteresis_windows},
-        "thresholds": {"dataWaitSuspect": 0.05},
+        "thresholds": {"dataWaitSuspect": 0.05, **(thresholds or {})},
         "sidecar": {
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
         },
@@ -169,6 +171,18 @@ def training_job(
             },
         },
     }
+
+
+def with_shm(job: dict[str, Any], size: str = "256Mi") -> dict[str, Any]:
+    """``job`` with a memory-backed ``/dev/shm`` of ``size`` (an ``emptyDir`` with ``medium:
+    Memory``), as PyTorch Jobs with DataLoader workers mount one: the container runtime's default
+    is 64 MiB, and the probe refuses to add loader workers over a /dev/shm that small (their
+    batches travel through it: dam_probe.overrides.MIN_SHM_BYTES)."""
+    pod = job["spec"]["template"]["spec"]
+    pod["volumes"].append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
+    for container in pod["containers"]:
+        container["volumeMounts"].append({"name": "shm", "mountPath": "/dev/shm"})
+    return job
 
 
 def pods_of(node: NodeCluster, namespace: str, job: str) -> list[dict[str, Any]]:

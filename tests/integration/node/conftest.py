@@ -1,7 +1,12 @@
 """The node tier's shared setup: the chart installed once (package scope), and every scenario's
 Job created at once, each in its own namespace with its own DAMProfile, so that the node runs them
 side by side while the tests, one per scenario, wait on their own results (the tier's time is the
-longest scenario, not their sum). The fault tests come last and share the same operator.
+longest scenario, not their sum). The README's Job is one of them (its namespace has
+examples/damprofile.yaml as it is). The fault tests come last and share the same operator.
+
+The workloads are light on purpose (two cores run ten Pods at once): loaders that sleep, tiny
+models, runs of tens of seconds; a verdict that outlives its Job (the operator keeps the last
+verdict once no pod is active) lets the Jobs end early.
 """
 
 from __future__ import annotations
@@ -11,16 +16,17 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.node_jobs import WORKLOADS, chart_installed, profile, training_job
+from tests.support.node_jobs import WORKLOADS, chart_installed, profile, training_job, with_shm
 from tests.support.nodecluster import NodeCluster
 from tests.support.operator_harness import REPO
+from tests.support.procs import wait_for
 
 
 @pytest.fixture(scope="package")
@@ -32,7 +38,8 @@ def operator_installed(node_cluster: NodeCluster) -> Iterator[NodeCluster]:
 @dataclass
 class Scenario:
     name: str
-    profile: dict[str, Any]
+    profile: dict[str, Any] | Path
+    """A DAMProfile, or a file of one (``kubectl apply -f`` it)."""
     jobs: list[dict[str, Any]]
     script: Path
     namespace: str = ""
@@ -53,6 +60,20 @@ class Launched:
     def ns(self, name: str) -> str:
         return self.scenarios[name].namespace
 
+    def seen(
+        self, scenario: str, check: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+    ) -> dict[str, Any]:
+        """The first status the scenario's profile had (since the Jobs started) for which ``check`` holds."""
+        history = self.history.setdefault(self.ns(scenario), [])
+        try:
+            return wait_for(
+                lambda: next((s for s in list(history) if check(s)), None), timeout_s, what, interval=1.0
+            )
+        except AssertionError as exc:
+            shown = [(s.get("bottleneck") or {}).get("lever") for s in history]
+            last = json.dumps(history[-1] if history else {}, indent=1)
+            raise AssertionError(f"{exc}; levers seen: {shown}; last status:\n{last}") from None
+
     def record(self) -> None:
         while not self.stop.wait(1.0):
             try:
@@ -67,8 +88,9 @@ class Launched:
 
 
 def _ddp_job(rendezvous: Path) -> dict[str, Any]:
-    """Two Pods of an Indexed Job, one rank each; rank 1's loader sleeps 20 ms a sample."""
-    job = training_job("ddp", "ddp.py", ["250", "1", "20"], completions=2, parallelism=2)
+    """Two Pods of an Indexed Job, one rank each; rank 1's loader sleeps 20 ms a sample: 150 steps
+    of 0.32 s, ~50 s, three 10 s windows and a baseline."""
+    job = training_job("ddp", "ddp.py", ["150", "1", "20"], completions=2, parallelism=2)
     job["spec"]["completionMode"] = "Indexed"
     pod = job["spec"]["template"]["spec"]
     pod["containers"][0]["env"] += [
@@ -91,6 +113,16 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
     train = REPO / "examples" / "train.py"
     starved = ["--scenario", "starved", "--sample-delay-ms", "15", "--batch-size", "16"]
     return [
+        # The README's Kubernetes section (test_node_e2e.py): examples/damprofile.yaml as it is (30 s
+        # windows) and a starved Job. Its first window at most 30 s after the profile is a baseline,
+        # the next a Data verdict (the first known verdict replaces Unknown at once): 75 s of
+        # training leaves a window to spare for a slow start; the verdict stays after the Job ends.
+        Scenario(
+            "readme",
+            REPO / "examples" / "damprofile.yaml",
+            [training_job("starved", "train.py", [*starved, "--seconds", "75"])],
+            train,
+        ),
         # limits.cpu 300m: the kubelet's CFS quota throttles the decode in the training process.
         # Long enough to be running when its test scrapes the sidecar (it deletes the Job then).
         Scenario(
@@ -120,10 +152,19 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
         Scenario("ddp", profile(), [_ddp_job(rendezvous)], WORKLOADS / "ddp.py"),
         # Apply: the Job's second Pod (completions 2, one at a time) is created after the first
         # Pod's verdict; the webhook gives it the lever, and one window of it is the "after".
+        # cpuWaitSuspect 0.95: what this scenario checks is the DataLoader lever reaching the next
+        # Pod; ten Pods starting at once on two cores can put the trainer's run-queue delay past
+        # the default 0.20, and the busy-node rule would then ask for CPU (raise-cpu-request, not
+        # an Apply lever) instead. 45 s a Pod: a verdict after two 10 s windows, then the after.
+        # A 256 MiB /dev/shm (with_shm): over the default 64 MiB the probe refuses the workers.
         Scenario(
             "apply",
-            profile(hysteresis_windows=1, actions={"mode": "Apply", "warmupWindows": 0}),
-            [training_job("apply", "train.py", [*starved, "--seconds", "70"], completions=2)],
+            profile(
+                hysteresis_windows=1,
+                actions={"mode": "Apply", "warmupWindows": 0},
+                thresholds={"cpuWaitSuspect": 0.95},
+            ),
+            [with_shm(training_job("apply", "train.py", [*starved, "--seconds", "45"], completions=2))],
             train,
         ),
         # A long starved Job the fault tests act on, after the verdict tests.
@@ -142,9 +183,12 @@ def scenarios(operator_installed: NodeCluster) -> Iterator[Launched]:
     rendezvous = Path(tempfile.mkdtemp(prefix="dam-node-rdv-"))
     launched = Launched(node, time.monotonic(), rendezvous)
     for s in _scenarios(rendezvous):
-        s.namespace = node.create_namespace(node.namespace_name_for(s.name))
+        s.namespace = node.create_namespace(node.namespace_name_for("ml" if s.name == "readme" else s.name))
         launched.scenarios[s.name] = s
-        node.kubectl("-n", s.namespace, "apply", "-f", "-", input=json.dumps(s.profile))
+        if isinstance(s.profile, Path):  # README: kubectl apply -f examples/damprofile.yaml
+            node.kubectl("-n", s.namespace, "apply", "-f", str(s.profile))
+        else:
+            node.kubectl("-n", s.namespace, "apply", "-f", "-", input=json.dumps(s.profile))
         node.kubectl("-n", s.namespace, "create", "configmap", "train", f"--from-file={s.script}")
     time.sleep(2)  # the operator's watch delivers the profiles before the Pods are created
     for s in launched.scenarios.values():
