@@ -58,7 +58,7 @@ def operator_section() -> list[str]:
     sys.path.insert(0, str(ROOT / "operator"))
     from prometheus_client import CollectorRegistry
 
-    from dam_operator.cluster.opmetrics import OperatorMetrics
+    from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
     from dam_operator.diagnosis.model import Axis, Bottleneck, IronLaw, Regime, Verdict, WindowMetrics
 
     registry = CollectorRegistry()

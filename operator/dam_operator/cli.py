@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return sidecar_main(rest)
     if command == "operator":
-        from dam_operator.cluster.main import main as operator_main
+        from dam_operator.cluster.runtime.main import main as operator_main
 
         return operator_main(rest)
     if command == "probe-install":

@@ -21,13 +21,9 @@ from typing import Any
 import kopf
 import pytest
 
-from dam_operator.cluster import actions as act
-from dam_operator.cluster.certs import issue, write_pem_files
-from dam_operator.cluster.injection import ANNOTATION_ACTION, InjectionSettings, is_instrumented, resize_patch
-from dam_operator.cluster.kube import ApiError, KubeClient
-from dam_operator.cluster.registry import PodInfo, Registry
-from dam_operator.cluster.spec import parse_spec
-from dam_operator.cluster.webhook import (
+from dam_operator.cluster.adapters.certs import issue, write_pem_files
+from dam_operator.cluster.adapters.kube import ApiError, KubeClient
+from dam_operator.cluster.runtime.webhook import (
     MUTATE_PATH,
     ProfileRef,
     WebhookServer,
@@ -35,6 +31,15 @@ from dam_operator.cluster.webhook import (
     serve_webhook,
     webhook_configuration_for_url,
 )
+from dam_operator.cluster.steps import actions as act
+from dam_operator.cluster.steps.injection import (
+    ANNOTATION_ACTION,
+    InjectionSettings,
+    is_instrumented,
+    resize_patch,
+)
+from dam_operator.cluster.steps.registry import PodInfo, Registry
+from dam_operator.cluster.steps.spec import parse_spec
 from dam_operator.diagnosis.model import Axis, Bottleneck, Observation, Regime, Verdict, WindowMetrics
 from dam_probe.overrides import ENV_LOADER_OVERRIDES, parse_overrides
 from tests.support.kubecluster import ControlPlane

@@ -36,8 +36,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from dam_operator.cluster import metric_names as mn
-from dam_operator.cluster.opmetrics import OperatorMetrics
+from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
+from dam_operator.cluster.steps import metric_names as mn
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Observation, Verdict
 from tests.support.procs import CHILD_DIES_WITH_PARENT, free_port, spawn, stop_process

@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dam_operator.cluster.injection import (
+from dam_operator.cluster.runtime.webhook import WebhookLimits
+from dam_operator.cluster.settings import OperatorSettings
+from dam_operator.cluster.steps.injection import (
     ANNOTATION_HOST_NETWORK_PORT,
     ANNOTATION_NOTES,
     INSTALL_CONTAINER,
@@ -29,8 +31,6 @@ from dam_operator.cluster.injection import (
     TOKEN_PATH,
     VOLUME_NAME,
 )
-from dam_operator.cluster.settings import OperatorSettings
-from dam_operator.cluster.webhook import WebhookLimits
 from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     InProcessOperator,

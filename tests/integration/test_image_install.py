@@ -227,7 +227,7 @@ def test_wheel_carries_every_package_and_the_dam_command(image: Image) -> None:
         "dam_sidecar/app.py",
     ):
         assert module in names, module
-    assert "dam_operator/cluster/main.py" in names
+    assert "dam_operator/cluster/runtime/main.py" in names
     assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dam_operator.cluster import metric_names as mn
+from dam_operator.cluster.steps import metric_names as mn
 from dam_sidecar.promtext import parse_snapshot
 from tests.support.faultproxy import FaultProxy, refused
 from tests.support.kubecluster import ControlPlane

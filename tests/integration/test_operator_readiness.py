@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dam_operator.cluster import certs
+from dam_operator.cluster.adapters import certs
 from tests.support.faultproxy import Fault, FaultProxy
 from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import OperatorProcess, ensure_crds, operator_namespace, wait_for

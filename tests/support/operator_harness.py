@@ -63,7 +63,7 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CHART = REPO / "charts" / "dam-operator"
-PROBE_DIR_IN_POD = "/dam/probe"  # dam_operator.cluster.injection.PROBE_DIR
+PROBE_DIR_IN_POD = "/dam/probe"  # dam_operator.cluster.steps.injection.PROBE_DIR
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
 GROUP_PATH = "/apis/dam.mlsys.dev/v1alpha1"
@@ -378,7 +378,7 @@ class InProcessOperator:
         )
 
     def _run(self) -> None:
-        from dam_operator.cluster.main import run_operator
+        from dam_operator.cluster.runtime.main import run_operator
 
         async def main() -> None:
             self._loop = asyncio.get_running_loop()

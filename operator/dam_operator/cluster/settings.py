@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from dam_operator.cluster.urlpolicy import parse_networks, parse_prefixes
+from dam_operator.cluster.steps.urlpolicy import parse_networks, parse_prefixes
 
 CertMode = Literal["self-signed", "files"]
 

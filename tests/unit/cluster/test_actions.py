@@ -13,8 +13,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from dam_operator.cluster import actions as act
-from dam_operator.cluster.injection import (
+from dam_operator.cluster.steps import actions as act
+from dam_operator.cluster.steps.injection import (
     ANNOTATION_ACTION,
     SIDECAR_CONTAINER,
     ActionOverrides,
@@ -22,8 +22,8 @@ from dam_operator.cluster.injection import (
     build_injection_patch,
     resize_patch,
 )
-from dam_operator.cluster.registry import PodInfo
-from dam_operator.cluster.spec import DAMProfileSpec, parse_spec
+from dam_operator.cluster.steps.registry import PodInfo
+from dam_operator.cluster.steps.spec import DAMProfileSpec, parse_spec
 from dam_operator.diagnosis.model import Axis, Bottleneck, Observation, Regime, Verdict, WindowMetrics
 from dam_probe.overrides import ENV_LOADER_OVERRIDES, parse_overrides
 

@@ -19,15 +19,15 @@ import aiohttp
 import jsonpatch
 from prometheus_client import CollectorRegistry
 
-from dam_operator.cluster import metric_names as n
-from dam_operator.cluster.injection import ANNOTATION_ACTION, InjectionSettings, is_instrumented
-from dam_operator.cluster.kube import ApiError
-from dam_operator.cluster.opmetrics import OperatorMetrics
-from dam_operator.cluster.registry import PodInfo, Registry
-from dam_operator.cluster.scheduler import Evaluator
-from dam_operator.cluster.sources import ScrapeSource
-from dam_operator.cluster.spec import parse_spec
-from dam_operator.cluster.webhook import ProfileRef, review
+from dam_operator.cluster.adapters.kube import ApiError
+from dam_operator.cluster.adapters.sources import ScrapeSource
+from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
+from dam_operator.cluster.runtime.scheduler import Evaluator
+from dam_operator.cluster.runtime.webhook import ProfileRef, review
+from dam_operator.cluster.steps import metric_names as n
+from dam_operator.cluster.steps.injection import ANNOTATION_ACTION, InjectionSettings, is_instrumented
+from dam_operator.cluster.steps.registry import PodInfo, Registry
+from dam_operator.cluster.steps.spec import parse_spec
 from dam_probe.overrides import ENV_LOADER_OVERRIDES, parse_overrides
 from dam_sidecar import names
 from tests.support.fake_sidecar import FakeJob, FakeSidecars, Regime, pod_ip

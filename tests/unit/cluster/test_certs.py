@@ -12,7 +12,7 @@ from typing import Any
 
 from cryptography import x509
 
-from dam_operator.cluster.certs import (
+from dam_operator.cluster.adapters.certs import (
     CertManager,
     bundle_from_secret,
     ca_bundle_patch,

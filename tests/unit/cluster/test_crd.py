@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from dam_operator.cluster.spec import DAMProfileSpec, ThresholdsSpec
+from dam_operator.cluster.steps.spec import DAMProfileSpec, ThresholdsSpec
 from dam_operator.diagnosis.model import Axis, Bottleneck, IronLaw, Regime, Thresholds, WindowMetrics
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -13,13 +13,13 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from dam_operator.cluster import metric_names as mn
-from dam_operator.cluster import status as st
-from dam_operator.cluster.goodput import PROBE_CAUSES, STATUS_KEYS, GoodputLedger, read_pod
-from dam_operator.cluster.opmetrics import OperatorMetrics
-from dam_operator.cluster.registry import PodInfo, RestartRecord, restart_record
-from dam_operator.cluster.spec import parse_spec
-from dam_operator.cluster.window import window_step
+from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
+from dam_operator.cluster.steps import metric_names as mn
+from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.goodput import PROBE_CAUSES, STATUS_KEYS, GoodputLedger, read_pod
+from dam_operator.cluster.steps.registry import PodInfo, RestartRecord, restart_record
+from dam_operator.cluster.steps.spec import parse_spec
+from dam_operator.cluster.steps.window_step import window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_sidecar import names
 from dam_sidecar.promtext import Sample, Snapshot, parse_snapshot

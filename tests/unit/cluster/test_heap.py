@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from dam_operator.cluster.heap import Trimmer
+from dam_operator.cluster.runtime.heap import Trimmer
 
 
 def test_without_glibc_nothing_is_trimmed_and_the_loop_returns_at_once() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from dam_operator.cluster.injection import (
+from dam_operator.cluster.steps.injection import (
     ANNOTATION_INJECTED,
     ANNOTATION_PROFILE,
     INSTALL_CONTAINER,
@@ -22,7 +22,7 @@ from dam_operator.cluster.injection import (
     is_instrumented,
     should_inject,
 )
-from dam_operator.cluster.spec import DAMProfileSpec, parse_spec
+from dam_operator.cluster.steps.spec import DAMProfileSpec, parse_spec
 from tests.support.pss import violations
 
 SETTINGS = InjectionSettings(image="ghcr.io/mlsys/dam-operator:0.1.0", operator_namespace="dam-system")

@@ -10,8 +10,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from dam_operator.cluster import status as st
-from dam_operator.cluster.injection import (
+from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.injection import (
     ANNOTATION_HOST_NETWORK_PORT,
     ANNOTATION_NOTES,
     INSTALL_CONTAINER,
@@ -30,7 +30,7 @@ from dam_operator.cluster.injection import (
     build_injection,
     pod_notes,
 )
-from dam_operator.cluster.spec import parse_spec
+from dam_operator.cluster.steps.spec import parse_spec
 
 SETTINGS = InjectionSettings(image="ghcr.io/mlsys/dam-operator:0.1.0")
 SPEC = parse_spec({"selector": {"matchLabels": {"app": "trainer"}}})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dam_operator.cluster import kube
+from dam_operator.cluster.adapters import kube
 
 
 def _service_account(

@@ -8,8 +8,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from dam_operator.cluster import metric_names as n
-from dam_operator.cluster.opmetrics import OperatorMetrics, make_metrics_app
+from dam_operator.cluster.runtime.opmetrics import OperatorMetrics, make_metrics_app
+from dam_operator.cluster.steps import metric_names as n
 from dam_operator.diagnosis.model import Axis, Bottleneck, IronLaw, Regime, Verdict, WindowMetrics
 from dam_sidecar.promtext import parse_snapshot
 
@@ -135,8 +135,8 @@ def test_every_error_reason_and_webhook_result_is_exported_at_zero_from_the_star
 
 
 def test_every_reason_the_operator_can_count_is_in_the_closed_set() -> None:
-    from dam_operator.cluster import sources
-    from dam_operator.cluster.kube import ApiError
+    from dam_operator.cluster.adapters import sources
+    from dam_operator.cluster.adapters.kube import ApiError
 
     scrape = {v for k, v in vars(sources).items() if k.startswith("REASON_")}
     api = {ApiError(status, "x").reason_label for status in (0, 400, 403, 404, 409, 410, 422, 429, 500, 503)}

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from dam_operator.cluster.kube import ApiError, GoneError
-from dam_operator.cluster.podwatch import PodWatcher
-from dam_operator.cluster.registry import Registry
+from dam_operator.cluster.adapters.kube import ApiError, GoneError
+from dam_operator.cluster.adapters.podwatch import PodWatcher
+from dam_operator.cluster.steps.registry import Registry
 
 Script = list[Any]  # list pages / watch streams (lists of events) / exceptions, in call order
 
@@ -229,7 +229,7 @@ def test_a_watch_the_server_ends_at_once_backs_off_and_a_long_one_does_not() -> 
 
 
 def test_pods_listed_in_one_namespace_use_its_path() -> None:
-    from dam_operator.cluster.podwatch import pods_path
+    from dam_operator.cluster.adapters.podwatch import pods_path
 
     assert pods_path("team-a") == "/api/v1/namespaces/team-a/pods"
     assert pods_path(None) == "/api/v1/pods"

@@ -7,8 +7,8 @@ import socket
 
 import kopf
 
-from dam_operator.cluster.kube import KubeClient
-from dam_operator.cluster.readiness import Readiness
+from dam_operator.cluster.adapters.kube import KubeClient
+from dam_operator.cluster.runtime.readiness import Readiness
 
 
 def _closed_port() -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dam_operator.cluster.registry import PodInfo, ProfileEntry, Registry
-from dam_operator.cluster.spec import parse_spec
+from dam_operator.cluster.steps.registry import PodInfo, ProfileEntry, Registry
+from dam_operator.cluster.steps.spec import parse_spec
 
 
 def _spec(labels: dict[str, str], **extra: Any) -> Any:

@@ -19,14 +19,14 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dam_operator.cluster import metric_names as n
-from dam_operator.cluster import status as st
-from dam_operator.cluster.kube import ApiError, NotFoundError
-from dam_operator.cluster.opmetrics import OperatorMetrics
-from dam_operator.cluster.registry import PodInfo, ProfileEntry, Registry
-from dam_operator.cluster.scheduler import MAX_PENDING_EVENTS, Evaluator, Scheduler
-from dam_operator.cluster.sources import ScrapeSource
-from dam_operator.cluster.spec import DAMProfileSpec, EvaluationSpec, parse_spec
+from dam_operator.cluster.adapters.kube import ApiError, NotFoundError
+from dam_operator.cluster.adapters.sources import ScrapeSource
+from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
+from dam_operator.cluster.runtime.scheduler import MAX_PENDING_EVENTS, Evaluator, Scheduler
+from dam_operator.cluster.steps import metric_names as n
+from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.registry import PodInfo, ProfileEntry, Registry
+from dam_operator.cluster.steps.spec import DAMProfileSpec, EvaluationSpec, parse_spec
 from tests.support.fake_sidecar import COMPUTE, FakeJob, FakeSidecars, pod_ip
 
 

@@ -8,7 +8,7 @@ import kopf
 import pytest
 from pydantic import ValidationError
 
-from dam_operator.cluster.main import injection_settings, kopf_settings, main, settings_from_args
+from dam_operator.cluster.runtime.main import injection_settings, kopf_settings, main, settings_from_args
 from dam_operator.cluster.settings import OperatorSettings
 
 

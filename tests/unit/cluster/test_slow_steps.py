@@ -6,9 +6,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from dam_operator.cluster.registry import PodInfo
-from dam_operator.cluster.spec import parse_spec
-from dam_operator.cluster.window import window_step
+from dam_operator.cluster.steps.registry import PodInfo
+from dam_operator.cluster.steps.spec import parse_spec
+from dam_operator.cluster.steps.window_step import window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Regime
 from dam_sidecar import names

@@ -19,8 +19,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from dam_operator.cluster import sources as src
-from dam_operator.cluster.sources import PodTarget, PrometheusSource, ScrapeSource, SourceError, fetch_each
+from dam_operator.cluster.adapters import sources as src
+from dam_operator.cluster.adapters.sources import PodTarget, PrometheusSource, ScrapeSource, fetch_each
+from dam_operator.cluster.steps.source_error import SourceError
 from dam_sidecar import names
 from tests.support.fake_sidecar import FakeJob
 from tests.support.procs import free_port, spawn

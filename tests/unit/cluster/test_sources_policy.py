@@ -1,5 +1,5 @@
 """Which Prometheus a profile may send the operator to is the cluster admin's choice
-(dam_operator.cluster.urlpolicy): internal addresses are refused with a message naming the field,
+(dam_operator.cluster.steps.urlpolicy): internal addresses are refused with a message naming the field,
 the rule and the setting that allows it, and a refused URL is never asked. Host names are checked
 again at connect time, on the addresses they really resolve to (DNS rebinding)."""
 
@@ -15,9 +15,8 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from dam_operator.cluster import sources as src
-from dam_operator.cluster.settings import OperatorSettings
-from dam_operator.cluster.sources import (
+from dam_operator.cluster.adapters import sources as src
+from dam_operator.cluster.adapters.sources import (
     AddressRefusedError,
     PodTarget,
     PolicyResolver,
@@ -26,8 +25,9 @@ from dam_operator.cluster.sources import (
     SourceError,
     SourceFactory,
 )
-from dam_operator.cluster.spec import SpecError, parse_spec
-from dam_operator.cluster.urlpolicy import UrlPolicy
+from dam_operator.cluster.settings import OperatorSettings
+from dam_operator.cluster.steps.spec import SpecError, parse_spec
+from dam_operator.cluster.steps.urlpolicy import UrlPolicy
 
 FIELD = "spec.source.prometheus.url"
 OPEN = UrlPolicy()  # no URL named by the admin: any Prometheus but the internal addresses

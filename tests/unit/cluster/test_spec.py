@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dam_operator.cluster.spec import (
+from dam_operator.cluster.steps.spec import (
     DAMProfileSpec,
     LabelSelector,
     SpecError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from dam_operator.cluster import status as st
+from dam_operator.cluster.steps import status as st
 from dam_operator.diagnosis.model import Axis, Bottleneck, Regime
 
 T0 = "2026-01-01T00:00:00Z"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dam_operator.cluster import status as st
+from dam_operator.cluster.steps import status as st
 from dam_operator.diagnosis import evidence as ev
 from dam_operator.diagnosis.model import Observation, RankId
 from dam_operator.diagnosis.ranks import rank_figures

@@ -15,10 +15,8 @@ import jsonpatch
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from dam_operator.cluster.certs import issue, write_pem_files
-from dam_operator.cluster.injection import ANNOTATION_PROFILE, SIDECAR_CONTAINER, InjectionSettings
-from dam_operator.cluster.spec import parse_spec
-from dam_operator.cluster.webhook import (
+from dam_operator.cluster.adapters.certs import issue, write_pem_files
+from dam_operator.cluster.runtime.webhook import (
     MUTATE_PATH,
     ProfileRef,
     WebhookLimits,
@@ -27,6 +25,8 @@ from dam_operator.cluster.webhook import (
     webhook_configuration,
     webhook_configuration_for_url,
 )
+from dam_operator.cluster.steps.injection import ANNOTATION_PROFILE, SIDECAR_CONTAINER, InjectionSettings
+from dam_operator.cluster.steps.spec import parse_spec
 from tests.support.procs import free_port
 
 SETTINGS = InjectionSettings(image="ghcr.io/mlsys/dam-operator:0.1.0", operator_namespace="dam-system")

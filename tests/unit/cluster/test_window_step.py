@@ -7,11 +7,12 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from dam_operator.cluster import status as st
-from dam_operator.cluster.registry import PodInfo, sidecar_restart
-from dam_operator.cluster.sources import REASON_UNREACHABLE, SourceError
-from dam_operator.cluster.spec import parse_spec
-from dam_operator.cluster.window import initial_step, invalid_step, window_step
+from dam_operator.cluster.adapters.sources import REASON_UNREACHABLE
+from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.registry import PodInfo, sidecar_restart
+from dam_operator.cluster.steps.source_error import SourceError
+from dam_operator.cluster.steps.spec import parse_spec
+from dam_operator.cluster.steps.window_step import initial_step, invalid_step, window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_sidecar.promtext import Snapshot, parse_snapshot
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
@@ -199,7 +200,7 @@ def test_an_oom_kill_in_the_pod_status_during_the_window_is_memory_capacity() ->
 
 
 def test_last_oom_kill_is_read_from_current_and_last_container_states() -> None:
-    from dam_operator.cluster.registry import last_oom_kill
+    from dam_operator.cluster.steps.registry import last_oom_kill
 
     status = {
         "containerStatuses": [
@@ -321,7 +322,7 @@ def test_a_finished_jobs_verdict_is_kept_once_no_pod_of_the_profile_is_active() 
 def test_a_pod_oom_killed_before_a_window_counts_its_workers_once() -> None:
     """Its window is its baseline and its last memory mark; both hold ``dam_processes`` (the
     baseline keeps the process counts): two workers are two, not four (seen on the node)."""
-    from dam_operator.cluster.window import memory_mark
+    from dam_operator.cluster.steps.window_step import memory_mark
     from dam_operator.diagnosis.window import baseline
     from dam_sidecar import names
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dam_operator.cluster import metric_names
+from dam_operator.cluster.steps import metric_names
 from dam_sidecar import names
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -13,13 +13,13 @@ import yaml
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (the Helm engine) is not installed")
 
-from dam_operator.cluster.settings import OperatorSettings  # noqa: E402
-from dam_operator.cluster.webhook import (  # noqa: E402
+from dam_operator.cluster.runtime.webhook import (  # noqa: E402
     MUTATE_PATH,
     WEBHOOK_NAME,
     WebhookLimits,
     webhook_configuration,
 )
+from dam_operator.cluster.settings import OperatorSettings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "dam-operator"
@@ -576,6 +576,6 @@ def test_monitors_scrape_the_operator_and_the_sidecar_ports(chart: Any) -> None:
     selector = service_monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= metrics_service["metadata"]["labels"].items()
     (pod_endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]
-    from dam_operator.cluster.injection import METRICS_PORT_NAME
+    from dam_operator.cluster.steps.injection import METRICS_PORT_NAME
 
     assert pod_endpoint["port"] == METRICS_PORT_NAME

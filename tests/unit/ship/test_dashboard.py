@@ -11,7 +11,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from dam_operator.cluster import metric_names
+from dam_operator.cluster.steps import metric_names
 from dam_sidecar import names
 
 ROOT = Path(__file__).resolve().parents[3]

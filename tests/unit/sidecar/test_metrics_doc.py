@@ -42,7 +42,7 @@ def test_docs_metrics_md_is_up_to_date() -> None:
 
 
 def test_every_operator_metric_name_is_in_the_generated_reference() -> None:
-    from dam_operator.cluster import metric_names
+    from dam_operator.cluster.steps import metric_names
 
     text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
     declared = {

@@ -46,10 +46,10 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from dam_operator.cluster import status as st
-from dam_operator.cluster.injection import ActionOverrides
-from dam_operator.cluster.registry import PodInfo
-from dam_operator.cluster.spec import ActionsSpec, DAMProfileSpec, quantity_value
+from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.injection import ActionOverrides
+from dam_operator.cluster.steps.registry import PodInfo
+from dam_operator.cluster.steps.spec import ActionsSpec, DAMProfileSpec, quantity_value
 from dam_operator.diagnosis import climb, levers
 from dam_operator.diagnosis.climb import IMPROVED, NO_CHANGE, WORSE, ApplyLever, Channel, Kind
 from dam_operator.diagnosis.model import Observation, Verdict

@@ -25,19 +25,19 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from dam_operator.cluster.handlers import build_registry
-from dam_operator.cluster.heap import Trimmer
-from dam_operator.cluster.injection import InjectionSettings
-from dam_operator.cluster.kube import ApiError, KubeClient, default_login
-from dam_operator.cluster.opmetrics import OperatorMetrics, make_metrics_app
-from dam_operator.cluster.podwatch import PodWatcher
-from dam_operator.cluster.readiness import Readiness
-from dam_operator.cluster.registry import Registry
-from dam_operator.cluster.scheduler import Evaluator, Scheduler
+from dam_operator.cluster.adapters.kube import ApiError, KubeClient, default_login
+from dam_operator.cluster.adapters.podwatch import PodWatcher
+from dam_operator.cluster.adapters.sources import SourceFactory, query_connector, scrape_connector
+from dam_operator.cluster.runtime.handlers import build_registry
+from dam_operator.cluster.runtime.heap import Trimmer
+from dam_operator.cluster.runtime.opmetrics import OperatorMetrics, make_metrics_app
+from dam_operator.cluster.runtime.readiness import Readiness
+from dam_operator.cluster.runtime.scheduler import Evaluator, Scheduler
+from dam_operator.cluster.runtime.webhook_lifecycle import WebhookLifecycle
 from dam_operator.cluster.settings import OperatorSettings
-from dam_operator.cluster.sources import SourceFactory, query_connector, scrape_connector
-from dam_operator.cluster.urlpolicy import UrlPolicy
-from dam_operator.cluster.webhook_lifecycle import WebhookLifecycle
+from dam_operator.cluster.steps.injection import InjectionSettings
+from dam_operator.cluster.steps.registry import Registry
+from dam_operator.cluster.steps.urlpolicy import UrlPolicy
 from dam_sidecar.envcheck import known_variables, unknown_variables
 from dam_sidecar.settings import SidecarSettings
 

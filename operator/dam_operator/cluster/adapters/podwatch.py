@@ -33,9 +33,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from dam_operator.cluster.injection import is_instrumented
-from dam_operator.cluster.kube import ApiError, GoneError
-from dam_operator.cluster.registry import PodInfo, Registry
+from dam_operator.cluster.adapters.kube import ApiError, GoneError
+from dam_operator.cluster.steps.injection import is_instrumented
+from dam_operator.cluster.steps.registry import PodInfo, Registry
 
 log = logging.getLogger("dam_operator.cluster.podwatch")
 

@@ -45,7 +45,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dam_operator.cluster.spec import DAMProfileSpec, quantity_value
+from dam_operator.cluster.steps.spec import DAMProfileSpec, quantity_value
 from dam_probe.overrides import loader_override_env
 
 __all__ = [

@@ -19,7 +19,7 @@ Per profile and window (``spec.evaluation.windowSeconds``), the ``Evaluator``:
    ``lastEvaluationTime``: ``status.changes_status``) and, when the published verdict's
    (axis, regime) changed, one ``BottleneckChanged`` Event; with ``spec.actions`` the patch
    carries ``status.actions`` and the Events say each action's outcome
-   (``dam_operator.cluster.actions``). In mode InPlace a planned CPU raise is sent to the
+   (``dam_operator.cluster.steps.actions``). In mode InPlace a planned CPU raise is sent to the
    running pods (``pods/resize``) before the patch; the API's refusal is recorded in the
    action (never retried: the next pod created gets the raise through the webhook).
 
@@ -52,16 +52,17 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
-from dam_operator.cluster import status as st
-from dam_operator.cluster.actions import EVENT_OUTCOMES, record_resizes
-from dam_operator.cluster.goodput import GoodputLedger
-from dam_operator.cluster.injection import resize_patch
-from dam_operator.cluster.kube import ApiError, NotFoundError
-from dam_operator.cluster.opmetrics import OperatorMetrics
-from dam_operator.cluster.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
-from dam_operator.cluster.sources import MetricSource, PodTarget, SourceError
-from dam_operator.cluster.spec import DAMProfileSpec
-from dam_operator.cluster.window import StepResult, initial_step, invalid_step, window_step
+from dam_operator.cluster.adapters.kube import ApiError, NotFoundError
+from dam_operator.cluster.adapters.sources import MetricSource, PodTarget
+from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
+from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.actions import EVENT_OUTCOMES, record_resizes
+from dam_operator.cluster.steps.goodput import GoodputLedger
+from dam_operator.cluster.steps.injection import resize_patch
+from dam_operator.cluster.steps.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
+from dam_operator.cluster.steps.source_error import SourceError
+from dam_operator.cluster.steps.spec import DAMProfileSpec
+from dam_operator.cluster.steps.window_step import StepResult, initial_step, invalid_step, window_step
 from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Bottleneck

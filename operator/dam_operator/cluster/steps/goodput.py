@@ -62,8 +62,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dam_operator.cluster.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART
-from dam_operator.cluster.registry import PodInfo
+from dam_operator.cluster.steps.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART
+from dam_operator.cluster.steps.registry import PodInfo
 from dam_sidecar import names
 from dam_sidecar.promtext import Snapshot
 

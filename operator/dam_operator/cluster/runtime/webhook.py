@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
-from dam_operator.cluster.actions import desired_for
-from dam_operator.cluster.injection import (
+from dam_operator.cluster.steps.actions import desired_for
+from dam_operator.cluster.steps.injection import (
     LABEL_INJECT,
     InjectionError,
     InjectionSettings,
@@ -43,8 +43,8 @@ from dam_operator.cluster.injection import (
     should_inject,
     skip_patch,
 )
-from dam_operator.cluster.metric_names import WEBHOOK_RESULTS
-from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
+from dam_operator.cluster.steps.metric_names import WEBHOOK_RESULTS
+from dam_operator.cluster.steps.spec import DAMProfileSpec, selector_matches
 
 __all__ = [
     "MUTATE_PATH",

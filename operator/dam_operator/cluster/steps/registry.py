@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dam_operator.cluster.injection import ANNOTATION_ACTION, SIDECAR_CONTAINER, pod_notes
-from dam_operator.cluster.spec import DAMProfileSpec, selector_matches
+from dam_operator.cluster.steps.injection import ANNOTATION_ACTION, SIDECAR_CONTAINER, pod_notes
+from dam_operator.cluster.steps.spec import DAMProfileSpec, selector_matches
 
 ProfileKey = tuple[str, str]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

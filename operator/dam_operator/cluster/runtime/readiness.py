@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from dam_operator.cluster.kube import ApiError, KubeClient
+from dam_operator.cluster.adapters.kube import ApiError, KubeClient
 
 API_FRESH_SECONDS = 15.0
 """An API answer this recent counts as reachable without a new request."""

@@ -29,7 +29,7 @@ from urllib.parse import quote
 import aiohttp
 import kopf
 
-from dam_operator.cluster import status as st
+from dam_operator.cluster.steps import status as st
 
 log = logging.getLogger("dam_operator.cluster.kube")
 

@@ -38,10 +38,11 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from dam_operator.cluster.metric_names import BODY_SOURCES, SCRAPE_ERROR_REASONS
 from dam_operator.cluster.settings import OperatorSettings
-from dam_operator.cluster.spec import DAMProfileSpec
-from dam_operator.cluster.urlpolicy import UrlPolicy
+from dam_operator.cluster.steps.metric_names import BODY_SOURCES, SCRAPE_ERROR_REASONS
+from dam_operator.cluster.steps.source_error import SourceError
+from dam_operator.cluster.steps.spec import DAMProfileSpec
+from dam_operator.cluster.steps.urlpolicy import UrlPolicy
 from dam_sidecar import names
 from dam_sidecar.promtext import PromParseError, Sample, Snapshot, labels_of, parse_snapshot
 
@@ -64,13 +65,6 @@ TooLarge = Callable[[str], None]
 TARGET_LABELS = frozenset(
     {"instance", "job", "namespace", "pod", "container", "endpoint", "service", "node", "prometheus"}
 )
-
-
-class SourceError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True)

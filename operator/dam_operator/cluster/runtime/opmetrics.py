@@ -3,7 +3,7 @@
 ``OperatorMetrics`` registers its collectors on the registry it is given (never the
 global default one). Label sets are bounded: per-profile series carry
 ``namespace``/``profile`` only (plus enum labels), and every series of a profile is
-removed when the profile goes away. Names come from ``dam_operator.cluster.metric_names``.
+removed when the profile goes away. Names come from ``dam_operator.cluster.steps.metric_names``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from dam_operator.cluster import metric_names as n
-from dam_operator.cluster.registry import ProfileKey
+from dam_operator.cluster.steps import metric_names as n
+from dam_operator.cluster.steps.registry import ProfileKey
 from dam_operator.diagnosis.model import Verdict
 
 SCRAPE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dam_operator.cluster.injection import (
+from dam_operator.cluster.steps.injection import (
     NOTE_NO_SHARED_PROCESS_NAMESPACE,
     NOTE_PYTHONPATH_REF,
     NOTE_SKIP_HOST_NETWORK,
@@ -21,7 +21,7 @@ from dam_operator.cluster.injection import (
     NOTE_SKIP_PROBE_PATH,
     OPTED_OUT,
 )
-from dam_operator.cluster.metric_names import SCRAPE_ERROR_REASONS
+from dam_operator.cluster.steps.metric_names import SCRAPE_ERROR_REASONS
 from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Bottleneck, Straggler

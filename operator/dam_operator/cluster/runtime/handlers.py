@@ -33,10 +33,10 @@ from typing import Any
 
 import kopf
 
-from dam_operator.cluster import status as st
-from dam_operator.cluster.registry import Registry
-from dam_operator.cluster.spec import SpecError, parse_spec
-from dam_operator.cluster.urlpolicy import UrlPolicy
+from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.registry import Registry
+from dam_operator.cluster.steps.spec import SpecError, parse_spec
+from dam_operator.cluster.steps.urlpolicy import UrlPolicy
 
 PROFILE = (st.GROUP, st.VERSION, st.PLURAL)
 

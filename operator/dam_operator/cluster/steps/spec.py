@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
-from dam_operator.cluster.urlpolicy import FIELD, UrlPolicy
+from dam_operator.cluster.steps.urlpolicy import FIELD, UrlPolicy
 from dam_operator.diagnosis.model import Hardware, Thresholds
 
 __all__ = [

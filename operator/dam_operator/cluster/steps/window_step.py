@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dam_operator.cluster import status as st
-from dam_operator.cluster.actions import ResizeRequest, window_actions
-from dam_operator.cluster.goodput import GoodputLedger
-from dam_operator.cluster.registry import PodInfo
-from dam_operator.cluster.sources import SourceError
-from dam_operator.cluster.spec import DAMProfileSpec
+from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.actions import ResizeRequest, window_actions
+from dam_operator.cluster.steps.goodput import GoodputLedger
+from dam_operator.cluster.steps.registry import PodInfo
+from dam_operator.cluster.steps.source_error import SourceError
+from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Observation, Verdict

@@ -25,12 +25,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from dam_operator.cluster import certs
-from dam_operator.cluster.injection import InjectionSettings
-from dam_operator.cluster.kube import KubeClient, WebhookCertStore
-from dam_operator.cluster.registry import Registry
-from dam_operator.cluster.settings import OperatorSettings
-from dam_operator.cluster.webhook import (
+from dam_operator.cluster.adapters import certs
+from dam_operator.cluster.adapters.kube import KubeClient, WebhookCertStore
+from dam_operator.cluster.runtime.webhook import (
     MUTATE_PATH,
     WEBHOOK_NAME,
     ProfileRef,
@@ -41,6 +38,9 @@ from dam_operator.cluster.webhook import (
     webhook_configuration,
     webhook_configuration_for_url,
 )
+from dam_operator.cluster.settings import OperatorSettings
+from dam_operator.cluster.steps.injection import InjectionSettings
+from dam_operator.cluster.steps.registry import Registry
 
 log = logging.getLogger("dam_operator.cluster.webhook")
 
