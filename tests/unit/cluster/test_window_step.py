@@ -363,3 +363,55 @@ def test_a_pod_oom_killed_before_a_window_counts_its_workers_once() -> None:
     assert (b["regime"], b["lever"]) == ("memory-capacity", "reduce-loader-memory"), b
     assert step.patch["status"]["metrics"]["workerCount"] == 2, step.patch["status"]["metrics"]
     assert any(line.startswith("resident memory: 2 loader workers 1.30 GiB") for line in b["evidence"]), b
+
+
+def test_the_scrape_at_the_kill_does_not_replace_the_memory_mark_that_names_the_workers() -> None:
+    """On the node the sidecar answered once more as the kernel killed the trainer: no live
+    training process, so no resident memory by role and no workers. The mark that says who held
+    the memory is the last one taken while they lived (it was replaced: smaller-micro-batch,
+    workerCount 0, "missing: mainRssBytes and workerRssBytes")."""
+    from dam_sidecar import names
+
+    def scrape(t: float, *, alive: bool) -> Snapshot:
+        lines = [f"{names.STEPS_TOTAL} {t}", f"{names.CONTAINER_MEMORY_LIMIT_BYTES} {2 * 2**30}"]
+        if alive:
+            lines += [
+                f'{names.PROCESSES}{{role="main"}} 1',
+                f'{names.PROCESSES}{{role="worker"}} 2',
+                f'{names.PROCESS_RESIDENT_MEMORY_BYTES}{{role="main"}} {0.6 * 2**30}',
+                f'{names.PROCESS_RESIDENT_MEMORY_BYTES}{{role="worker"}} {1.3 * 2**30}',
+                f"{names.CONTAINER_MEMORY_USAGE_BYTES} {1.9 * 2**30}",
+            ]
+        else:
+            lines += [f'{names.PROCESSES}{{role="main"}} 0', f'{names.PROCESSES}{{role="worker"}} 0']
+        return parse_snapshot("\n".join([*lines, ""]), timestamp_seconds=t)
+
+    spec = parse_spec({"selector": SELECTOR, "evaluation": {"windowSeconds": 10}})
+    stabilizer = Stabilizer(confirm_windows=1)
+    running = PodInfo("ns", "leaky", {"app": "t"}, pod_ip="10.0.0.1", phase="Running", instrumented=True)
+
+    def step(pods: list[PodInfo], results: dict[str, Any], prev: Any, **more: Any) -> Any:
+        return window_step(
+            spec=spec,
+            status={},
+            generation=1,
+            pods=pods,
+            results=results,
+            baselines=prev.baselines if prev else {},
+            stabilizer=stabilizer,
+            published=None,
+            when=WHEN,
+            webhook_enabled=True,
+            max_baseline_seconds=600.0,
+            marks=prev.marks if prev else {},
+            **more,
+        )
+
+    lived = step([running], {"leaky": scrape(1000.0, alive=True)}, None)
+    dying = step([running], {"leaky": scrape(1010.0, alive=False)}, lived)
+    assert dying.marks["leaky"].timestamp_seconds == 1000.0  # the mark taken while they lived
+    killed = dataclasses.replace(running, phase="Failed", last_oom_kill="2026-11-30T11:59:55Z")
+    ended = step([], {}, dying, ended=[killed])
+    b = ended.patch["status"]["bottleneck"]
+    assert (b["regime"], b["lever"]) == ("memory-capacity", "reduce-loader-memory"), b
+    assert ended.patch["status"]["metrics"]["workerCount"] == 2, ended.patch["status"]["metrics"]

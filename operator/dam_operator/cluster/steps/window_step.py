@@ -87,7 +87,11 @@ workers), the container's memory and limit. ``baseline`` keeps counters only."""
 
 
 def memory_mark(snapshot: Snapshot) -> CompactSnapshot:
-    """A scrape's memory gauges (``MARK_NAMES``) and time: a few series a pod."""
+    """A scrape's memory gauges (``MARK_NAMES``) and time: a few series a pod.
+
+    A window replaces a pod's mark only with a scrape that has resident memory by role: the
+    sidecar answers one last time as the kernel kills the trainer, with no live training
+    process and so none, and the mark that says who held the memory is the one before."""
     keep = [sample for name in sorted(MARK_NAMES & snapshot.names()) for sample in snapshot.samples(name)]
     return CompactSnapshot(keep, snapshot.timestamp_seconds)
 
@@ -298,8 +302,11 @@ def window_step(
     scrape = _classify_with_gaps(pods, results, when, window_seconds)
     counts = count_pods(pods, scrape)
     known = {p.name for p in pods} | {p.name for p in ended}
-    new_marks = {k: v for k, v in (marks or {}).items() if k in known} | {
-        name: memory_mark(result) for name, result in scrape.answered.items()
+    old_marks = {k: v for k, v in (marks or {}).items() if k in known}
+    new_marks = old_marks | {
+        name: memory_mark(result)
+        for name, result in scrape.answered.items()
+        if name not in old_marks or names.PROCESS_RESIDENT_MEMORY_BYTES in result.names()
     }
     windows, new_baselines = _pod_windows(
         spec, pods, scrape, baselines, known, when=when, max_baseline_seconds=max_baseline_seconds
