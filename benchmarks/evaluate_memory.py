@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 
 WINDOW_SECONDS = 60.0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 
 GPU_LABELS = ("gpu", "uuid")
 RANK = (n.RANK_LABEL,)  # present only when the training process has a distributed rank

@@ -6,7 +6,7 @@ cgroup, the sidecar's own health) each read their source in ``sample()`` and sho
 background loop (``start()``) or on demand (``sample_now()``), and caches their families and the
 text rendered from them; its own ``collect()`` and ``text()`` only read that cache, so /metrics
 costs a few hundred microseconds whatever NVML does. ``snapshot()`` gives the same samples as a
-``promtext.Snapshot`` for in-process use (``dam run``'s local mode), built from the cached
+``dam_contract.snapshot.Snapshot`` for in-process use (``dam run``'s local mode), built from the cached
 families without rendering and parsing text::
 
     from dam_sidecar.collector import build_collector
@@ -14,7 +14,7 @@ families without rendering and parsing text::
 
     collector = build_collector(SidecarSettings(probe_dir=d, interval_seconds=1.0))
     collector.sample_now()            # call periodically, e.g. once per second
-    snap = collector.snapshot()       # dam_sidecar.promtext.Snapshot
+    snap = collector.snapshot()       # dam_contract.snapshot.Snapshot
     ...
     collector.close()
 
@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from dam_contract.snapshot import Sample, Snapshot
 from dam_sidecar.attribution import Attributor
 from dam_sidecar.collectors.base import SourceCollector, Tick
 from dam_sidecar.collectors.gpu import GpuCollector
@@ -39,7 +40,6 @@ from dam_sidecar.collectors.host import HostCollector
 from dam_sidecar.collectors.probe import ProbeCollector
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.exposition import Family, render
-from dam_sidecar.promtext import Sample, Snapshot
 from dam_sidecar.samplers.cpu import CpuSampler, CpuSource, PublishedCpu
 from dam_sidecar.samplers.nvml import NoNvml, NvmlSampler, NvmlSource, Watchdog
 from dam_sidecar.samplers.probe import ProbeReader, ProbeSource

@@ -225,6 +225,7 @@ def test_wheel_carries_every_package_and_the_dam_command(image: Image) -> None:
         "dam_probe/__init__.py",
         "dam_probe/autoinstrument/sitecustomize.py",
         "dam_sidecar/app.py",
+        "dam_contract/snapshot.py",
     ):
         assert module in names, module
     assert "dam_operator/cluster/runtime/main.py" in names
@@ -233,9 +234,9 @@ def test_wheel_carries_every_package_and_the_dam_command(image: Image) -> None:
 
 def test_package_is_imported_from_the_wheel_and_its_requirements_are_met(image: Image) -> None:
     script = """
-import importlib.metadata as md, dam_operator, dam_sidecar, dam_probe
+import importlib.metadata as md, dam_operator, dam_sidecar, dam_probe, dam_contract
 from packaging.requirements import Requirement
-for module in (dam_operator, dam_sidecar, dam_probe):
+for module in (dam_operator, dam_sidecar, dam_probe, dam_contract):
     print("FILE", module.__file__)
 for spec in md.distribution("dam-operator").requires or []:
     req = Requirement(spec)
@@ -247,7 +248,7 @@ for spec in md.distribution("dam-operator").requires or []:
     result = _run([*image.prefix, str(image.venv / "bin" / "python"), "-c", script], cwd="/")
     assert result.returncode == 0, result.stderr
     files = [ln.split(" ", 1)[1] for ln in result.stdout.splitlines() if ln.startswith("FILE ")]
-    assert len(files) == 3 and all(f.startswith(str(image.venv)) for f in files), files
+    assert len(files) == 4 and all(f.startswith(str(image.venv)) for f in files), files
     requirements = [ln.split() for ln in result.stdout.splitlines() if ln.startswith("REQ ")]
     assert {r[1].lower() for r in requirements} >= {"kopf", "prometheus-client", "pydantic"}
     assert [r for r in requirements if r[3] != "True"] == []

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dam_sidecar import names
+from dam_contract import names
 from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,

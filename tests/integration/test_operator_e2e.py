@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.cluster.steps import metric_names as mn
-from dam_sidecar.promtext import parse_snapshot
 from tests.support.faultproxy import FaultProxy, refused
 from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (

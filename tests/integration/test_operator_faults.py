@@ -19,8 +19,8 @@ import httpx
 import pytest
 import yaml
 
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.cluster.steps import metric_names as mn
-from dam_sidecar.promtext import parse_snapshot
 from tests.support.fake_sidecar import COMPUTE, FakeJob, FakeSidecars, ThreadedFakeSidecars
 from tests.support.faultproxy import Fault, FaultProxy
 from tests.support.kubecluster import ControlPlane

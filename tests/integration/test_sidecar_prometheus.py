@@ -22,7 +22,7 @@ from typing import BinaryIO
 import httpx
 import pytest
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 from tests.support.procs import free_port, spawn, stop_process
 
 pytestmark = pytest.mark.slow

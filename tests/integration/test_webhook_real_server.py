@@ -32,12 +32,12 @@ import pytest
 import yaml
 from aiohttp import web
 
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.cluster.adapters import certs
 from dam_operator.cluster.runtime import webhook as webhook_module
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps import injection
 from dam_operator.cluster.steps.injection import SIDECAR_CONTAINER
-from dam_sidecar.promtext import parse_snapshot
 from tests.support.kubecluster import ApiError, ControlPlane
 from tests.support.operator_harness import (
     InProcessOperator,

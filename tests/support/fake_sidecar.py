@@ -2,7 +2,7 @@
 
 ``FakeJob`` integrates a training job's counters over time at the rates of its
 current ``Regime`` (switchable at any moment) and renders them in the sidecar's
-exposition format (names from ``dam_sidecar.names``). ``FakeSidecars`` serves many
+exposition format (names from ``dam_contract.names``). ``FakeSidecars`` serves many
 jobs from ONE aiohttp server: a pod is told apart by the loopback address the
 request arrived on (pods get podIPs 127.x.y.z; all of 127/8 is loopback on Linux),
 so one port serves thousands of pods. A job can also be made to fail: ``down``
@@ -20,7 +20,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from dam_sidecar import names
+from dam_contract import names
 
 Fault = Literal["none", "down", "slow", "garbage"]
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from dam_contract import names
+from dam_contract.snapshot import Labels, Snapshot
 from dam_operator.diagnosis import series
-from dam_sidecar import names
-from dam_sidecar.promtext import Labels, Snapshot
 
 T = TypeVar("T")
 _UNREAD: Any = object()

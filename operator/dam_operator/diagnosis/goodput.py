@@ -23,8 +23,8 @@ from collections import defaultdict
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from dam_sidecar import names
-from dam_sidecar.promtext import Snapshot
+from dam_contract import names
+from dam_contract.snapshot import Snapshot
 
 CAUSE_FIELDS: dict[str, str] = {
     names.CAUSE_STARTUP: "startup",

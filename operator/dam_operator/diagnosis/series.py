@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
-from dam_sidecar import names
-from dam_sidecar.promtext import Labels, Sample, Snapshot
+from dam_contract import names
+from dam_contract.snapshot import Labels, Sample, Snapshot
 
 RATIO_TOLERANCE = 1.05
 """Ratios up to this are clamped to 1 (sampling jitter); above it they are garbage."""

@@ -15,7 +15,7 @@ The kinds and the window's two scrapes they read (``Scrapes``) are in ``diagnosi
 of several pods, and ``diagnosis.engine`` writes ``status.metrics`` from
 ``status_values``. The rules read the typed ``Observation`` these build, never a dict.
 
-To add a signal: its source exports a series (the sidecar: ``dam_sidecar/names.py`` and its
+To add a signal: its source exports a series (the sidecar: ``dam_contract/names.py`` and its
 collector), an ``Observation`` field holds it, one entry here says the rest; the status key
 needs its place in the ``WindowMetrics`` model and the CRD's status schema
 (docs/CONTRIBUTING.md, "Add a signal").
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from dam_contract import names
 from dam_operator.diagnosis import series
 from dam_operator.diagnosis.extractors import (
     Check,
@@ -43,7 +44,6 @@ from dam_operator.diagnosis.extractors import (
     Scrapes,
 )
 from dam_operator.diagnosis.model import Observation
-from dam_sidecar import names
 
 BENIGN_CLOCK_REASONS: frozenset[str] = frozenset(
     {"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"}

@@ -32,14 +32,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from dam_contract import names
+from dam_contract.snapshot import CompactSnapshot, Labels, Sample, Snapshot
 from dam_operator.diagnosis import ranks as rank_rules
 from dam_operator.diagnosis import signals
 from dam_operator.diagnosis.extractors import Known, Scrapes
 from dam_operator.diagnosis.model import Observation, RankId
 from dam_operator.diagnosis.series import attributed, counter_increase, increase, label_of
 from dam_operator.diagnosis.signals import BENIGN_CLOCK_REASONS, GPU_RATIO_GAUGES, UNLIMITED_MEMORY_BYTES
-from dam_sidecar import names
-from dam_sidecar.promtext import CompactSnapshot, Labels, Sample, Snapshot
 
 __all__ = [
     "BENIGN_CLOCK_REASONS",

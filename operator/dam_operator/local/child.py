@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from dam_contract.snapshot import Snapshot
 from dam_probe.bootstrap import install_into
 from dam_probe.overrides import ENV_LOADER_OVERRIDES
-from dam_sidecar.promtext import Snapshot
 
 
 class SnapshotSource(Protocol):

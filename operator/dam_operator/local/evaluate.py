@@ -18,7 +18,7 @@ names the file and the fix; with ``--json`` stdout carries ``{"error": {...},
 Any other ``dam_`` series with such a value is ignored, never silently: a warning on
 stderr and an entry in the JSON's ``inputProblems`` (a counter is then ignored in both
 snapshots, as its increase is unknown). Files are read line by line and only the
-series the diagnosis reads (the ``dam_`` names of ``dam_sidecar.names`` and the
+series the diagnosis reads (the ``dam_`` names of ``dam_contract.names`` and the
 catalog) are kept, so a 100 MB snapshot costs what its ``dam_`` series cost.
 """
 
@@ -34,13 +34,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.goodput import accelerators_of, goodput_of
-from dam_operator.diagnosis.model import Hardware, Thresholds
-from dam_operator.diagnosis.render import render_goodput, render_text
-from dam_operator.diagnosis.window import observation_from_snapshots
-from dam_sidecar import catalog, names
-from dam_sidecar.promtext import (
+from dam_contract import names
+from dam_contract.snapshot import (
     ParseStats,
     PromParseError,
     Sample,
@@ -48,6 +43,12 @@ from dam_sidecar.promtext import (
     TooManySeriesError,
     read_snapshot,
 )
+from dam_operator.diagnosis.engine import diagnose
+from dam_operator.diagnosis.goodput import accelerators_of, goodput_of
+from dam_operator.diagnosis.model import Hardware, Thresholds
+from dam_operator.diagnosis.render import render_goodput, render_text
+from dam_operator.diagnosis.window import observation_from_snapshots
+from dam_sidecar import catalog
 
 PROG = "dam evaluate"
 

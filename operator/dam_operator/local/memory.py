@@ -25,10 +25,10 @@ import os
 import signal
 from dataclasses import dataclass
 
+from dam_contract import names
+from dam_contract.snapshot import Sample, Snapshot
 from dam_operator.local.child import SnapshotSource
 from dam_probe import cgroup
-from dam_sidecar import names
-from dam_sidecar.promtext import Sample, Snapshot
 
 CONTAINER_MEMORY_SERIES: frozenset[str] = frozenset(
     {

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import IO, Any, TextIO
 
+from dam_contract.snapshot import Snapshot
 from dam_operator.diagnosis.goodput import Goodput, accelerators_of, goodput_of
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Hardware, RankFigures, Verdict
@@ -56,7 +57,6 @@ from dam_operator.local.live import (
 )
 from dam_operator.local.memory import MemoryCgroupSource, OwnMemoryCgroup
 from dam_operator.local.session import LocalSession
-from dam_sidecar.promtext import Snapshot
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:

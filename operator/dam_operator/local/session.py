@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from dam_contract import names
+from dam_contract.snapshot import Labels, Sample, Snapshot
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Hardware, RankFigures, Thresholds, Verdict
@@ -36,8 +38,6 @@ from dam_operator.diagnosis.window import (
     job_window,
     observation_from_snapshots,
 )
-from dam_sidecar import names
-from dam_sidecar.promtext import Labels, Sample, Snapshot
 
 MAX_ANCHORS = 256
 """Snapshots kept since the first batch for the final verdict (thinned by half when full)."""

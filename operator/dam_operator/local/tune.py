@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any, Final, Protocol
 
+from dam_contract.snapshot import Snapshot
 from dam_operator.diagnosis import climb, levers
 from dam_operator.diagnosis.climb import ApplyLever, Channel, Tried
 from dam_operator.diagnosis.levers import NUM_WORKERS, PREFETCH_FACTOR
@@ -72,7 +73,6 @@ from dam_operator.local.child import (
 from dam_operator.local.session import steps_of, verdict_between
 from dam_probe.cgroup import CgroupReader
 from dam_probe.overrides import ENV_LOADER_OVERRIDES, MAX_PREFETCH, loader_override_env
-from dam_sidecar.promtext import Snapshot
 
 PROG: Final = "dam tune"
 CHANNELS: Final = frozenset({Channel.LOADER})

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 from dam_sidecar.catalog import BY_NAME
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.probe import ProbeSample

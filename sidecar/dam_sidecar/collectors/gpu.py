@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 from dam_sidecar.attribution import STATES, Attribution, Attributor
 from dam_sidecar.collectors.base import Tick, counter, gauge, single
 from dam_sidecar.exposition import Family

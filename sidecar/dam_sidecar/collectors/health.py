@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 from dam_sidecar.collectors.base import Tick, counter, gauge, single
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.exposition import Family

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 from dam_sidecar.collectors.base import Tick, counter, gauge, single
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.cpu import CpuSample, CpuSource, PublishedCpu, with_probe_workers, with_published

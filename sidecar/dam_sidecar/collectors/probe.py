@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 from dam_sidecar.collectors.base import Tick, gauge, labelled, per_rank, rank_value, single
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.probe import ProbeSample, ProbeSource, RankSample

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dam_sidecar import names
+from dam_contract import names
 from tests.support.node_jobs import (
     OPERATOR_SELECTOR,
     SIDECAR_CONTAINER,

@@ -19,6 +19,7 @@ import aiohttp
 import jsonpatch
 from prometheus_client import CollectorRegistry
 
+from dam_contract import names
 from dam_operator.cluster.adapters.kube import ApiError
 from dam_operator.cluster.adapters.sources import ScrapeSource
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
@@ -29,7 +30,6 @@ from dam_operator.cluster.steps.injection import ANNOTATION_ACTION, InjectionSet
 from dam_operator.cluster.steps.registry import PodInfo, Registry
 from dam_operator.cluster.steps.spec import parse_spec
 from dam_probe.overrides import ENV_LOADER_OVERRIDES, parse_overrides
-from dam_sidecar import names
 from tests.support.fake_sidecar import FakeJob, FakeSidecars, Regime, pod_ip
 from tests.unit.cluster.test_scheduler import Clock, FakeAPI
 

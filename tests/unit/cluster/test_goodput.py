@@ -13,6 +13,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from dam_contract import names
+from dam_contract.snapshot import Sample, Snapshot, parse_snapshot
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
 from dam_operator.cluster.steps import metric_names as mn
 from dam_operator.cluster.steps import status as st
@@ -21,8 +23,6 @@ from dam_operator.cluster.steps.registry import PodInfo, RestartRecord, restart_
 from dam_operator.cluster.steps.spec import parse_spec
 from dam_operator.cluster.steps.window_step import window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_sidecar import names
-from dam_sidecar.promtext import Sample, Snapshot, parse_snapshot
 
 ROOT = Path(__file__).resolve().parents[3]
 T0 = 1_800_000_000.0  # Unix seconds: a scrape time

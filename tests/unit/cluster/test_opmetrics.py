@@ -8,10 +8,10 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics, make_metrics_app
 from dam_operator.cluster.steps import metric_names as n
 from dam_operator.diagnosis.model import Axis, Bottleneck, IronLaw, Regime, Verdict, WindowMetrics
-from dam_sidecar.promtext import parse_snapshot
 
 
 def _verdict(axis: Axis, regime: Regime, mfu: float | None = None) -> Verdict:

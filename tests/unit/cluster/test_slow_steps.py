@@ -6,13 +6,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from dam_contract import names
+from dam_contract.snapshot import Sample, Snapshot
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.spec import parse_spec
 from dam_operator.cluster.steps.window_step import window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Regime
-from dam_sidecar import names
-from dam_sidecar.promtext import Sample, Snapshot
 
 WHEN = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 SPEC = parse_spec({"selector": {"matchLabels": {"app": "t"}}, "evaluation": {"windowSeconds": 30}})

@@ -19,10 +19,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from dam_contract import names
 from dam_operator.cluster.adapters import sources as src
 from dam_operator.cluster.adapters.sources import PodTarget, PrometheusSource, ScrapeSource, fetch_each
 from dam_operator.cluster.steps.source_error import SourceError
-from dam_sidecar import names
 from tests.support.fake_sidecar import FakeJob
 from tests.support.procs import free_port, spawn
 

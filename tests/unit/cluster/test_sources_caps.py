@@ -17,6 +17,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from dam_contract import names
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.cluster.adapters import sources as src
 from dam_operator.cluster.adapters.sources import PodTarget, PrometheusSource, ScrapeSource, SourceFactory
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
@@ -25,8 +27,6 @@ from dam_operator.cluster.steps import metric_names as n
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_sidecar import names
-from dam_sidecar.promtext import parse_snapshot
 from tests.support.fake_sidecar import FakeJob
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

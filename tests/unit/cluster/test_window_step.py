@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+from dam_contract.snapshot import Snapshot, parse_snapshot
 from dam_operator.cluster.adapters.sources import REASON_UNREACHABLE
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.registry import PodInfo, sidecar_restart
@@ -14,7 +15,6 @@ from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import parse_spec
 from dam_operator.cluster.steps.window_step import initial_step, invalid_step, window_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_sidecar.promtext import Snapshot, parse_snapshot
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
 WHEN = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -322,9 +322,9 @@ def test_a_finished_jobs_verdict_is_kept_once_no_pod_of_the_profile_is_active() 
 def test_a_pod_oom_killed_before_a_window_counts_its_workers_once() -> None:
     """Its window is its baseline and its last memory mark; both hold ``dam_processes`` (the
     baseline keeps the process counts): two workers are two, not four (seen on the node)."""
+    from dam_contract import names
     from dam_operator.cluster.steps.window_step import memory_mark
     from dam_operator.diagnosis.window import baseline
-    from dam_sidecar import names
 
     def scrape(t: float) -> Snapshot:
         text = "\n".join(
@@ -370,7 +370,7 @@ def test_the_scrape_at_the_kill_does_not_replace_the_memory_mark_that_names_the_
     training process, so no resident memory by role and no workers. The mark that says who held
     the memory is the last one taken while they lived (it was replaced: smaller-micro-batch,
     workerCount 0, "missing: mainRssBytes and workerRssBytes")."""
-    from dam_sidecar import names
+    from dam_contract import names
 
     def scrape(t: float, *, alive: bool) -> Snapshot:
         lines = [f"{names.STEPS_TOTAL} {t}", f"{names.CONTAINER_MEMORY_LIMIT_BYTES} {2 * 2**30}"]

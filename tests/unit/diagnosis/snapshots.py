@@ -2,7 +2,7 @@
 
 Tests describe the job (seconds, steps, data wait, GPU gauges, CPU use) and get the
 BEFORE and AFTER exposition texts that the sidecar would have served; every metric
-name comes from ``dam_sidecar.names``.
+name comes from ``dam_contract.names``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dam_contract import names
 from dam_operator.diagnosis import window as w
-from dam_sidecar import names
 
 Sample = tuple[str, Mapping[str, str], float]
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from dam_contract import names
+from dam_contract.snapshot import Sample, Snapshot
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Axis, Observation, RankId, Regime, Thresholds
 from dam_operator.diagnosis.ranks import find_straggler
 from dam_operator.diagnosis.window import aggregate, baseline, observation_from_snapshots
-from dam_sidecar import names
-from dam_sidecar.promtext import Sample, Snapshot
 
 # The run: a single-thread CPU job that gets 0.79 cores while other processes take the CPU.
 CPU_JOB: dict[str, Any] = {

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from dam_contract.snapshot import Snapshot, parse_snapshot
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.goodput import goodput_of
 from dam_operator.diagnosis.model import Axis, Hardware, Observation, Regime, Thresholds
 from dam_operator.diagnosis.window import observation_from_snapshots
-from dam_sidecar.promtext import Snapshot, parse_snapshot
 
 
 def _snap(text: str, t: float = 0.0) -> Snapshot:

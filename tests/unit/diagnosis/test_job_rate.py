@@ -3,10 +3,10 @@ counters are not summed (each rank counts every step); per-rank rates stay under
 
 from __future__ import annotations
 
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Observation
 from dam_operator.diagnosis.window import PodWindow, aggregate, job_window, observation_from_snapshots
-from dam_sidecar.promtext import parse_snapshot
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
 

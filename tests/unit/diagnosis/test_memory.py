@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Axis, Observation, Regime, Thresholds, Verdict
 from dam_operator.diagnosis.window import PodWindow, aggregate, job_window, observation_from_snapshots
-from dam_sidecar.promtext import parse_snapshot
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
 GIB = float(1 << 30)

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from dam_contract import names
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.evidence import Kind
 from dam_operator.diagnosis.model import Axis, Observation, RankId, Regime, Straggler, Thresholds, Verdict
@@ -18,8 +20,6 @@ from dam_operator.diagnosis.window import (
     observation_from_snapshots,
     rank_observations,
 )
-from dam_sidecar import names
-from dam_sidecar.promtext import parse_snapshot
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
 # A synchronous step of 0.5 s (120 steps in 60 s) on every rank.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dam_contract import names
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.extractors import Combine, Gauge, Scrapes
 from dam_operator.diagnosis.model import Observation, WindowMetrics
@@ -15,9 +17,7 @@ from dam_operator.diagnosis.signals import (
     extract,
     status_values,
 )
-from dam_sidecar import names
 from dam_sidecar.catalog import CATALOG
-from dam_sidecar.promtext import parse_snapshot
 from tests.unit.diagnosis.snapshots import Job, snapshot_pair
 
 

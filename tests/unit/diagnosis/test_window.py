@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from dam_contract import names
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.diagnosis.model import Observation
 from dam_operator.diagnosis.window import (
     aggregate,
@@ -14,8 +16,6 @@ from dam_operator.diagnosis.window import (
     observation_from_snapshots,
     rank_observations,
 )
-from dam_sidecar import names
-from dam_sidecar.promtext import parse_snapshot
 from tests.unit.diagnosis.snapshots import Job, Rank, exposition, snapshot_pair
 
 
@@ -218,9 +218,9 @@ def test_garbage_worker_count_is_dropped() -> None:
 
 def test_a_process_without_collectives_has_no_communication_figures() -> None:
     """A single-process job exports the collective counters at 0: no "exposed 0 %" evidence."""
+    from dam_contract import names
+    from dam_contract.snapshot import parse_snapshot
     from dam_operator.diagnosis.window import observation_from_snapshots
-    from dam_sidecar import names
-    from dam_sidecar.promtext import parse_snapshot
 
     def snap(steps: float, step_s: float) -> str:
         return (

@@ -24,6 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
+from dam_contract import names as n
+from dam_contract.snapshot import parse_snapshot
 from dam_operator.cli import main as dam
 from dam_operator.local.evaluate import (
     EXIT_INVALID_REQUIRED,
@@ -32,8 +34,6 @@ from dam_operator.local.evaluate import (
     EXIT_VERDICT,
 )
 from dam_probe.layout import ProbeRecord, encode, probe_path
-from dam_sidecar import names as n
-from dam_sidecar.promtext import parse_snapshot
 from tests.support.procs import spawn
 from tests.unit.diagnosis.snapshots import Job, snapshot_pair
 

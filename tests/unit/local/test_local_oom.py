@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+from dam_contract import names
+from dam_contract.snapshot import Sample, Snapshot
 from dam_operator.diagnosis.model import Regime
 from dam_operator.local.memory import (
     MemoryCgroupSource,
@@ -16,8 +18,6 @@ from dam_operator.local.memory import (
     with_container_memory,
 )
 from dam_operator.local.session import LocalSession, update_peaks, with_memory_peaks
-from dam_sidecar import names
-from dam_sidecar.promtext import Sample, Snapshot
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from dam_contract import names
+from dam_contract.snapshot import Sample, Snapshot
 from dam_operator.diagnosis.model import Regime
 from dam_operator.local.session import MAX_WINDOW_GROWTH, LocalSession
-from dam_sidecar import names
-from dam_sidecar.promtext import Sample, Snapshot
 
 
 def snap(steps: float, wait_s: float, step_s: float, workers: float | None = None) -> Snapshot:

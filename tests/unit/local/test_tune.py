@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
+from dam_contract import names
+from dam_contract.snapshot import Sample, Snapshot
 from dam_operator.diagnosis.model import Axis, Bottleneck, Regime, Verdict, WindowMetrics
 from dam_operator.local.tune import (
     MIN_GAIN,
@@ -30,8 +32,6 @@ from dam_operator.local.tune import (
     window_points,
 )
 from dam_probe.overrides import parse_overrides
-from dam_sidecar import names
-from dam_sidecar.promtext import Sample, Snapshot
 
 
 def test_interval_rates_are_steps_per_second_of_each_interval() -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 import dam_probe
+from dam_contract import names as n
+from dam_contract.snapshot import Snapshot
 from dam_probe import _goodput
 from dam_probe._core import Probe
 from dam_probe.layout import ProbeRecord, encode, probe_path
-from dam_sidecar import names as n
 from dam_sidecar.collector import build_collector
-from dam_sidecar.promtext import Snapshot
 from dam_sidecar.settings import SidecarSettings
 
 

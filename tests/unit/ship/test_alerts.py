@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dam_contract import names
 from dam_operator.cluster.steps import metric_names
-from dam_sidecar import names
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "alerts" / "dam-alerts.yaml"
@@ -119,7 +119,7 @@ def test_alerts_query_only_metrics_from_the_shared_name_modules() -> None:
     used = {m for rule in _rules() for m in re.findall(r"\bdam_[a-z0-9_]+", rule["expr"])}
     assert used, "no dam_ metric found in the rules"
     unknown = used - _known_metric_names()
-    assert not unknown, f"metric names unknown to dam_sidecar.names / cluster.metric_names: {unknown}"
+    assert not unknown, f"metric names unknown to dam_contract.names / cluster.metric_names: {unknown}"
 
 
 def test_runbook_anchors_exist_in_the_troubleshooting_guide() -> None:

@@ -11,8 +11,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from dam_contract import names
 from dam_operator.cluster.steps import metric_names
-from dam_sidecar import names
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "charts" / "dam-operator" / "dashboards" / "dam.json"

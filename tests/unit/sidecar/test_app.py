@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dam_sidecar import names as n
+from dam_contract import names as n
+from dam_contract.snapshot import parse_snapshot
 from dam_sidecar.app import build_parser, settings_from_args
-from dam_sidecar.promtext import parse_snapshot
 from tests.support.procs import spawn
 
 from .conftest import write_probe

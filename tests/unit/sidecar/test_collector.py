@@ -13,12 +13,12 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
-from dam_sidecar import names as n
+from dam_contract import names as n
+from dam_contract.snapshot import labels_of, parse, parse_snapshot
 from dam_sidecar.attribution import Attributor, visible_uuids
 from dam_sidecar.collector import SidecarCollector, build_collector, standard_collectors
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.fake_nvml import FakeGpu, FakeNvml
-from dam_sidecar.promtext import labels_of, parse, parse_snapshot
 from dam_sidecar.samplers.cpu import CpuSample
 from dam_sidecar.samplers.nvml import NvmlSampler
 from dam_sidecar.samplers.probe import ProbeSample, RankInfo, RankSample

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from dam_contract import names as n
+from dam_contract.snapshot import Snapshot, labels_of
 from dam_operator.diagnosis.window import observation_from_snapshots
 from dam_probe.layout import probe_path
-from dam_sidecar import names as n
 from dam_sidecar.collector import SidecarCollector, build_collector
 from dam_sidecar.collectors.host import SourcedCounter
-from dam_sidecar.promtext import Snapshot, labels_of
 from dam_sidecar.settings import SidecarSettings
 
 from .conftest import write_probe, write_proc_stat

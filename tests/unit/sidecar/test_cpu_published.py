@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dam_sidecar import names as n
+from dam_contract import names as n
+from dam_contract.snapshot import labels_of
 from dam_sidecar.attribution import Attributor
 from dam_sidecar.collector import SidecarCollector, standard_collectors
 from dam_sidecar.errors import ErrorLog
-from dam_sidecar.promtext import labels_of
 from dam_sidecar.samplers.cpu import CpuSampler, PublishedCpu
 from dam_sidecar.samplers.nvml import NoNvml
 from dam_sidecar.samplers.probe import ProbeReader

@@ -334,7 +334,7 @@ def test_gpu_mode_without_nvml_exits_2_and_starts_nothing(tmp_path: Path) -> Non
 
 
 def test_every_dam_name_the_check_reads_is_a_metric_the_sidecar_exports() -> None:
-    from dam_sidecar import names
+    from dam_contract import names
 
     exported = {v for v in vars(names).values() if isinstance(v, str) and v.startswith("dam_")}
     source = (ROOT / "tools" / "gpu_check.py").read_text()

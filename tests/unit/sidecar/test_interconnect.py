@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dam_sidecar import names as n
+from dam_contract import names as n
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.fake_nvml import FakeGpu, FakeNvml
 from dam_sidecar.samplers.nvml import NvmlSampler

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from dam_contract import names as n
+from dam_contract.snapshot import Snapshot
 from dam_probe import cgroup
-from dam_sidecar import names as n
 from dam_sidecar.collector import SidecarCollector, build_collector
 from dam_sidecar.errors import ErrorLog
-from dam_sidecar.promtext import Snapshot
 from dam_sidecar.samplers.cpu import CpuSampler
 from dam_sidecar.settings import SidecarSettings
 from tests.support.procs import spawn

@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from dam_sidecar import names
+from dam_contract import names
 from dam_sidecar.catalog import BY_NAME, CATALOG
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dam_sidecar import names as n
-from dam_sidecar.promtext import (
+from dam_contract import names as n
+from dam_contract.snapshot import (
     MAX_LINE_CHARACTERS,
     ParseStats,
     PromParseError,

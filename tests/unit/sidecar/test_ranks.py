@@ -10,10 +10,10 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from dam_sidecar import names as n
+from dam_contract import names as n
+from dam_contract.snapshot import Snapshot, labels_of, parse
 from dam_sidecar.collector import SidecarCollector, build_collector
 from dam_sidecar.errors import ErrorLog
-from dam_sidecar.promtext import Snapshot, labels_of, parse
 from dam_sidecar.samplers.probe import ProbeReader
 from dam_sidecar.settings import SidecarSettings
 

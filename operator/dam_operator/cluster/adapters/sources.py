@@ -38,13 +38,13 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
+from dam_contract import names
+from dam_contract.snapshot import PromParseError, Sample, Snapshot, labels_of, parse_snapshot
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps.metric_names import BODY_SOURCES, SCRAPE_ERROR_REASONS
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.cluster.steps.urlpolicy import UrlPolicy
-from dam_sidecar import names
-from dam_sidecar.promtext import PromParseError, Sample, Snapshot, labels_of, parse_snapshot
 
 # Bounded reasons (label values of dam_operator_evaluation_errors_total, declared in metric_names).
 (

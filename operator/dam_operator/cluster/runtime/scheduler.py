@@ -52,6 +52,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
+from dam_contract.snapshot import Snapshot
 from dam_operator.cluster.adapters.kube import ApiError, NotFoundError
 from dam_operator.cluster.adapters.sources import MetricSource, PodTarget
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
@@ -66,7 +67,6 @@ from dam_operator.cluster.steps.window_step import StepResult, initial_step, inv
 from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Bottleneck
-from dam_sidecar.promtext import Snapshot
 
 log = logging.getLogger("dam_operator.cluster.scheduler")
 

@@ -62,10 +62,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dam_contract import names
+from dam_contract.snapshot import Snapshot
 from dam_operator.cluster.steps.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART
 from dam_operator.cluster.steps.registry import PodInfo
-from dam_sidecar import names
-from dam_sidecar.promtext import Snapshot
 
 PROBE_CAUSES: tuple[str, ...] = names.BADPUT_CAUSES
 """``cause`` values of ``dam_badput_seconds_total`` (the probe's; ``restart`` is the operator's)."""

@@ -1,7 +1,7 @@
 """Names of the operator's own metrics (its ``/metrics``), in one place.
 
 The Grafana dashboard, the alert rules and the tests use these; the sidecar's
-names live in ``dam_sidecar.names``.
+names live in ``dam_contract.names``.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dam_contract import names
+from dam_contract.snapshot import CompactSnapshot, Snapshot
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.actions import ResizeRequest, window_actions
 from dam_operator.cluster.steps.goodput import GoodputLedger
@@ -28,8 +30,6 @@ from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Observation, Verdict
 from dam_operator.diagnosis.window import JobWindow, PodWindow, baseline, furthest_steps, job_window
-from dam_sidecar import names
-from dam_sidecar.promtext import CompactSnapshot, Snapshot
 
 Results = Mapping[str, "Snapshot | SourceError"]
 
