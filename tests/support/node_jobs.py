@@ -32,7 +32,7 @@ TRAINER_IMAGE = "python:3.11.13-slim-bookworm"  # the locally made base (tools/i
 HOST_SITE_PACKAGES = Path(torch.__file__).resolve().parents[1]
 TORCH_IN_POD = "/opt/host-site-packages"
 WORKLOADS = REPO / "tests" / "integration" / "node" / "workloads"
-SIDECAR_CONTAINER = "dam-sidecar"  # dam_operator.cluster.injection.SIDECAR_CONTAINER
+SIDECAR_CONTAINER = "dam-sidecar"  # dam_operator.cluster.steps.injection.SIDECAR_CONTAINER
 
 
 def version() -> str:
