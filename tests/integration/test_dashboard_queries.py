@@ -421,9 +421,15 @@ def test_fleet_query_sums_accelerator_seconds_by_use_across_profiles(stack: Stac
     expr = f"sum by (use) (rate({mn.PROFILE_ACCELERATOR_SECONDS_TOTAL}[10s]))"
     expected = {use: sum(r.get(use, 0.0) for r in GOODPUT_RATES.values()) for use in mn.ACCELERATOR_USES}
     deadline = time.monotonic() + DEADLINE_SECONDS
-    while True:  # until the counters have 10 s of samples behind them (rate() is short before)
+
+    def settled(by_use: dict[str, float]) -> bool:
+        return set(by_use) == set(expected) and all(
+            by_use[use] == pytest.approx(rate, rel=0.15, abs=0.01) for use, rate in expected.items()
+        )
+
+    while True:  # until the counters have 10 s of samples behind them (rate() ramps up before)
         by_use = {r["metric"]["use"]: float(r["value"][1]) for r in _query(stack.api, expr, instant=True)}
-        if by_use.get("productive", 0) > 0.8 * expected["productive"] or time.monotonic() > deadline:
+        if settled(by_use) or time.monotonic() > deadline:
             break
         time.sleep(1.0)
     assert set(by_use) == set(mn.ACCELERATOR_USES), by_use

@@ -173,7 +173,10 @@ def test_a_loader_worker_oom_killed_by_the_cgroup_limit_is_memory_capacity_with_
         ["sh", "-c", wrapper], capture_output=True, text=True, timeout=90, check=False, cwd=REPO
     )
     elapsed = time.monotonic() - started
-    assert "DataLoader worker (pid" in proc.stderr, proc.stderr[-3000:]
+    # DataLoader's own error, or (torch's race: the worker died mid-send, not reaped yet) the pipe's.
+    assert any(m in proc.stderr for m in ("DataLoader worker (pid", "EOFError", "ConnectionResetError")), (
+        proc.stderr[-3000:]
+    )
     assert proc.returncode == 1, "the trainer raised (its worker was killed), it was not killed itself"
     verdict = json.loads(proc.stdout)
     b = verdict["bottleneck"]

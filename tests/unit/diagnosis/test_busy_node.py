@@ -161,3 +161,10 @@ def test_a_main_process_loader_on_a_busy_node_still_asks_for_workers_first() -> 
     assert any("waited for a CPU" in e and "raise-cpu-request if it stays busy" in e for e in b.evidence), (
         b.evidence
     )
+
+
+def test_a_cpu_job_just_under_the_saturated_line_is_compute_bound_at_lower_confidence() -> None:
+    mostly = diagnose(Observation(**{**CPU_JOB, "main_cpu_cores": 0.85})).bottleneck
+    assert (mostly.regime, mostly.lever) == (Regime.COMPUTE_BOUND, "move-to-accelerator")
+    saturated = diagnose(Observation(**{**CPU_JOB, "main_cpu_cores": 0.95})).bottleneck
+    assert mostly.confidence < saturated.confidence

@@ -62,6 +62,11 @@ def busy_node(ctx: Context) -> Finding | None:
     return finding
 
 
+MOSTLY_BUSY_MARGIN_CORES = 0.10
+"""A CPU-only job's main process within this of ``mainCpuSaturatedCores`` (0.80 of a core by
+default) is compute-bound at lower confidence; below it, without other evidence, unknown."""
+
+
 def _cpu_only_on_cores(ctx: Context, seen: list[Evidence], missing: list[str], base: float) -> Finding:
     """A CPU-only job whose main process's CPU is measured: what that use says."""
     o = ctx.obs
@@ -77,6 +82,13 @@ def _cpu_only_on_cores(ctx: Context, seen: list[Evidence], missing: list[str], b
         seen.append(ev.note("the training process computes on the CPU"))
         also = ("torch-compile", "reduce-python-ops")
         return Finding(Regime.COMPUTE_BOUND, "move-to-accelerator", base, seen, missing, also=also)
+    cores = o.main_cpu_cores or 0.0
+    if cores >= ctx.t.main_cpu_saturated_cores - MOSTLY_BUSY_MARGIN_CORES and not ctx.contended():
+        # Just under the saturated line and nothing else measured explains the rest: the process
+        # mostly computes on the CPU (framework hooks, locks and short I/O take the remainder).
+        seen.append(ev.note("the training process computes on the CPU most of the window"))
+        also = ("torch-compile", "reduce-python-ops")
+        return Finding(Regime.COMPUTE_BOUND, "move-to-accelerator", base - 0.15, seen, missing, also=also)
     node = o.node_cpu_utilization
     waited = o.cpu_wait_ratio
     if node is not None and node >= NODE_CPU_BUSY and waited is not None:
