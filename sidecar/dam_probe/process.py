@@ -27,10 +27,11 @@ the next attempt waits ``RETRY_NS``. Standard library only.
 from __future__ import annotations
 
 import os
-from typing import ClassVar, Final
+from typing import ClassVar, Final, Generic, TypeVar
 
 REFRESH_NS: Final = 1_000_000_000  # at most one read per second
 RETRY_NS: Final = 60_000_000_000
+T = TypeVar("T")
 MAX_DESCENDANTS: Final = 1024  # bounds the cost of one read in a process that forks without end
 MAX_THREADS_SCANNED: Final = 4096
 
@@ -64,10 +65,36 @@ def pid_namespace(proc_root: str = "/proc") -> int:
         return 0
 
 
-class ProcessReader:
+class Refreshing(Generic[T]):
+    """``read(now_ns)``: ``_read_now()`` at most once per ``REFRESH_NS``, a failure retried after
+    ``RETRY_NS``, never raises (the probe's /proc readers; ``dam_probe.cgroup`` has its own, which
+    also forgets the cgroup directory on failure)."""
+
+    __slots__ = ("_next_ns", "cached")
+
+    cached: T | None
+    _next_ns: int
+
+    def read(self, now_ns: int) -> T | None:
+        """The figures, re-read at most once per ``REFRESH_NS``; None when unreadable."""
+        if now_ns < self._next_ns:
+            return self.cached
+        try:
+            self.cached = self._read_now()
+            self._next_ns = now_ns + REFRESH_NS
+        except Exception:
+            self.cached = None
+            self._next_ns = now_ns + RETRY_NS
+        return self.cached
+
+    def _read_now(self) -> T:
+        raise NotImplementedError
+
+
+class ProcessReader(Refreshing[ProcessFigures]):
     """Reads this process's CPU and memory figures and its descendants'; see the module docstring."""
 
-    __slots__ = ("_best", "_next_ns", "_page", "_tick_ns", "cached", "pid", "proc_root")
+    __slots__ = ("_best", "_page", "_tick_ns", "pid", "proc_root")
     KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset({"_page", "_tick_ns", "pid", "proc_root"})
 
     def __init__(self, proc_root: str = "/proc", pid: int | None = None) -> None:
@@ -85,18 +112,6 @@ class ProcessReader:
         self.cached = None
         self._next_ns = 0
         self._best = (0, 0)
-
-    def read(self, now_ns: int) -> ProcessFigures | None:
-        """The figures, re-read at most once per ``REFRESH_NS``; None when unreadable."""
-        if now_ns < self._next_ns:
-            return self.cached
-        try:
-            self.cached = self._read_now()
-            self._next_ns = now_ns + REFRESH_NS
-        except Exception:
-            self.cached = None
-            self._next_ns = now_ns + RETRY_NS
-        return self.cached
 
     def _proc(self, *parts: str) -> str:
         return os.path.join(self.proc_root, *parts)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 from typing import ClassVar, Final
 
-REFRESH_NS: Final = 1_000_000_000  # at most one read per second
-RETRY_NS: Final = 60_000_000_000
+from dam_probe.process import Refreshing
+
 MAX_CHILDREN: Final = 1024
 MAX_THREADS_SCANNED: Final = 4096
 
@@ -49,10 +49,10 @@ def _read(path: str) -> str:
         os.close(fd)
 
 
-class RunQueueReader:
+class RunQueueReader(Refreshing[tuple[int, int]]):
     """``(main ns, workers ns)`` of this process; see the module docstring."""
 
-    __slots__ = ("_carried", "_last", "_next_ns", "cached", "proc_root")
+    __slots__ = ("_carried", "_last", "proc_root")
     KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset({"proc_root"})  # a setting
 
     def __init__(self, proc_root: str = "/proc") -> None:
@@ -68,18 +68,6 @@ class RunQueueReader:
         self._next_ns = 0
         self._last = {}
         self._carried = 0
-
-    def read(self, now_ns: int) -> tuple[int, int] | None:
-        """The figures, re-read at most once per ``REFRESH_NS``; None when unreadable."""
-        if now_ns < self._next_ns:
-            return self.cached
-        try:
-            self.cached = self._read_now()
-            self._next_ns = now_ns + REFRESH_NS
-        except Exception:
-            self.cached = None
-            self._next_ns = now_ns + RETRY_NS
-        return self.cached
 
     def _read_now(self) -> tuple[int, int]:
         me = str(os.getpid())
