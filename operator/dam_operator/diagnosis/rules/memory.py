@@ -23,7 +23,8 @@ def _seen(ctx: Context, *, killed: bool, kills: bool, gpu_full: bool) -> list[Ev
     if killed:
         out.append(
             Evidence(
-                Kind.OOM, "the training container was OOM-killed (reason OOMKilled): host memory ran out"
+                Kind.OOM,
+                "the training process was OOM-killed (reason OOMKilled): its container's memory ran out",
             )
         )
     if kills:
@@ -84,7 +85,7 @@ def _host(ctx: Context, seen: list[Evidence], *, killed: bool, kills: bool) -> F
     if workers and not (o.main_rss_bytes is not None and o.worker_rss_bytes is not None):
         missing.append("workerRssBytes and mainRssBytes (which process holds the memory)")
         seen.append(
-            ev.note("DataLoader workers run in the container and host memory ran out: suspect the loader")
+            ev.note("DataLoader workers run in the container and its memory ran out: suspect the loader")
         )
         return Finding(
             Regime.MEMORY_CAPACITY, "reduce-loader-memory", conf - 0.1, seen, missing, also=_LOADER_ALSO
