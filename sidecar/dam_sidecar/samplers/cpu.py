@@ -28,6 +28,7 @@ from dam_probe import cgroup, schedstat
 from dam_probe.layout import ProbeRecord
 from dam_probe.process import pid_namespace
 from dam_sidecar.errors import ErrorLog
+from dam_sidecar.samplers.monotonic import Monotonic
 
 SAMPLER = "cpu"
 
@@ -83,7 +84,7 @@ def parse_stat(text: str) -> ProcStat:
     )
 
 
-class _Monotonic:
+class _MonotonicSum:
     """Sum over a changing set of cumulative per-key counters that never goes down."""
 
     def __init__(self) -> None:
@@ -99,34 +100,22 @@ class _Monotonic:
 
 
 @dataclass
-class _Counter:
-    carried: float = 0.0
-    last: float | None = None
-
-    def update(self, value: float) -> float:
-        if self.last is not None and value < self.last:
-            self.carried += self.last
-        self.last = value
-        return self.carried + value
-
-
-@dataclass
 class CpuSampler:
     errors: ErrorLog
     proc_root: str = "/proc"
     cgroup_root: str = "/sys/fs/cgroup"
     clock_ticks_per_second: int = 0
-    _main: _Monotonic = field(default_factory=_Monotonic)
-    _worker: _Monotonic = field(default_factory=_Monotonic)
-    _main_wait: _Monotonic = field(default_factory=_Monotonic)
-    _worker_wait: _Monotonic = field(default_factory=_Monotonic)
-    _throttled: _Counter = field(default_factory=_Counter)
+    _main: _MonotonicSum = field(default_factory=_MonotonicSum)
+    _worker: _MonotonicSum = field(default_factory=_MonotonicSum)
+    _main_wait: _MonotonicSum = field(default_factory=_MonotonicSum)
+    _worker_wait: _MonotonicSum = field(default_factory=_MonotonicSum)
+    _throttled: Monotonic = field(default_factory=Monotonic)
     _node_prev: tuple[int, int] | None = None
     _cgroup_dir: str | None = None
     _cgroup_for: int | None = None
     _memory_dir: str | None = None
     _memory_for: int | None = None
-    _oom: _Counter = field(default_factory=_Counter)
+    _oom: Monotonic = field(default_factory=Monotonic)
     page_size: int = 0
 
     def __post_init__(self) -> None:
@@ -418,10 +407,10 @@ class PublishedCpu:
     """
 
     own_namespace: int = field(default_factory=lambda: pid_namespace("/proc"))
-    _main: _Monotonic = field(default_factory=_Monotonic)
-    _worker: _Monotonic = field(default_factory=_Monotonic)
-    _main_wait: _Monotonic = field(default_factory=_Monotonic)
-    _worker_wait: _Monotonic = field(default_factory=_Monotonic)
+    _main: _MonotonicSum = field(default_factory=_MonotonicSum)
+    _worker: _MonotonicSum = field(default_factory=_MonotonicSum)
+    _main_wait: _MonotonicSum = field(default_factory=_MonotonicSum)
+    _worker_wait: _MonotonicSum = field(default_factory=_MonotonicSum)
 
     def foreign(self, records: Iterable[ProbeRecord]) -> list[ProbeRecord]:
         """The records of processes this sidecar cannot see in its ``/proc``."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dam_sidecar.errors import ErrorLog
+from dam_sidecar.samplers.monotonic import Monotonic
 
 SAMPLER = "nvml"
 
@@ -170,21 +171,7 @@ class _Device:
     nvlink_links: int | None = None  # None: not asked yet; 0: no NVLink
     pcie_fields: bool | None = None  # None: not asked yet; False: integrate the throughput samples
     last_sample_at: float | None = None
-    counters: dict[str, _Monotonic] = field(default_factory=dict)
-
-
-@dataclass
-class _Monotonic:
-    """A cumulative hardware counter exported so that it never goes down (a reset is carried over)."""
-
-    carried: float = 0.0
-    last: float | None = None
-
-    def update(self, value: float) -> float:
-        if self.last is not None and value < self.last:
-            self.carried += self.last
-        self.last = value
-        return self.carried + value
+    counters: dict[str, Monotonic] = field(default_factory=dict)
 
 
 class NvmlSampler:
@@ -380,7 +367,7 @@ class NvmlSampler:
         return out
 
     def _counter(self, dev: _Device, name: str, value: float) -> float:
-        return dev.counters.setdefault(name, _Monotonic()).update(value)
+        return dev.counters.setdefault(name, Monotonic()).update(value)
 
     def _nvlink(self, dev: _Device) -> tuple[float, float] | None:
         nv = self._nv
@@ -429,8 +416,8 @@ class NvmlSampler:
                 return None  # they worked before: a transient failure, try again next tick
         if tx_kbps is None or rx_kbps is None:
             return None
-        tx = dev.counters.setdefault("pcie_tx", _Monotonic())
-        rx = dev.counters.setdefault("pcie_rx", _Monotonic())
+        tx = dev.counters.setdefault("pcie_tx", Monotonic())
+        rx = dev.counters.setdefault("pcie_rx", Monotonic())
         return (
             tx.update((tx.last or 0.0) + float(tx_kbps) * _KIB * elapsed),
             rx.update((rx.last or 0.0) + float(rx_kbps) * _KIB * elapsed),
