@@ -34,13 +34,16 @@ readable cgroup pays a few failed ``stat`` calls a minute. Standard library only
 from __future__ import annotations
 
 import os
-from typing import ClassVar, Final, Generic, TypeVar
+from typing import ClassVar, Final, TypeVar
 
+from dam_probe import process
+from dam_probe.process import Refreshing
+
+REFRESH_NS: Final = process.REFRESH_NS  # at most one read per second (the process readers' pace)
+RETRY_NS: Final = process.RETRY_NS  # after a failure ("no cgroup here"), try again a minute later
 ENV_ROOT: Final = "DAM_PROBE_CGROUP_ROOT"
 DEFAULT_ROOT: Final = "/sys/fs/cgroup"
 PROC_SELF_CGROUP: Final = "/proc/self/cgroup"
-REFRESH_NS: Final = 1_000_000_000  # at most one read per second
-RETRY_NS: Final = 60_000_000_000  # after a failure ("no cgroup here"), try again a minute later
 _U64_MAX: Final = 2**64 - 1
 T = TypeVar("T")
 
@@ -168,12 +171,13 @@ def _millicores(cores: float | None) -> int:
     return 0 if cores is None else max(1, round(cores * 1000))
 
 
-class _CachedReader(Generic[T]):
+class _CachedReader(Refreshing[T]):
     """Reads one controller's fields of this process's cgroup; ``read(now_ns)`` caches between
-    refreshes: at most one read per ``REFRESH_NS``, a failure is retried after ``RETRY_NS``,
-    nothing raises. Subclasses name the controller and implement ``_read_now``."""
+    refreshes: at most one read per ``REFRESH_NS``, a failure is retried after ``RETRY_NS`` (and
+    the directory resolved again), nothing raises. Subclasses name the controller and implement
+    ``_read_now``."""
 
-    __slots__ = ("_directory", "_next_ns", "_v2", "_value", "proc_self_cgroup", "root")
+    __slots__ = ("_directory", "_v2", "proc_self_cgroup", "root")
 
     controller: ClassVar[str]
     marker: ClassVar[str]  # a file that exists in every cgroup directory of the controller (v1)
@@ -185,27 +189,17 @@ class _CachedReader(Generic[T]):
         self._directory: str | None = None
         self._v2 = False
         self._next_ns = 0
-        self._value: T | None = None
+        self.cached = None
 
     def reset(self) -> None:
         """Forget the directory and the cached value (after a fork: read again on the next publish)."""
         self._directory = None
         self._v2 = False  # found again with the directory
         self._next_ns = 0
-        self._value = None
+        self.cached = None
 
-    def read(self, now_ns: int) -> T | None:
-        """The latest fields, or None when unknown; never raises."""
-        if now_ns < self._next_ns:
-            return self._value
-        try:
-            self._value = self._read_now()
-            self._next_ns = now_ns + REFRESH_NS
-        except Exception:
-            self._value = None
-            self._directory = None  # resolve again at the next attempt
-            self._next_ns = now_ns + RETRY_NS
-        return self._value
+    def _failed(self) -> None:
+        self._directory = None  # resolve again at the next attempt
 
     # -- internals ---------------------------------------------------------------
 
@@ -235,9 +229,6 @@ class _CachedReader(Generic[T]):
         if directory is None:
             directory = self._directory = self._resolve()
         return directory
-
-    def _read_now(self) -> T:
-        raise NotImplementedError
 
 
 class CgroupReader(_CachedReader[CgroupCpu]):

@@ -39,7 +39,8 @@ ProcessFigures = tuple[int, int, int, int, int, int]
 """(main CPU ns, worker CPU ns, main RSS bytes, worker RSS bytes, workers, PID namespace inode or 0)"""
 
 
-def _read(path: str) -> str:
+def read_small(path: str) -> str:
+    """The first 4 KiB of a small procfs file (``stat``, ``statm``, ``schedstat``, ``children``)."""
     # os.open/os.read: a third of the cost of open() for these small procfs files.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -67,8 +68,8 @@ def pid_namespace(proc_root: str = "/proc") -> int:
 
 class Refreshing(Generic[T]):
     """``read(now_ns)``: ``_read_now()`` at most once per ``REFRESH_NS``, a failure retried after
-    ``RETRY_NS``, never raises (the probe's /proc readers; ``dam_probe.cgroup`` has its own, which
-    also forgets the cgroup directory on failure)."""
+    ``RETRY_NS``, never raises (the probe's /proc and schedstat readers and ``dam_probe.cgroup``'s,
+    which also forgets the cgroup directory on failure: ``_failed``)."""
 
     __slots__ = ("_next_ns", "cached")
 
@@ -84,11 +85,15 @@ class Refreshing(Generic[T]):
             self._next_ns = now_ns + REFRESH_NS
         except Exception:
             self.cached = None
+            self._failed()
             self._next_ns = now_ns + RETRY_NS
         return self.cached
 
     def _read_now(self) -> T:
         raise NotImplementedError
+
+    def _failed(self) -> None:
+        """What else a failed read forgets (nothing here)."""
 
 
 class ProcessReader(Refreshing[ProcessFigures]):
@@ -118,14 +123,14 @@ class ProcessReader(Refreshing[ProcessFigures]):
 
     def _read_now(self) -> ProcessFigures:
         me = os.getpid() if self.pid is None else self.pid
-        own = stat_fields(_read(self._proc(str(me), "stat")))
+        own = stat_fields(read_small(self._proc(str(me), "stat")))
         main_ticks = int(own[11]) + int(own[12])
         reaped_ticks = int(own[13]) + int(own[14])
         main_rss = self._rss(me) or 0
         worker_ticks, worker_rss, workers = 0, 0, 0
         for pid in self._descendants(me):
             try:
-                fields = stat_fields(_read(self._proc(str(pid), "stat")))
+                fields = stat_fields(read_small(self._proc(str(pid), "stat")))
             except (OSError, ValueError):
                 continue  # ended meanwhile
             if fields[0] == "Z":
@@ -141,7 +146,7 @@ class ProcessReader(Refreshing[ProcessFigures]):
 
     def _rss(self, pid: int) -> int | None:
         try:
-            return int(_read(self._proc(str(pid), "statm")).split()[1]) * self._page
+            return int(read_small(self._proc(str(pid), "statm")).split()[1]) * self._page
         except (OSError, ValueError, IndexError):
             return None
 
@@ -156,7 +161,7 @@ class ProcessReader(Refreshing[ProcessFigures]):
         found = False
         for tid in tids:
             try:
-                text = _read(os.path.join(task_dir, tid, "children"))
+                text = read_small(os.path.join(task_dir, tid, "children"))
             except OSError:
                 continue
             found = True
@@ -168,7 +173,7 @@ class ProcessReader(Refreshing[ProcessFigures]):
         for name in os.listdir(self.proc_root):
             if name.isdigit():
                 try:
-                    ppid = int(stat_fields(_read(self._proc(name, "stat")))[1])
+                    ppid = int(stat_fields(read_small(self._proc(name, "stat")))[1])
                 except (OSError, ValueError, IndexError):
                     continue
                 out.setdefault(ppid, []).append(int(name))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from typing import ClassVar, Final
 
-from dam_probe.process import Refreshing
+from dam_probe.process import Refreshing, read_small
 
 MAX_CHILDREN: Final = 1024
 MAX_THREADS_SCANNED: Final = 4096
@@ -39,14 +39,6 @@ def run_delay_ns(text: str) -> int:
     if len(fields) < 2:
         raise ValueError(f"schedstat has {len(fields)} fields, expected 3")
     return int(fields[1])
-
-
-def _read(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 4096).decode("ascii", "replace")
-    finally:
-        os.close(fd)
 
 
 class RunQueueReader(Refreshing[tuple[int, int]]):
@@ -71,11 +63,11 @@ class RunQueueReader(Refreshing[tuple[int, int]]):
 
     def _read_now(self) -> tuple[int, int]:
         me = str(os.getpid())
-        main = run_delay_ns(_read(os.path.join(self.proc_root, me, "schedstat")))
+        main = run_delay_ns(read_small(os.path.join(self.proc_root, me, "schedstat")))
         current: dict[int, int] = {}
         for pid in self._children(me)[:MAX_CHILDREN]:
             try:
-                current[pid] = run_delay_ns(_read(os.path.join(self.proc_root, str(pid), "schedstat")))
+                current[pid] = run_delay_ns(read_small(os.path.join(self.proc_root, str(pid), "schedstat")))
             except (OSError, ValueError):
                 continue  # ended meanwhile
         for pid, value in self._last.items():
@@ -91,7 +83,7 @@ class RunQueueReader(Refreshing[tuple[int, int]]):
         out: list[int] = []
         for tid in os.listdir(task_dir)[:MAX_THREADS_SCANNED]:
             try:
-                text = _read(os.path.join(task_dir, tid, "children"))
+                text = read_small(os.path.join(task_dir, tid, "children"))
             except OSError:
                 continue  # the thread ended, or the kernel offers no children file
             out.extend(int(c) for c in text.split() if c.isdigit())
