@@ -42,6 +42,7 @@ from typing import Any, Final, cast
 
 from dam_probe import _comm, _goodput
 from dam_probe._core import PROBE, Probe
+from dam_probe._wrapper import dress
 
 TARGET: Final = "torch.utils.data.dataloader"
 ITER_CLASS: Final = "_BaseDataLoaderIter"
@@ -85,11 +86,7 @@ def timed_next(orig: Callable[[Any], Any], p: Probe = PROBE) -> Callable[[Any], 
                 p.slow_path(t0, t1, item)
         return item
 
-    __next__.__name__ = getattr(orig, "__name__", "__next__")
-    __next__.__qualname__ = getattr(orig, "__qualname__", "__next__")
-    __next__.__doc__ = getattr(orig, "__doc__", None)
-    __next__.__wrapped__ = orig  # type: ignore[attr-defined]
-    setattr(__next__, MARK, True)
+    dress(__next__, orig, MARK)
     return __next__
 
 

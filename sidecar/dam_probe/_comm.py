@@ -83,6 +83,7 @@ from types import ModuleType
 from typing import Any, Final
 
 from dam_probe._core import PROBE, Probe
+from dam_probe._wrapper import dress
 
 ENV_COLLECTIVES: Final = "DAM_PROBE_COLLECTIVES"
 C10D: Final = "torch.distributed.distributed_c10d"
@@ -295,14 +296,10 @@ def timed_collective(orig: Callable[..., Any], position: int, keyword: str | Non
             p.publish_comm(t1)
         return work
 
-    collective.__name__ = getattr(orig, "__name__", "collective")
-    collective.__qualname__ = getattr(orig, "__qualname__", "collective")
-    collective.__doc__ = getattr(orig, "__doc__", None)
+    dress(collective, orig, MARK)
     collective.__module__ = getattr(orig, "__module__", __name__)
-    collective.__wrapped__ = orig  # type: ignore[attr-defined]
     with contextlib.suppress(Exception):
         collective.__signature__ = inspect.signature(orig)  # type: ignore[attr-defined]
-    setattr(collective, MARK, True)
     return collective
 
 
@@ -331,11 +328,7 @@ def timed_wait(orig: Callable[..., Any], p: Probe = PROBE) -> Any:
             t1 = clock()
             _finish(key, t0 if done_before else t1, t1 - t0)
 
-    wait.__name__ = getattr(orig, "__name__", "wait")
-    wait.__qualname__ = getattr(orig, "__qualname__", "wait")
-    wait.__doc__ = getattr(orig, "__doc__", None)
-    wait.__wrapped__ = orig  # type: ignore[attr-defined]
-    setattr(wait, MARK, True)
+    dress(wait, orig, MARK)
     return wait
 
 

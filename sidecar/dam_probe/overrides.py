@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Final
 
+from dam_probe._wrapper import dress
+
 ENV_LOADER_OVERRIDES: Final = "DAM_LOADER_OVERRIDES"
 OVERRIDES_VERSION: Final = 1
 MAX_WORKERS: Final = 256
@@ -724,11 +726,7 @@ def _overriding_init(
                 _say(f"{kind} at {site}: {plan.message()}")
         orig(self, *args, **kwargs)
 
-    __init__.__name__ = getattr(orig, "__name__", "__init__")
-    __init__.__qualname__ = getattr(orig, "__qualname__", "__init__")
-    __init__.__doc__ = getattr(orig, "__doc__", None)
-    __init__.__wrapped__ = orig  # type: ignore[attr-defined]
-    setattr(__init__, MARK, overrides)
+    dress(__init__, orig, MARK, overrides)
     return __init__
 
 
