@@ -291,43 +291,60 @@ class ProbeRecord:
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
-        known = self.cgroup_throttled_ns is not None
-        if not known and (self.cgroup_limit_millicores is not None or self.cgroup_id is not None):
-            raise ValueError("cgroup_limit_millicores and cgroup_id need cgroup_throttled_ns")
-        counters = (self.collective_ns, self.collective_exposed_ns, self.collective_bytes)
-        if self.collectives is None and any(v is not None for v in counters):
-            raise ValueError("collective_ns, collective_exposed_ns and collective_bytes need collectives")
-        memory = (self.memory_limit_bytes, self.oom_kills, self.memory_cgroup_id)
-        if self.memory_usage_bytes is None and any(v is not None for v in memory):
-            raise ValueError("memory_limit_bytes, oom_kills and memory_cgroup_id need memory_usage_bytes")
-        process = (self.worker_cpu_ns, self.process_rss_bytes, self.worker_rss_bytes, self.workers)
-        if self.process_cpu_ns is None and any(v is not None for v in (*process, self.pid_namespace)):
-            raise ValueError("worker_cpu_ns, the RSS fields, workers and pid_namespace need process_cpu_ns")
-        if self.loader_worker_kills is None and self.loader_kill_signal is not None:
-            raise ValueError("loader_kill_signal needs loader_worker_kills")
-        if self.run_queue_ns is None and self.worker_run_queue_ns is not None:
-            raise ValueError("worker_run_queue_ns needs run_queue_ns")
-        goodput = (
-            self.process_start_ns,
-            self.startup_ns,
-            self.productive_ns,
-            self.other_ns,
-            self.flops_state,
+        _needs(
+            self.cgroup_throttled_ns,
+            (self.cgroup_limit_millicores, self.cgroup_id),
+            "cgroup_limit_millicores and cgroup_id need cgroup_throttled_ns",
         )
-        if any(v is None for v in goodput) and any(v is not None for v in goodput):
-            raise ValueError("process_start_ns, startup_ns, productive_ns, other_ns, flops_state go together")
-        checkpoint = (
-            self.checkpoint_ns,
-            self.checkpoint_step_ns,
-            self.checkpoints,
-            self.last_checkpoint_ns,
-            self.last_checkpoint_steps,
+        _needs(
+            self.collectives,
+            (self.collective_ns, self.collective_exposed_ns, self.collective_bytes),
+            "collective_ns, collective_exposed_ns and collective_bytes need collectives",
         )
-        if any(v is None for v in checkpoint) and any(v is not None for v in checkpoint):
-            raise ValueError("the five checkpoint fields go together")
-        flops = (self.measured_flops_per_step, self.flops_measured_ns, self.flops_measured_steps)
-        if any(v is None for v in flops) and any(v is not None for v in flops):
-            raise ValueError("measured_flops_per_step, flops_measured_ns, flops_measured_steps go together")
+        _needs(
+            self.memory_usage_bytes,
+            (self.memory_limit_bytes, self.oom_kills, self.memory_cgroup_id),
+            "memory_limit_bytes, oom_kills and memory_cgroup_id need memory_usage_bytes",
+        )
+        _needs(
+            self.process_cpu_ns,
+            (
+                self.worker_cpu_ns,
+                self.process_rss_bytes,
+                self.worker_rss_bytes,
+                self.workers,
+                self.pid_namespace,
+            ),
+            "worker_cpu_ns, the RSS fields, workers and pid_namespace need process_cpu_ns",
+        )
+        _needs(
+            self.loader_worker_kills,
+            (self.loader_kill_signal,),
+            "loader_kill_signal needs loader_worker_kills",
+        )
+        _needs(
+            self.run_queue_ns,
+            (self.worker_run_queue_ns,),
+            "worker_run_queue_ns needs run_queue_ns",
+        )
+        _together(
+            (self.process_start_ns, self.startup_ns, self.productive_ns, self.other_ns, self.flops_state),
+            "process_start_ns, startup_ns, productive_ns, other_ns, flops_state go together",
+        )
+        _together(
+            (
+                self.checkpoint_ns,
+                self.checkpoint_step_ns,
+                self.checkpoints,
+                self.last_checkpoint_ns,
+                self.last_checkpoint_steps,
+            ),
+            "the five checkpoint fields go together",
+        )
+        _together(
+            (self.measured_flops_per_step, self.flops_measured_ns, self.flops_measured_steps),
+            "measured_flops_per_step, flops_measured_ns, flops_measured_steps go together",
+        )
         if self.measured_flops_per_step is not None and not (
             math.isfinite(self.measured_flops_per_step) and self.measured_flops_per_step >= 0
         ):
@@ -374,6 +391,18 @@ class ProbeRecord:
     @property
     def collective_exposed_seconds(self) -> float | None:
         return None if self.collective_exposed_ns is None else self.collective_exposed_ns / 1e9
+
+
+def _needs(anchor: object, fields: tuple[object, ...], message: str) -> None:
+    """``fields`` are only known with ``anchor`` (a ``ValueError(message)`` otherwise)."""
+    if anchor is None and any(v is not None for v in fields):
+        raise ValueError(message)
+
+
+def _together(fields: tuple[object, ...], message: str) -> None:
+    """``fields`` are all known or none is (a ``ValueError(message)`` otherwise)."""
+    if any(v is None for v in fields) and any(v is not None for v in fields):
+        raise ValueError(message)
 
 
 def probe_path(directory: str, pid: int) -> str:
