@@ -259,13 +259,7 @@ class ProbeReader:
     def _cgroup_totals(self, live: dict[Key, ProbeRecord]) -> tuple[float | None, float | None]:
         marked = self._throttled.total()
         throttled = marked / 1e9 if marked is not None else None
-        newest: dict[int, ProbeRecord] = {}
-        for r in live.values():
-            if r.cgroup_throttled_ns is None:
-                continue
-            key = r.cgroup_id or 0
-            if key not in newest or r.last_update_ns > newest[key].last_update_ns:
-                newest[key] = r
+        newest = _newest_per_cgroup(live, _cpu_cgroup)
         limits = [r.cgroup_limit_cores for r in newest.values()]
         # One unlimited cgroup makes the whole unlimited; otherwise distinct cgroups add up.
         limit = sum(v for v in limits if v is not None) if limits and None not in limits else None
@@ -284,13 +278,7 @@ class ProbeReader:
     def _memory_totals(self, live: dict[Key, ProbeRecord]) -> tuple[float | None, float | None, float | None]:
         marked = self._ooms.total()
         kills = float(marked) if marked is not None else None
-        newest: dict[int, ProbeRecord] = {}
-        for r in live.values():
-            if r.memory_usage_bytes is None:
-                continue
-            key = r.memory_cgroup_id or 0
-            if key not in newest or r.last_update_ns > newest[key].last_update_ns:
-                newest[key] = r
+        newest = _newest_per_cgroup(live, _memory_cgroup)
         if not newest:
             return None, None, kills
         usage = float(sum(r.memory_usage_bytes or 0 for r in newest.values()))
@@ -491,6 +479,27 @@ class ProbeReader:
             if name.isdigit():
                 present.add(int(name))
         self._folded = {k for k in self._folded if k[0] in present}
+
+
+def _newest_per_cgroup(
+    live: dict[Key, ProbeRecord], cgroup_of: Callable[[ProbeRecord], int | None]
+) -> dict[int, ProbeRecord]:
+    """The latest record of each cgroup (``cgroup_of``: its id, 0 when unknown; None: the record
+    does not carry that cgroup's fields)."""
+    newest: dict[int, ProbeRecord] = {}
+    for r in live.values():
+        key = cgroup_of(r)
+        if key is not None and (key not in newest or r.last_update_ns > newest[key].last_update_ns):
+            newest[key] = r
+    return newest
+
+
+def _cpu_cgroup(r: ProbeRecord) -> int | None:
+    return None if r.cgroup_throttled_ns is None else r.cgroup_id or 0
+
+
+def _memory_cgroup(r: ProbeRecord) -> int | None:
+    return None if r.memory_usage_bytes is None else r.memory_cgroup_id or 0
 
 
 def _device_uuids(current: dict[Key, ProbeRecord]) -> tuple[str, ...]:
