@@ -9,16 +9,21 @@ list built from the settings): ``dam_sidecar.collector.standard_collectors``. Un
 
 A collector that reads what another one found this tick (the probe's pids, GPU UUIDs, cgroup
 figures) finds it in the ``Tick``: the probe collector comes first in the list for that reason.
+
+A family that is one field of the collector's sample is not written here: its declaration in
+``dam_contract.names`` names the field (``MetricSpec.sample``), ``declared`` picks a source's
+declarations and ``fields`` builds their families from the samples. Only a family that is not a
+field (per role, per rank, a state set, the GPU's name) is built by hand.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from dam_contract import names as n
-from dam_sidecar.catalog import BY_NAME
+from dam_contract.names import BY_NAME, CATALOG, MetricSpec
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.probe import ProbeSample
 
@@ -87,3 +92,40 @@ def labelled(name: str, labels: tuple[str, ...]) -> Family:
 
 def rank_value(rank: int | None) -> str:
     return "" if rank is None else str(rank)
+
+
+def declared(*sources: str) -> tuple[MetricSpec, ...]:
+    """The declarations of ``sources`` whose family is a sample field, in declaration order."""
+    return tuple(m for m in CATALOG if m.source in sources and m.sample)
+
+
+def fields(specs: Iterable[MetricSpec], rows: Iterable[tuple[tuple[str, ...], object]]) -> Iterator[Family]:
+    """Each spec's family from its sample field, read on every row (label values, sample object).
+
+    A field that is None on a row leaves that series out, and a family without a series is left
+    out. For ``(label value, path)`` pairs, each pair's value is a series with that value as the
+    family's last label.
+    """
+    rows = tuple(rows)
+    for spec in specs:
+        fam = Family(spec.name, spec.kind, spec.help, spec.labels)
+        pairs = ((None, spec.sample),) if isinstance(spec.sample, str) else spec.sample
+        for labels, obj in rows:
+            for label, path in pairs:
+                value = read_field(obj, path)
+                if value is not None:
+                    fam.add_metric(labels if label is None else (*labels, label), value)
+        if fam.samples:
+            yield fam
+
+
+def read_field(obj: object, path: str) -> float | None:
+    """``obj``'s value at the dotted ``path``: attributes, or keys where a step is a mapping."""
+    value: object = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else getattr(value, part)
+        if value is None:
+            return None
+    if not isinstance(value, int | float):
+        raise TypeError(f"{path} is {type(value).__name__}, not a number")
+    return float(value)

@@ -12,12 +12,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from dam_contract import names as n
-from dam_sidecar.collectors.base import Tick, counter, gauge, single
+from dam_sidecar.collectors.base import Tick, counter, declared, fields, gauge
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.cpu import CpuSample, CpuSource, PublishedCpu, with_probe_workers, with_published
 from dam_sidecar.samplers.probe import ProbeSample
 
 log = logging.getLogger("dam_sidecar")
+
+# The figures that are one field of the ``HostReading`` (``cpu.*`` the sampler's, ``container_*``
+# the chosen cgroup source's), from their declarations (dam_contract.names). The CPU counters come
+# before ``dam_container_cpu_source`` and the CPU gauges after it, as /metrics has always had them.
+_CPU_COUNTERS = tuple(m for m in declared("cpu") if m.kind == n.COUNTER)
+_CPU_GAUGES = tuple(m for m in declared("cpu") if m.kind == n.GAUGE)
+_MEMORY = declared("memory")
 
 
 @dataclass(frozen=True)
@@ -157,9 +164,8 @@ class HostCollector:
         return source
 
     def collect(self) -> Iterator[Family]:
-        reading = self.latest
-        yield from _cpu_families(reading.cpu, reading.container_cpu)
-        yield from _memory_families(reading.cpu, reading.container_memory)
+        yield from _cpu_families(self.latest)
+        yield from _memory_families(self.latest)
 
 
 def _by_role(fam: Family, main: float, worker: float | None) -> Family:
@@ -177,14 +183,8 @@ def _source(name: str, sources: tuple[str, ...], chosen: str) -> Family:
     return fam
 
 
-def _known(*pairs: tuple[str, float | None]) -> Iterator[Family]:
-    """An unlabelled gauge for each value that is known."""
-    for name, value in pairs:
-        if value is not None:
-            yield single(name, value)
-
-
-def _cpu_families(c: CpuSample, container: ContainerCpu) -> Iterator[Family]:
+def _cpu_families(reading: HostReading) -> Iterator[Family]:
+    c, container = reading.cpu, reading.container_cpu
     if c.main_cpu_seconds is not None:
         yield _by_role(
             counter(n.PROCESS_CPU_SECONDS_TOTAL, ("role",)), c.main_cpu_seconds, c.worker_cpu_seconds
@@ -193,23 +193,16 @@ def _cpu_families(c: CpuSample, container: ContainerCpu) -> Iterator[Family]:
     if c.main_wait_seconds is not None:
         waits = counter(n.PROCESS_CPU_WAIT_SECONDS_TOTAL, ("role",))
         yield _by_role(waits, c.main_wait_seconds, c.worker_wait_seconds)
-    if container.throttled_seconds is not None:
-        yield single(n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL, container.throttled_seconds, "counter")
+    rows = (((), reading),)
+    yield from fields(_CPU_COUNTERS, rows)
     yield _source(n.CONTAINER_CPU_SOURCE, n.CPU_SOURCES, container.source)
-    yield from _known(
-        (n.CONTAINER_CPU_LIMIT_CORES, container.limit_cores),
-        (n.NODE_CPU_UTILIZATION_RATIO, c.node_utilization_ratio),
-    )
+    yield from fields(_CPU_GAUGES, rows)
 
 
-def _memory_families(c: CpuSample, container: ContainerMemory) -> Iterator[Family]:
+def _memory_families(reading: HostReading) -> Iterator[Family]:
+    c = reading.cpu
     if c.main_rss_bytes is not None:
         rss = gauge(n.PROCESS_RESIDENT_MEMORY_BYTES, ("role",))
         yield _by_role(rss, c.main_rss_bytes, c.worker_rss_bytes)
-    yield from _known(
-        (n.CONTAINER_MEMORY_USAGE_BYTES, container.usage_bytes),
-        (n.CONTAINER_MEMORY_LIMIT_BYTES, container.limit_bytes),
-    )
-    if container.oom_kills is not None:
-        yield single(n.CONTAINER_OOM_KILLS_TOTAL, container.oom_kills, "counter")
-    yield _source(n.CONTAINER_MEMORY_SOURCE, n.MEMORY_SOURCES, container.source)
+    yield from fields(_MEMORY, (((), reading),))
+    yield _source(n.CONTAINER_MEMORY_SOURCE, n.MEMORY_SOURCES, reading.container_memory.source)
