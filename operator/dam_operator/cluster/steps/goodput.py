@@ -95,17 +95,22 @@ def _valid(value: float) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
-def parse_time(value: str | None) -> float | None:
-    """Unix seconds of an RFC 3339 time (the kubelet's, the status'); None when absent or garbage."""
+def parse_datetime(value: str | None) -> dt.datetime | None:
+    """An RFC 3339 time (the kubelet's, the status'), UTC when it names no zone; None when absent
+    or garbage."""
     if not value:
         return None
     try:
         at = dt.datetime.fromisoformat(value)
     except ValueError:
         return None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=dt.UTC)
-    return at.timestamp()
+    return at.replace(tzinfo=dt.UTC) if at.tzinfo is None else at
+
+
+def parse_time(value: str | None) -> float | None:
+    """Unix seconds of an RFC 3339 time (``parse_datetime``); None when absent or garbage."""
+    at = parse_datetime(value)
+    return None if at is None else at.timestamp()
 
 
 # ---------------------------------------------------------------- one scrape

@@ -22,7 +22,7 @@ from dam_contract import names
 from dam_contract.snapshot import CompactSnapshot, Snapshot
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.actions import ResizeRequest, window_actions
-from dam_operator.cluster.steps.goodput import GoodputLedger
+from dam_operator.cluster.steps.goodput import GoodputLedger, parse_datetime
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import DAMProfileSpec
@@ -125,14 +125,9 @@ def oom_killed_within(last_oom_kill: str | None, when: dt.datetime, window_secon
     verdict at memory-capacity forever: only a kill inside this window counts. None (unknown)
     when the pod never reported one.
     """
-    if not last_oom_kill:
+    at = parse_datetime(last_oom_kill)
+    if at is None:
         return None
-    try:
-        at = dt.datetime.fromisoformat(last_oom_kill)
-    except ValueError:
-        return None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=dt.UTC)
     return at >= when - dt.timedelta(seconds=window_seconds + OOM_SLACK_SECONDS)
 
 
