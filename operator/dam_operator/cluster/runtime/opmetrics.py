@@ -226,6 +226,16 @@ class _ProfileCollector(Collector):
         yield from scrape.families()
 
 
+def _closed_counter(
+    registry: CollectorRegistry, name: str, documentation: str, label: str, values: Iterable[str]
+) -> Counter:
+    """A counter with one label whose closed set of ``values`` is exposed from 0."""
+    counter = Counter(name, documentation, [label], registry=registry)
+    for value in values:
+        counter.labels(value)
+    return counter
+
+
 class OperatorMetrics:
     """The operator's metrics, on ``registry``; see docs/metrics.md for the list.
 
@@ -241,14 +251,13 @@ class OperatorMetrics:
         self._evaluations = Counter(
             n.OPERATOR_EVALUATIONS_TOTAL, "Profile evaluations run.", registry=registry
         )
-        self._errors = Counter(
+        self._errors = _closed_counter(
+            registry,
             n.OPERATOR_EVALUATION_ERRORS_TOTAL,
             "Evaluation problems by reason (scrape failures, API errors, ...).",
-            ["reason"],
-            registry=registry,
+            "reason",
+            n.ERROR_REASONS,
         )
-        for reason in n.ERROR_REASONS:
-            self._errors.labels(reason)
         self._scrape = Histogram(
             n.OPERATOR_SCRAPE_DURATION_SECONDS,
             "Duration of one sidecar scrape or Prometheus query.",
@@ -261,32 +270,29 @@ class OperatorMetrics:
             buckets=DELAY_BUCKETS,
             registry=registry,
         )
-        self._webhook = Counter(
+        self._webhook = _closed_counter(
+            registry,
             n.OPERATOR_WEBHOOK_REQUESTS_TOTAL,
             "Pod admission requests by result (injected, skipped, error, ...).",
-            ["result"],
-            registry=registry,
+            "result",
+            n.WEBHOOK_RESULTS,
         )
-        for result in n.WEBHOOK_RESULTS:
-            self._webhook.labels(result)
         self._profiles = Gauge(n.OPERATOR_PROFILES, "DAMProfiles known to the operator.", registry=registry)
-        self._actions = Counter(
+        self._actions = _closed_counter(
+            registry,
             n.OPERATOR_ACTIONS_TOTAL,
             "Actions by outcome (pending: planned; improved, no-change, worse, rolled-back: judged).",
-            ["outcome"],
-            registry=registry,
+            "outcome",
+            n.ACTION_OUTCOMES,
         )
-        for outcome in n.ACTION_OUTCOMES:
-            self._actions.labels(outcome)
-        self._too_large = Counter(
+        self._too_large = _closed_counter(
+            registry,
             n.OPERATOR_SOURCE_BODY_TOO_LARGE_TOTAL,
             "Bodies given up at their cap, by source (scrape: a sidecar's /metrics over "
             "DAM_SCRAPE_MAX_BYTES; prometheus: an answer over DAM_PROMETHEUS_MAX_ANSWER_BYTES).",
-            ["source"],
-            registry=registry,
+            "source",
+            n.BODY_SOURCES,
         )
-        for source in n.BODY_SOURCES:
-            self._too_large.labels(source)
 
     # ------------------------------------------------------------ per profile
 
@@ -308,7 +314,7 @@ class OperatorMetrics:
             f = self._entry(namespace, profile)
             f.verdict = (str(b.axis.value), str(b.regime.value), b.lever)
             f.confidence = b.confidence
-            f.data_wait, f.steps, f.mfu = m.data_wait_ratio, m.steps_per_second, m.mfu
+            f.data_wait, f.steps, f.mfu = m.shown.data_wait_ratio, m.steps_per_second, m.mfu
             f.iron_law = {t: v for t in n.IRON_LAW_TERMS if (v := terms[t]) is not None}
             if timestamp_seconds is not None:
                 f.last_evaluation = timestamp_seconds
