@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ import time
 
 import httpx
 import psutil
+from sidecar_http_load import start_sidecar  # a script beside this one (benchmarks/)
 
 from dam_probe.layout import ProbeWriter, probe_path
 
@@ -64,33 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
         pub = threading.Thread(target=publish, daemon=True)
         pub.start()
-        env = {
-            **os.environ,
-            "DAM_FAKE_GPUS": str(args.gpus),
-            "DAM_GPU_ATTRIBUTION_FALLBACK": "all",
-            "DAM_PROBE_DIR": probe_dir,
-            "DAM_INTERVAL_SECONDS": "1",
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dam_sidecar.app", "--host", "127.0.0.1", "--port", "0"],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc, port = start_sidecar(probe_dir, args.gpus)
         try:
-            assert proc.stderr is not None
-            port = 0
-            for _ in range(50):
-                line = proc.stderr.readline()
-                m = re.search(r"listening on http://[^:]+:(\d+)/metrics", line)
-                if m:
-                    port = int(m.group(1))
-                    break
-            if not port:
-                print("FAIL: the sidecar did not start")
-                return 1
-            drain = threading.Thread(target=proc.stderr.read, daemon=True)
-            drain.start()
             url = f"http://127.0.0.1:{port}/metrics"
             ps = psutil.Process(proc.pid)
             with httpx.Client() as client:
