@@ -57,19 +57,6 @@ __all__ = [
     "rank_observations",
 ]
 
-# Series of docs/architecture.md (metric names) for distributed jobs and memory.
-COLLECTIVE_SECONDS_TOTAL = names.COLLECTIVE_SECONDS_TOTAL
-COLLECTIVE_EXPOSED_SECONDS_TOTAL = names.COLLECTIVE_EXPOSED_SECONDS_TOTAL
-COLLECTIVES_TOTAL = names.COLLECTIVES_TOTAL
-COLLECTIVE_BYTES_TOTAL = names.COLLECTIVE_BYTES_TOTAL
-GPU_NVLINK_BYTES_TOTAL = names.GPU_NVLINK_BYTES_TOTAL
-GPU_PCIE_BYTES_TOTAL = names.GPU_PCIE_BYTES_TOTAL
-CONTAINER_MEMORY_USAGE_BYTES = names.CONTAINER_MEMORY_USAGE_BYTES
-CONTAINER_MEMORY_LIMIT_BYTES = names.CONTAINER_MEMORY_LIMIT_BYTES
-CONTAINER_OOM_KILLS_TOTAL = names.CONTAINER_OOM_KILLS_TOTAL
-PROCESS_RESIDENT_MEMORY_BYTES = names.PROCESS_RESIDENT_MEMORY_BYTES
-PROCESS_RANK_INFO = names.PROCESS_RANK_INFO
-RANK_LABEL = names.RANK_LABEL
 PROBE_SERIES: frozenset[str] = frozenset(
     {
         names.STEPS_TOTAL,
@@ -78,10 +65,10 @@ PROBE_SERIES: frozenset[str] = frozenset(
         names.PROBE_UP,
         names.BATCH_SIZE,
         names.MODEL_FLOPS_PER_STEP,
-        COLLECTIVE_SECONDS_TOTAL,
-        COLLECTIVE_EXPOSED_SECONDS_TOTAL,
-        COLLECTIVES_TOTAL,
-        COLLECTIVE_BYTES_TOTAL,
+        names.COLLECTIVE_SECONDS_TOTAL,
+        names.COLLECTIVE_EXPOSED_SECONDS_TOTAL,
+        names.COLLECTIVES_TOTAL,
+        names.COLLECTIVE_BYTES_TOTAL,
         names.GOODPUT_SECONDS_TOTAL,
         names.BADPUT_SECONDS_TOTAL,
         names.CHECKPOINTS_TOTAL,
@@ -93,7 +80,7 @@ POD_TOTALS: frozenset[str] = frozenset(
         names.PROCESS_CPU_SECONDS_TOTAL,
         names.PROCESS_CPU_WAIT_SECONDS_TOTAL,
         names.PROCESSES,
-        PROCESS_RESIDENT_MEMORY_BYTES,
+        names.PROCESS_RESIDENT_MEMORY_BYTES,
     }
 )
 """Pod-wide sums over processes: not given to one rank of a pod that holds several."""
@@ -203,7 +190,7 @@ def _pod_observation(
 
 
 def _rank_of(labels: Labels) -> int | None:
-    raw = label_of(labels, RANK_LABEL)
+    raw = label_of(labels, names.RANK_LABEL)
     if raw is None or not raw.isdigit() or len(raw) > 7:
         return None
     return int(raw)
@@ -223,14 +210,14 @@ def _rank_numbers(snapshot: Snapshot) -> list[int]:
 def _has_unranked_probe_series(snapshot: Snapshot) -> bool:
     # dam_probe_up is the pod's gauge, never per rank: it does not make an unranked process.
     return any(
-        label_of(s.labels, RANK_LABEL) is None
+        label_of(s.labels, names.RANK_LABEL) is None
         for metric in PROBE_SERIES - {names.PROBE_UP}
         for s in snapshot.samples(metric)
     )
 
 
 def _without_rank(sample: Sample) -> Sample:
-    return Sample(sample.name, tuple(kv for kv in sample.labels if kv[0] != RANK_LABEL), sample.value)
+    return Sample(sample.name, tuple(kv for kv in sample.labels if kv[0] != names.RANK_LABEL), sample.value)
 
 
 def _gpu_sort_key(label: str) -> tuple[int, str]:
@@ -240,7 +227,7 @@ def _gpu_sort_key(label: str) -> tuple[int, str]:
 def _local_ranks(after: Snapshot) -> dict[int, int]:
     """``rank → local_rank`` from ``dam_process_rank_info`` (where the probe knows it)."""
     out: dict[int, int] = {}
-    for s in after.samples(PROCESS_RANK_INFO):
+    for s in after.samples(names.PROCESS_RANK_INFO):
         rank, local = _rank_of(s.labels), s.label("local_rank")
         if rank is not None and local.isdigit() and len(local) <= 7:
             out[rank] = int(local)
@@ -257,7 +244,7 @@ def _rank_gpus(after: Snapshot, rank_numbers: list[int], gpu_uuids: set[str] | N
     found: set[str] = set()
     for metric in (*GPU_RATIO_GAUGES.values(), names.GPU_MEMORY_USED_BYTES, names.GPU_SM_CLOCK_HERTZ):
         for s in after.samples(metric):
-            if attributed(s, gpu_uuids) and s.label("gpu") and label_of(s.labels, RANK_LABEL) is None:
+            if attributed(s, gpu_uuids) and s.label("gpu") and label_of(s.labels, names.RANK_LABEL) is None:
                 found.add(s.label("gpu"))
     gpus = sorted(found, key=_gpu_sort_key)
     if len(rank_numbers) < 2 or len(gpus) < 2:
@@ -288,7 +275,7 @@ def _rank_views(
         probe = metric in PROBE_SERIES
         skip_totals = several and metric in POD_TOTALS
         for s in snapshot.samples(metric):
-            if label_of(s.labels, RANK_LABEL) is not None:
+            if label_of(s.labels, names.RANK_LABEL) is not None:
                 rank = _rank_of(s.labels)
                 if rank is not None and rank in own:
                     own[rank].append(_without_rank(s))

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dam_contract import names
-from dam_operator.diagnosis import window as w
 
 Sample = tuple[str, Mapping[str, str], float]
 
@@ -21,13 +20,13 @@ _TYPES = {
     names.DATALOADER_WAIT_SECONDS_TOTAL: "counter",
     names.PROCESS_CPU_SECONDS_TOTAL: "counter",
     names.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL: "counter",
-    w.COLLECTIVE_SECONDS_TOTAL: "counter",
-    w.COLLECTIVE_EXPOSED_SECONDS_TOTAL: "counter",
-    w.COLLECTIVES_TOTAL: "counter",
-    w.COLLECTIVE_BYTES_TOTAL: "counter",
-    w.GPU_NVLINK_BYTES_TOTAL: "counter",
-    w.GPU_PCIE_BYTES_TOTAL: "counter",
-    w.CONTAINER_OOM_KILLS_TOTAL: "counter",
+    names.COLLECTIVE_SECONDS_TOTAL: "counter",
+    names.COLLECTIVE_EXPOSED_SECONDS_TOTAL: "counter",
+    names.COLLECTIVES_TOTAL: "counter",
+    names.COLLECTIVE_BYTES_TOTAL: "counter",
+    names.GPU_NVLINK_BYTES_TOTAL: "counter",
+    names.GPU_PCIE_BYTES_TOTAL: "counter",
+    names.CONTAINER_OOM_KILLS_TOTAL: "counter",
     names.DATALOADER_WORKER_KILLS_TOTAL: "counter",
 }
 
@@ -130,16 +129,18 @@ def _rank_counters(job: Job, r: Rank, k: float) -> list[Sample]:
         (names.DATALOADER_WAIT_SECONDS_TOTAL, labels, base * 0.1 + k * job.seconds * r.wait_ratio),
     ]
     if r.collective_ratio is not None:
-        out.append((w.COLLECTIVE_SECONDS_TOTAL, labels, base * 0.2 + k * job.seconds * r.collective_ratio))
+        out.append(
+            (names.COLLECTIVE_SECONDS_TOTAL, labels, base * 0.2 + k * job.seconds * r.collective_ratio)
+        )
     if r.exposed_ratio is not None:
         out.append(
-            (w.COLLECTIVE_EXPOSED_SECONDS_TOTAL, labels, base * 0.1 + k * job.seconds * r.exposed_ratio)
+            (names.COLLECTIVE_EXPOSED_SECONDS_TOTAL, labels, base * 0.1 + k * job.seconds * r.exposed_ratio)
         )
     if r.collectives_per_step is not None:
         n = steps * r.collectives_per_step
-        out.append((w.COLLECTIVES_TOTAL, labels, base * 10 + k * n))
+        out.append((names.COLLECTIVES_TOTAL, labels, base * 10 + k * n))
         if r.bytes_per_collective is not None:
-            out.append((w.COLLECTIVE_BYTES_TOTAL, labels, base * 1e6 + k * n * r.bytes_per_collective))
+            out.append((names.COLLECTIVE_BYTES_TOTAL, labels, base * 1e6 + k * n * r.bytes_per_collective))
     return out
 
 
@@ -180,7 +181,7 @@ def _counters(job: Job, at_end: bool) -> list[Sample]:
             )
         )
     if job.oom_kills is not None:
-        out.append((w.CONTAINER_OOM_KILLS_TOTAL, {}, 2.0 + k * job.oom_kills))
+        out.append((names.CONTAINER_OOM_KILLS_TOTAL, {}, 2.0 + k * job.oom_kills))
     if job.loader_worker_kills is not None:
         out.append((names.DATALOADER_WORKER_KILLS_TOTAL, {}, k * job.loader_worker_kills))
     if job.nvlink_bytes_per_second is not None:
@@ -189,7 +190,7 @@ def _counters(job: Job, at_end: bool) -> list[Sample]:
                 labels = {"gpu": str(i), "direction": direction}
                 out.append(
                     (
-                        w.GPU_NVLINK_BYTES_TOTAL,
+                        names.GPU_NVLINK_BYTES_TOTAL,
                         labels,
                         1e12 + k * job.nvlink_bytes_per_second / 2 * job.seconds,
                     )
@@ -226,14 +227,14 @@ def _gauges(job: Job, at_end: bool) -> list[Sample]:
     for r in job.ranks:
         if r.local_rank is not None:
             labels = {"rank": str(r.rank), "local_rank": str(r.local_rank), "world_size": str(len(job.ranks))}
-            out.append((w.PROCESS_RANK_INFO, labels, 1.0))
+            out.append((names.PROCESS_RANK_INFO, labels, 1.0))
     if job.container_memory_bytes is not None:
-        out.append((w.CONTAINER_MEMORY_USAGE_BYTES, {}, job.container_memory_bytes))
+        out.append((names.CONTAINER_MEMORY_USAGE_BYTES, {}, job.container_memory_bytes))
     if job.container_memory_limit_bytes is not None:
-        out.append((w.CONTAINER_MEMORY_LIMIT_BYTES, {}, job.container_memory_limit_bytes))
+        out.append((names.CONTAINER_MEMORY_LIMIT_BYTES, {}, job.container_memory_limit_bytes))
     for role, rss in ((names.ROLE_MAIN, job.main_rss_bytes), (names.ROLE_WORKER, job.worker_rss_bytes)):
         if rss is not None:
-            out.append((w.PROCESS_RESIDENT_MEMORY_BYTES, {"role": role}, rss))
+            out.append((names.PROCESS_RESIDENT_MEMORY_BYTES, {"role": role}, rss))
     if job.gpu_model is not None:
         for i in range(max(1, len(job.gpus))):
             labels = {"gpu": str(i), job.gpu_info_label: job.gpu_model}
