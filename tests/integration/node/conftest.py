@@ -12,6 +12,7 @@ verdict once no pod is active) lets the Jobs end early.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -109,6 +110,14 @@ def _ddp_job(rendezvous: Path) -> dict[str, Any]:
     return job
 
 
+def _contended_jobs(seconds: int = 90) -> list[dict[str, Any]]:
+    """The trainer and its neighbours (label app=noisy: the profile's selector skips them)."""
+    cpu = str(max(os.sched_getaffinity(0)))
+    neighbours = training_job("noisy", "contended.py", ["spin", str(seconds), cpu, "2"])
+    neighbours["spec"]["template"]["metadata"]["labels"] = {"app": "noisy"}
+    return [neighbours, training_job("contended", "contended.py", ["train", str(seconds), cpu])]
+
+
 def _scenarios(rendezvous: Path) -> list[Scenario]:
     train = REPO / "examples" / "train.py"
     starved = ["--scenario", "starved", "--sample-delay-ms", "15", "--batch-size", "16"]
@@ -150,6 +159,9 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
             WORKLOADS / "hog.py",
         ),
         Scenario("ddp", profile(), [_ddp_job(rendezvous)], WORKLOADS / "ddp.py"),
+        # A single-thread CPU-bound trainer beside a noisy neighbour Pod (two busy loops, not
+        # instrumented), both pinned to the last CPU: the trainer waits for it ~2/3 of the time.
+        Scenario("contended", profile(), _contended_jobs(), WORKLOADS / "contended.py"),
         # Apply: the Job's second Pod (completions 2, one at a time) is created after the first
         # Pod's verdict; the webhook gives it the lever, and one window of it is the "after".
         # cpuWaitSuspect 0.95: what this scenario checks is the DataLoader lever reaching the next

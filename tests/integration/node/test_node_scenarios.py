@@ -155,6 +155,36 @@ def test_two_pod_ddp_over_gloo_names_the_slow_loader_pod_a_data_straggler(scenar
         node.kubectl("-n", ns, "wait", "--for=condition=Complete", "job/ddp", "--timeout=180s", timeout_s=190)
 
 
+def test_a_cpu_bound_trainer_beside_a_noisy_neighbour_pod_gives_raise_cpu_request(
+    scenarios: Launched,
+) -> None:
+    """Issue 20's busy node, on a real node: the trainer's run-queue delay reaches the sidecar
+    through the probe (schedstat of its own process) and the verdict asks for CPUs of its own."""
+    node = scenarios.node
+    with explained(scenarios, "contended") as ns:
+        status = scenarios.seen(
+            "contended",
+            lambda s: (s.get("bottleneck") or {}).get("lever") == "raise-cpu-request",
+            180,
+            "lever raise-cpu-request",
+        )
+        b = status["bottleneck"]
+        assert (b["axis"], b["regime"]) == ("Machine", "compute-bound"), b
+        assert status["metrics"]["cpuWaitRatio"] >= 0.2, status["metrics"]  # ~0.6 beside two loops
+        assert any("waited for a CPU" in e for e in b["evidence"]), b["evidence"]
+        assert status["pods"]["matched"] == 1, status["pods"]  # the neighbour Pod is not instrumented
+        (neighbour,) = pods_of(node, ns, "noisy")
+        assert not any(c["name"] == SIDECAR_CONTAINER for c in neighbour["spec"]["containers"])
+        running = next(
+            (p for p in pods_of(node, ns, "contended") if p["status"].get("phase") == "Running"), None
+        )
+        if running is not None:  # still training: the sidecar exports the wait
+            text = scrape_sidecar(running)
+            wait = _metric(text, names.PROCESS_CPU_WAIT_SECONDS_TOTAL, f'{{role="{names.ROLE_MAIN}"}}')
+            assert (wait or 0.0) > 0.0, text
+        node.kubectl("-n", ns, "delete", "job", "noisy", "contended", "--wait=false")
+
+
 def test_apply_mode_gives_the_jobs_next_pod_the_loader_lever_and_records_what_it_measured(
     scenarios: Launched,
 ) -> None:

@@ -1,0 +1,57 @@
+"""A single-thread CPU-bound trainer and its noisy neighbours, pinned to one CPU.
+
+    python3 contended.py train SECONDS CPU       # the training process (instrumented)
+    python3 contended.py spin SECONDS CPU COUNT  # COUNT busy loops: another Pod, not instrumented
+
+On a shared node the neighbours take every core; here both Pods pin themselves to the same CPU
+(a container may narrow its own affinity within its cpuset: no static CPU manager policy), so the
+trainer is runnable but waits for that CPU about COUNT / (COUNT + 1) of the time, while the
+node's other CPUs stay free for the scenarios beside it.
+"""
+
+import multiprocessing
+import os
+import sys
+import time
+
+MODE, SECONDS, CPU = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+os.sched_setaffinity(0, {CPU})
+deadline = time.monotonic() + SECONDS
+
+
+def spin() -> None:
+    while time.monotonic() < deadline:
+        pass
+
+
+if MODE == "spin":
+    loops = [multiprocessing.Process(target=spin) for _ in range(int(sys.argv[4]))]
+    for p in loops:
+        p.start()
+    for p in loops:
+        p.join()
+    print("contended.py: neighbours done", flush=True)
+    sys.exit(0)
+
+import torch  # noqa: E402  (the neighbours need no torch)
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+class InMemory(Dataset):
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, i):
+        return torch.ones(256)
+
+
+a = torch.randn(256, 256)
+for batch in DataLoader(InMemory(), batch_size=64, num_workers=0):
+    y = batch
+    for _ in range(20):
+        y = torch.tanh(y @ a)
+    if time.monotonic() > deadline:
+        break
+print("contended.py: trained", flush=True)
