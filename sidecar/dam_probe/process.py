@@ -26,7 +26,9 @@ the next attempt waits ``RETRY_NS``. Standard library only.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, Final, Generic, TypeVar
 
 REFRESH_NS: Final = 1_000_000_000  # at most one read per second
@@ -64,6 +66,34 @@ def pid_namespace(proc_root: str = "/proc") -> int:
         return int(os.stat(os.path.join(proc_root, "self", "ns", "pid")).st_ino) & 0xFFFFFFFF
     except OSError:
         return 0
+
+
+def descendants(
+    roots: Sequence[int],
+    children: Callable[[int], list[int] | None],
+    by_parent: Callable[[], Mapping[int, list[int]]],
+    limit: float = math.inf,
+) -> list[int]:
+    """Every descendant of ``roots`` (not the roots), at most ``limit``: ``children(pid)`` lists a
+    process's children (None where the kernel has no ``children`` file: then ``by_parent()``, a
+    scan of ``/proc`` by parent pid, made once and only then, answers)."""
+    parents: Mapping[int, list[int]] | None = None
+    seen = set(roots)
+    out: list[int] = []
+    stack = list(roots)
+    while stack and len(out) < limit:
+        pid = stack.pop()
+        kids = children(pid)
+        if kids is None:
+            if parents is None:
+                parents = by_parent()
+            kids = parents.get(pid, [])
+        for kid in kids:
+            if kid not in seen and len(out) < limit:
+                seen.add(kid)
+                out.append(kid)
+                stack.append(kid)
+    return out
 
 
 class Refreshing(Generic[T]):
@@ -180,20 +210,4 @@ class ProcessReader(Refreshing[ProcessFigures]):
         return out
 
     def _descendants(self, root: int) -> list[int]:
-        by_parent: dict[int, list[int]] | None = None
-        seen = {root}
-        out: list[int] = []
-        stack = [root]
-        while stack and len(out) < MAX_DESCENDANTS:
-            pid = stack.pop()
-            kids = self._children(pid)
-            if kids is None:
-                if by_parent is None:
-                    by_parent = self._by_parent()
-                kids = by_parent.get(pid, [])
-            for kid in kids:
-                if kid not in seen and len(out) < MAX_DESCENDANTS:
-                    seen.add(kid)
-                    out.append(kid)
-                    stack.append(kid)
-        return out
+        return descendants([root], self._children, self._by_parent, MAX_DESCENDANTS)

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from dam_probe import cgroup, schedstat
 from dam_probe.layout import ProbeRecord
-from dam_probe.process import pid_namespace
+from dam_probe.process import descendants, pid_namespace
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.samplers.monotonic import Monotonic
 
@@ -172,23 +172,7 @@ class CpuSampler:
         return children
 
     def _descendants(self, roots: list[int]) -> list[int]:
-        ppid_map: dict[int, list[int]] | None = None
-        seen: set[int] = set(roots)
-        out: list[int] = []
-        stack = list(roots)
-        while stack:
-            pid = stack.pop()
-            kids = self._children(pid)
-            if kids is None:
-                if ppid_map is None:
-                    ppid_map = self._ppid_map()
-                kids = ppid_map.get(pid, [])
-            for kid in kids:
-                if kid not in seen:
-                    seen.add(kid)
-                    out.append(kid)
-                    stack.append(kid)
-        return out
+        return descendants(roots, self._children, self._ppid_map)
 
     def _run_delay(self, keys: Iterable[ProcKey]) -> dict[ProcKey, float]:
         """Run-queue delay of each process's main thread, seconds: ``/proc/<pid>/schedstat`` field 2.
