@@ -30,7 +30,21 @@ from dam_probe.layout import MAX_DEVICES
 DEVICE_REFRESH_NS: Final = 10_000_000_000  # the CUDA device list is re-read every 10 s
 
 
-class StepCounters:
+class CounterGroup:
+    """A group of counters, made zero and zeroed in place by ``reset()`` (after a fork); what it
+    keeps across a fork on purpose is named in ``KEPT_AFTER_FORK``."""
+
+    __slots__ = ()
+    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+
+class StepCounters(CounterGroup):
     """Batches delivered, time blocked in ``next()``, time covered by steps; the publish deadline."""
 
     __slots__ = (
@@ -43,10 +57,6 @@ class StepCounters:
         "stream_start_ns",
         "wait_ns",
     )
-    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(self) -> None:
-        self.reset()
 
     def reset(self) -> None:
         self.steps = 0
@@ -68,7 +78,7 @@ class StepCounters:
         return self.closed_step_ns
 
 
-class CommCounters:
+class CommCounters(CounterGroup):
     """Collectives: count, busy time, exposed time, bytes (cumulative); changed under ``lock``."""
 
     __slots__ = (
@@ -82,10 +92,6 @@ class CommCounters:
         "next_ns",
         "ns",
     )
-    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(self) -> None:
-        self.reset()
 
     def reset(self) -> None:
         self.count = 0
@@ -105,14 +111,10 @@ class CommCounters:
             return self.count, self.ns, self.exposed_ns, self.nbytes
 
 
-class WorkerKills:
+class WorkerKills(CounterGroup):
     """DataLoader workers that died, as DataLoader's own error says: their pids, the last signal."""
 
     __slots__ = ("last_signal", "pids")
-    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(self) -> None:
-        self.reset()
 
     def reset(self) -> None:
         self.pids: set[int] = set()
@@ -157,14 +159,10 @@ def cuda_device_uuids() -> tuple[str, ...] | None:
         return None
 
 
-class Devices:
+class Devices(CounterGroup):
     """The CUDA devices this process uses, re-read at most every ``DEVICE_REFRESH_NS``."""
 
     __slots__ = ("next_refresh_ns", "uuids")
-    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(self) -> None:
-        self.reset()
 
     def reset(self) -> None:
         self.uuids: tuple[str, ...] = ()

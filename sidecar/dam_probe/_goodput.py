@@ -45,6 +45,7 @@ from time import perf_counter_ns
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+from dam_probe._counters import CounterGroup
 from dam_probe.layout import (
     FLOPS_DECLARED,
     FLOPS_MEASURED,
@@ -120,7 +121,7 @@ def _tight_memory(p: Probe) -> bool:
     return limit > 0 and limit - usage < FLOPS_MIN_HEADROOM_BYTES
 
 
-class FlopCount:
+class FlopCount(CounterGroup):
     """The one-time FLOP count of a training step (see the module docstring)."""
 
     __slots__ = (
@@ -135,11 +136,9 @@ class FlopCount:
         "thread",
     )
 
-    KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset()
-
     def __init__(self) -> None:
         self.mode: Any = None  # the FlopCounterMode while it is entered
-        self.reset()
+        super().__init__()
 
     def reset(self) -> None:
         """Not counted yet (a forked child: the mode pushed in the forking thread, now the child's
@@ -234,7 +233,7 @@ class FlopCount:
         self.state = FLOPS_UNAVAILABLE
 
 
-class Accounting:
+class Accounting(CounterGroup):
     """Goodput counters of one process (held by ``Probe.goodput``)."""
 
     __slots__ = (
@@ -260,7 +259,7 @@ class Accounting:
     def __init__(self) -> None:
         self.checkpoints_on = False  # a save function is wrapped (flag bit 8 of the file)
         self.flops = FlopCount()
-        self.reset()
+        super().__init__()
 
     def reset(self) -> None:
         """Zero (a new process: a forked child keeps the wrappers, ``checkpoints_on``)."""
