@@ -9,13 +9,24 @@ docs/architecture.md (the DAMProfile resource). Pure data: no I/O, no Kubernetes
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
+from dam_operator.diagnosis import signals
 from dam_operator.diagnosis.evidence import Evidence, note
 
 
@@ -254,48 +265,84 @@ class RankFigures(_Wire):
     exposed_ratio: float | None = None
 
 
-class WindowMetrics(_Wire):
-    """``status.metrics``: the window's figures."""
+_FLAT = ConfigDict(**_Wire.model_config, ser_json_inf_nan="constants")
+"""The config of a model that holds ``WindowMetrics`` at the top of a dump: the flat dict its
+serializer returns is serialized again by inference, which follows the top model's config, and
+there an infinite figure stays infinite, as a declared float field keeps it in
+``model_dump(mode="json")``."""
 
-    data_wait_ratio: float | None = None
-    gpu_utilization: float | None = None
-    gpu_memory_busy: float | None = None
-    sm_active: float | None = None
-    sm_occupancy: float | None = None
-    tensor_active: float | None = None
-    dram_bandwidth_utilization: float | None = None
-    cpu_throttled_ratio: float | None = None
-    main_cpu_cores: float | None = None
-    worker_cpu_cores: float | None = None
-    worker_count: int | None = None
-    """DataLoader workers seen in the window (the most at any sample)."""
-    cpu_wait_ratio: float | None = None
-    """Run-queue delay of the main training process / wall time."""
-    worker_cpu_wait_ratio: float | None = None
-    """Run-queue delay of the loader workers / (wall time × workers)."""
+
+class WindowMetrics(_Wire):
+    """``status.metrics``: the window's figures.
+
+    Two kinds, and none written twice: the signals' own figures come from the signal table
+    (``signals.STATUS_SIGNALS``: each entry with a status key), held in ``shown``, an
+    ``Observation`` with those fields set and the others None; the figures the engine derives
+    (the rate, MFU, the roofline, the iron law, the ranks) are the fields declared here. A new
+    signal with a status key needs no field here: its table entry is enough (deploy/render.py
+    writes the CRD's ``status.metrics`` schema from the same entries).
+
+    ``WindowMetrics(data_wait_ratio=0.4, mfu=0.3)`` takes a shown signal by its field name or
+    its status key (``engine`` passes ``signals.status_values(obs)``). The wire form
+    (``model_dump(by_alias=True)``) is flat: the shown signals in table order, then the derived.
+    Typed code reads a shown signal as ``metrics.shown.data_wait_ratio``; ``metrics.data_wait_ratio``
+    works too at run time (not for the type checker).
+    """
+
+    model_config = _FLAT
+
+    shown: Observation = Field(default_factory=Observation, exclude=True)
+    """The signals the status shows (not on the wire as such: each is, under its status key)."""
     steps_per_second: float | None = None
     """The job's rate (the median rank's for a distributed job; each rank's under ``ranks``)."""
     mfu: float | None = None
-    flops_per_step: float | None = None
-    flops_per_step_source: str | None = None
-    """``measured`` (counted once by the probe) or ``declared``."""
-    checkpoint_ratio: float | None = None
-    """Time blocked in checkpoint saves / wall time of the window."""
     arithmetic_intensity: float | None = None
     ridge_point: float | None = None
     iron_law: IronLaw | None = None
-    collective_ratio: float | None = None
-    exposed_communication_ratio: float | None = None
-    collective_skew: float | None = None
-    nvlink_bytes_per_second: float | None = None
-    pcie_bytes_per_second: float | None = None
-    gpu_memory_used_ratio: float | None = None
-    container_memory_ratio: float | None = None
-    oom_kills: float | None = None
     rank_count: int | None = None
     """Ranks in the window (``ranks`` lists at most the worst few)."""
     ranks: list[RankFigures] | None = None
     """The worst few ranks (latest at the collectives first); only for jobs with several ranks."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shown_signals(cls, data: Any) -> Any:
+        """The shown signals among the arguments (by field name or status key) go into ``shown``."""
+        if not isinstance(data, Mapping):
+            return data
+        taken = {k: v for k, v in data.items() if k in _SHOWN}
+        if not taken:
+            return data
+        if "shown" in data:
+            raise ValueError("a shown signal goes either into shown or beside it, not both")
+        rest = {k: v for k, v in data.items() if k not in _SHOWN}
+        return {**rest, "shown": Observation(**taken)}
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        derived: dict[str, Any] = handler(self)
+        shown = signals.status_values(self.shown, by_alias=info.by_alias)
+        if info.exclude_none:
+            shown = {k: v for k, v in shown.items() if v is not None}
+        return {**shown, **derived}
+
+    @classmethod
+    def status_keys(cls) -> tuple[str, ...]:
+        """Every key ``status.metrics`` can hold: the shown signals' (table order), then the derived."""
+        derived = [f.alias or n for n, f in cls.model_fields.items() if not f.exclude]
+        return (*signals.STATUS_SIGNALS, *derived)
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any:
+            if name in _SHOWN_NAMES:  # metrics.data_wait_ratio: the shown signal
+                return getattr(self.shown, name)
+            return super().__getattr__(name)
+
+
+_SHOWN_NAMES = frozenset(sig.name for sig in signals.STATUS_SIGNALS.values())
+_SHOWN = _SHOWN_NAMES | frozenset(signals.STATUS_SIGNALS)
+"""A shown signal's field names and status keys (``WindowMetrics`` takes either)."""
 
 
 class _Recorded(_Wire):
@@ -364,6 +411,8 @@ class Bottleneck(_Recorded):
 
 
 class Verdict(_Wire):
+    model_config = _FLAT
+
     bottleneck: Bottleneck
     metrics: WindowMetrics
 

@@ -7,18 +7,19 @@ Each ``Signal`` says, in one place, for one field of ``Observation``:
   or ``Custom`` with a small named function for the few no kind describes;
 - ``aggregate`` — how the pods of a job combine (an ``Agg``, or a named function);
 - ``status`` — its key in ``status.metrics`` (camelCase, docs/architecture.md; None when the
-  figure is not in the status);
+  figure is not in the status) and ``description``, that key's description in the CRD;
 - ``unit`` — what its number means (a mean of ``Unit.RATIO`` figures is kept within 0–1).
 
 The kinds and the window's two scrapes they read (``Scrapes``) are in ``diagnosis.extractors``.
 ``diagnosis.window`` runs the table: ``extract`` for every pod and rank, ``combine`` for a job
-of several pods, and ``diagnosis.engine`` writes ``status.metrics`` from
-``status_values``. The rules read the typed ``Observation`` these build, never a dict.
+of several pods. ``model.WindowMetrics`` (``status.metrics``) shows the window's observation
+through ``status_values``, and deploy/render.py writes the CRD's ``status.metrics`` schema
+from the entries with a status key (the key, a type from the field's Python type, the
+description). The rules read the typed ``Observation`` these build, never a dict.
 
 To add a signal: its source exports a series (the sidecar: ``dam_contract/names.py`` and its
-collector), an ``Observation`` field holds it, one entry here says the rest; the status key
-needs its place in the ``WindowMetrics`` model and the CRD's status schema
-(docs/CONTRIBUTING.md, "Add a signal").
+collector), an ``Observation`` field holds it, one entry here says the rest; then run
+``deploy/render.py`` (docs/CONTRIBUTING.md, "Add a signal").
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dam_contract import names
 from dam_operator.diagnosis import series
@@ -43,7 +44,9 @@ from dam_operator.diagnosis.extractors import (
     Rate,
     Scrapes,
 )
-from dam_operator.diagnosis.model import Observation
+
+if TYPE_CHECKING:  # the model reads this table (WindowMetrics): the types only, to avoid a cycle
+    from dam_operator.diagnosis.model import Observation
 
 BENIGN_CLOCK_REASONS: frozenset[str] = frozenset(
     {"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"}
@@ -100,7 +103,7 @@ class Agg(StrEnum):
     """Not combined: a job of several pods has none (a single pod keeps its own)."""
 
 
-Combiner = Callable[[Sequence[Observation]], Any]
+Combiner = Callable[[Sequence["Observation"]], Any]
 """A named function of the pods' observations, for a signal no ``Agg`` describes."""
 
 
@@ -115,6 +118,12 @@ class Signal:
     aggregate: Agg | Combiner
     status: str | None = None
     """Its key in ``status.metrics`` (None: not in the status)."""
+    description: str | None = None
+    """The status key's description in the CRD (``kubectl explain``); required with ``status``."""
+
+    def __post_init__(self) -> None:
+        if self.status is not None and not self.description:
+            raise ValueError(f"signal {self.name}: a status key needs its description")
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -367,15 +376,15 @@ def _fullest_limit(pods: Sequence[Observation]) -> float | None:
 # --- the table ---------------------------------------------------------------------------------
 
 
-def _gpu_ratio(name: str, metric: str, status: str) -> Signal:
+def _gpu_ratio(name: str, metric: str, status: str, description: str) -> Signal:
     """A GPU gauge 0–1: the mean over the job's GPUs of a pod, GPU-weighted across pods."""
-    return Signal(
-        name, Unit.RATIO, Gauge((metric,), Combine.MEAN, Check.RATIO, gpus=True), Agg.GPU_MEAN, status
-    )
+    gauge = Gauge((metric,), Combine.MEAN, Check.RATIO, gpus=True)
+    return Signal(name, Unit.RATIO, gauge, Agg.GPU_MEAN, status, description)
 
 
 S, U, A, n = Signal, Unit, Agg, names
-# S(Observation field, unit, how one pod's value is read, how pods combine, status.metrics key)
+# S(Observation field, unit, how one pod's value is read, how pods combine,
+#   status.metrics key, its description in the CRD)
 SIGNALS: tuple[Signal, ...] = (
     # --- the training loop (probe) ---
     S("window_seconds", U.SECONDS, Custom(lambda s: s.elapsed, (n.SNAPSHOT_TIMESTAMP_SECONDS,)), A.MAX),
@@ -389,6 +398,7 @@ SIGNALS: tuple[Signal, ...] = (
         Quotient(n.DATALOADER_WAIT_SECONDS_TOTAL, n.STEP_SECONDS_TOTAL, ratio=True),
         A.STEP_TIME_MEAN,
         "dataWaitRatio",
+        "Time blocked on the DataLoader / step time.",
     ),
     S("mean_step_seconds", U.SECONDS, Quotient(n.STEP_SECONDS_TOTAL, n.STEPS_TOTAL), A.STEPS_MEAN),
     S("batch_size", U.COUNT, Custom(_batch_size, (n.BATCH_SIZE,)), A.COMMON),
@@ -398,22 +408,58 @@ SIGNALS: tuple[Signal, ...] = (
         Custom(_flops_per_step, (n.MODEL_FLOPS_PER_STEP,)),
         A.STEPS_MEAN,
         "flopsPerStep",
+        "FLOPs of one training step (measured once by the probe, or declared).",
     ),
-    S("flops_per_step_source", U.TEXT, Custom(_flops_source), A.COMMON, "flopsPerStepSource"),
+    S(
+        "flops_per_step_source",
+        U.TEXT,
+        Custom(_flops_source),
+        A.COMMON,
+        "flopsPerStepSource",
+        "Where flopsPerStep comes from.",
+    ),
     # A job of several pods waits for its slowest saver: the pod that saved the longest.
     S("checkpoint_seconds", U.SECONDS, Custom(_checkpoint_seconds, (n.BADPUT_SECONDS_TOTAL,)), A.MAX),
-    S("checkpoint_ratio", U.RATIO, Custom(_checkpoint_ratio), A.MAX, "checkpointRatio"),
+    S(
+        "checkpoint_ratio",
+        U.RATIO,
+        Custom(_checkpoint_ratio),
+        A.MAX,
+        "checkpointRatio",
+        "Time the training thread blocked in checkpoint saves / wall time of the window"
+        " (the most-saving process).",
+    ),
     S("checkpoints", U.COUNT, Custom(_checkpoints, (n.CHECKPOINTS_TOTAL,)), A.MAX),
     S("bytes_per_step", U.BYTES, None, A.STEPS_MEAN),
     # --- accelerators (NVML, GPM) ---
     S("gpu_count", U.COUNT, Custom(_gpu_count, (n.NVML_UP, n.GPU_ATTRIBUTION)), A.COUNT),
-    _gpu_ratio("gpu_utilization", n.GPU_UTILIZATION_RATIO, "gpuUtilization"),
-    _gpu_ratio("gpu_memory_busy", n.GPU_MEMORY_BUSY_RATIO, "gpuMemoryBusy"),
-    _gpu_ratio("sm_active", n.GPU_SM_ACTIVE_RATIO, "smActive"),
-    _gpu_ratio("sm_occupancy", n.GPU_SM_OCCUPANCY_RATIO, "smOccupancy"),
-    _gpu_ratio("tensor_active", n.GPU_TENSOR_ACTIVE_RATIO, "tensorActive"),
     _gpu_ratio(
-        "dram_bandwidth_utilization", n.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO, "dramBandwidthUtilization"
+        "gpu_utilization",
+        n.GPU_UTILIZATION_RATIO,
+        "gpuUtilization",
+        "NVML utilization.gpu (time any kernel ran), averaged over the pods' GPUs.",
+    ),
+    _gpu_ratio(
+        "gpu_memory_busy",
+        n.GPU_MEMORY_BUSY_RATIO,
+        "gpuMemoryBusy",
+        "NVML utilization.memory (time device memory was read or written).",
+    ),
+    _gpu_ratio("sm_active", n.GPU_SM_ACTIVE_RATIO, "smActive", "SM active ratio (GPM, Hopper and newer)."),
+    _gpu_ratio(
+        "sm_occupancy", n.GPU_SM_OCCUPANCY_RATIO, "smOccupancy", "SM occupancy (GPM, Hopper and newer)."
+    ),
+    _gpu_ratio(
+        "tensor_active",
+        n.GPU_TENSOR_ACTIVE_RATIO,
+        "tensorActive",
+        "Tensor-pipe active ratio (GPM, Hopper and newer).",
+    ),
+    _gpu_ratio(
+        "dram_bandwidth_utilization",
+        n.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO,
+        "dramBandwidthUtilization",
+        "DRAM bandwidth / theoretical maximum (GPM, Hopper and newer).",
     ),
     S("gpu_model", U.TEXT, Custom(_gpu_model, (n.GPU_INFO,)), A.COMMON),
     S(
@@ -429,6 +475,7 @@ SIGNALS: tuple[Signal, ...] = (
         Rate(n.GPU_NVLINK_BYTES_TOTAL, gpus=True),
         A.SUM,
         "nvlinkBytesPerSecond",
+        "NVLink traffic of the job's GPUs, bytes per second.",
     ),
     S(
         "pcie_bytes_per_second",
@@ -443,17 +490,40 @@ SIGNALS: tuple[Signal, ...] = (
         ),
         A.SUM,
         "pcieBytesPerSecond",
+        "PCIe traffic of the job's GPUs, bytes per second.",
     ),
     # --- host CPU (/proc, cgroup) ---
-    S("main_cpu_cores", U.CORES, Rate(n.PROCESS_CPU_SECONDS_TOTAL, n.ROLE_MAIN), A.SUM, "mainCpuCores"),
-    S("worker_cpu_cores", U.CORES, Rate(n.PROCESS_CPU_SECONDS_TOTAL, n.ROLE_WORKER), A.SUM, "workerCpuCores"),
-    S("worker_count", U.COUNT, Custom(_worker_count, (n.PROCESSES,)), A.COUNT, "workerCount"),
+    S(
+        "main_cpu_cores",
+        U.CORES,
+        Rate(n.PROCESS_CPU_SECONDS_TOTAL, n.ROLE_MAIN),
+        A.SUM,
+        "mainCpuCores",
+        "CPU of the main training process, cores.",
+    ),
+    S(
+        "worker_cpu_cores",
+        U.CORES,
+        Rate(n.PROCESS_CPU_SECONDS_TOTAL, n.ROLE_WORKER),
+        A.SUM,
+        "workerCpuCores",
+        "CPU of the DataLoader workers together, cores.",
+    ),
+    S(
+        "worker_count",
+        U.COUNT,
+        Custom(_worker_count, (n.PROCESSES,)),
+        A.COUNT,
+        "workerCount",
+        "DataLoader workers seen in the window (the most at any sample, not at its end).",
+    ),
     S(
         "cpu_wait_ratio",
         U.RATIO,
         Custom(_main_cpu_wait, (n.PROCESS_CPU_WAIT_SECONDS_TOTAL, n.PROCESSES)),
         A.MAX,  # the most contended pod's: a synchronous job runs at its slowest pod's pace
         "cpuWaitRatio",
+        "Run-queue delay of the main training process (runnable, waiting for a CPU) / wall time.",
     ),
     S(
         "worker_cpu_wait_ratio",
@@ -461,6 +531,7 @@ SIGNALS: tuple[Signal, ...] = (
         Custom(_worker_cpu_wait, (n.PROCESS_CPU_WAIT_SECONDS_TOTAL, n.PROCESSES)),
         A.MAX,
         "workerCpuWaitRatio",
+        "Run-queue delay of the DataLoader workers / (wall time x workers).",
     ),
     S(
         "cpu_throttled_ratio",
@@ -468,6 +539,7 @@ SIGNALS: tuple[Signal, ...] = (
         Rate(n.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL, at_most_one=True),
         A.MEAN,
         "cpuThrottledRatio",
+        "CFS throttled time of the training container / window.",
     ),
     S(
         "cpu_limit_cores",
@@ -493,6 +565,7 @@ SIGNALS: tuple[Signal, ...] = (
         Quotient(n.COLLECTIVE_SECONDS_TOTAL, n.STEP_SECONDS_TOTAL, when=_communicated),
         A.STEP_TIME_MEAN,
         "collectiveRatio",
+        "Time in collectives (including waits for peers) / step time.",
     ),
     # Both cross-rank figures are replaced by the ranks' own when the window has them
     # (diagnosis.ranks.cross_rank: skew-corrected, the least-waiting rank).
@@ -502,8 +575,16 @@ SIGNALS: tuple[Signal, ...] = (
         Quotient(n.COLLECTIVE_EXPOSED_SECONDS_TOTAL, n.STEP_SECONDS_TOTAL, ratio=True, when=_communicated),
         A.MIN,
         "exposedCommunicationRatio",
+        "Communication the backward pass did not hide / step time, skew-corrected (least-waiting rank).",
     ),
-    S("collective_skew", U.SECONDS_PER_SECOND, None, A.MAX, "collectiveSkew"),
+    S(
+        "collective_skew",
+        U.SECONDS_PER_SECOND,
+        None,
+        A.MAX,
+        "collectiveSkew",
+        "(max - min collective seconds per step across ranks) / step time.",
+    ),
     # --- memory (NVML, cgroup, /proc) ---
     S(
         "gpu_memory_used_ratio",
@@ -511,6 +592,7 @@ SIGNALS: tuple[Signal, ...] = (
         Custom(_gpu_memory_used, (n.GPU_MEMORY_USED_BYTES, n.GPU_MEMORY_TOTAL_BYTES)),
         A.MAX,
         "gpuMemoryUsedRatio",
+        "Device memory used / total, the fullest GPU.",
     ),
     S(
         "container_memory_ratio",
@@ -518,9 +600,17 @@ SIGNALS: tuple[Signal, ...] = (
         Custom(_container_memory, (n.CONTAINER_MEMORY_USAGE_BYTES, n.CONTAINER_MEMORY_LIMIT_BYTES)),
         _fullest_ratio,
         "containerMemoryRatio",
+        "Training container memory usage / its limit, the fullest pod.",
     ),
     S("container_memory_limit_bytes", U.BYTES, Custom(_memory_limit), _fullest_limit),
-    S("oom_kills", U.COUNT, Increase(n.CONTAINER_OOM_KILLS_TOTAL), A.SUM, "oomKills"),
+    S(
+        "oom_kills",
+        U.COUNT,
+        Increase(n.CONTAINER_OOM_KILLS_TOTAL),
+        A.SUM,
+        "oomKills",
+        "OOM kills in the training containers during the window.",
+    ),
     S("loader_worker_kills", U.COUNT, Increase(n.DATALOADER_WORKER_KILLS_TOTAL), A.SUM),
     S("oom_killed", U.FLAG, Custom(lambda s: s.known.oom_killed), A.ANY),
     S(
@@ -548,10 +638,9 @@ GPU_RATIO_GAUGES: Mapping[str, str] = {
 }
 """Observation field → the per-GPU ratio gauge it is the mean of."""
 
-STATUS_DERIVED: frozenset[str] = frozenset(
-    {"stepsPerSecond", "mfu", "arithmeticIntensity", "ridgePoint", "ironLaw", "rankCount", "ranks"}
-)
-"""``status.metrics`` keys the engine derives (``engine.derive``, the ranks), not a signal's own."""
+STATUS_SIGNALS: Mapping[str, Signal] = {s.status: s for s in SIGNALS if s.status is not None}
+"""The signals ``status.metrics`` shows, by status key, in table order (the figures the engine
+derives from them are ``WindowMetrics``' own fields)."""
 
 
 # --- running the table -------------------------------------------------------------------------
@@ -638,9 +727,10 @@ def combine(pods: Sequence[Observation]) -> dict[str, Any]:
     return {sig.name: _combine_one(sig, pods, weights) for sig in SIGNALS}
 
 
-def status_values(obs: Observation) -> dict[str, Any]:
-    """The signals' part of ``status.metrics``, by status key (None where unknown)."""
-    out = {sig.status: getattr(obs, sig.name) for sig in SIGNALS if sig.status is not None}
-    if obs.flops_per_step is None:
-        out["flopsPerStepSource"] = None  # a source without its figure says nothing
+def status_values(obs: Observation, *, by_alias: bool = True) -> dict[str, Any]:
+    """The signals' part of ``status.metrics``, by status key (by field name without
+    ``by_alias``), in table order; None where unknown."""
+    out = {(key if by_alias else sig.name): getattr(obs, sig.name) for key, sig in STATUS_SIGNALS.items()}
+    if obs.flops_per_step is None:  # a source without its figure says nothing
+        out["flopsPerStepSource" if by_alias else "flops_per_step_source"] = None
     return out

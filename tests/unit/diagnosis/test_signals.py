@@ -11,8 +11,10 @@ from dam_operator.diagnosis.extractors import Combine, Gauge, Scrapes
 from dam_operator.diagnosis.model import Observation, WindowMetrics
 from dam_operator.diagnosis.signals import (
     SIGNALS,
-    STATUS_DERIVED,
+    STATUS_SIGNALS,
     Agg,
+    Signal,
+    Unit,
     combine,
     extract,
     status_values,
@@ -29,11 +31,45 @@ def test_every_observation_field_is_one_signal() -> None:
 
 def test_status_metrics_are_the_signals_and_the_derived_figures() -> None:
     keys = [s.status for s in SIGNALS if s.status is not None]
-    aliases = {f.alias or n for n, f in WindowMetrics.model_fields.items()}
     assert len(keys) == len(set(keys)), "two signals write one status key"
-    assert set(keys) <= aliases, "a status key WindowMetrics (and the CRD) does not hold"
-    assert aliases == set(keys) | STATUS_DERIVED, "a status.metrics field no signal writes"
-    assert not set(keys) & STATUS_DERIVED
+    assert list(STATUS_SIGNALS) == keys
+    derived = {f.alias or n for n, f in WindowMetrics.model_fields.items() if not f.exclude}
+    assert not set(keys) & derived, "a signal's status key that WindowMetrics also derives"
+    assert WindowMetrics.status_keys() == (*keys, *[k for k in WindowMetrics.status_keys() if k in derived])
+    assert set(WindowMetrics.status_keys()) == set(keys) | derived
+    assert all(s.description for s in SIGNALS if s.status is not None), "a status key without description"
+
+
+def test_a_status_key_needs_its_description() -> None:
+    with pytest.raises(ValueError, match="needs its description"):
+        Signal("x", Unit.RATIO, None, Agg.MAX, "x")
+
+
+def _every_shown_signal() -> Observation:
+    """An observation with every signal the status shows set (a valid value of its type)."""
+    values: dict[str, object] = {}
+    for sig in STATUS_SIGNALS.values():
+        integer = "int" in str(Observation.model_fields[sig.name].annotation)
+        values[sig.name] = "measured" if sig.unit is Unit.TEXT else (3 if integer else 0.5)
+    return Observation.model_validate(values)
+
+
+def test_every_shown_signal_reaches_the_status_under_its_key() -> None:
+    obs = _every_shown_signal()
+    metrics = diagnose(obs).to_status()["metrics"]
+    for key, sig in STATUS_SIGNALS.items():
+        assert metrics[key] == getattr(obs, sig.name), key
+    assert list(metrics)[: len(STATUS_SIGNALS)] == list(STATUS_SIGNALS), "the shown signals in table order"
+
+
+def test_window_metrics_take_a_shown_signal_by_name_or_key() -> None:
+    by_name = WindowMetrics(data_wait_ratio=0.4, mfu=0.3)
+    assert by_name.shown.data_wait_ratio == 0.4
+    assert by_name == WindowMetrics(dataWaitRatio=0.4, mfu=0.3)
+    assert by_name.model_dump(by_alias=True, exclude_none=True) == {"dataWaitRatio": 0.4, "mfu": 0.3}
+    assert by_name.model_dump(exclude_none=True) == {"data_wait_ratio": 0.4, "mfu": 0.3}
+    with pytest.raises(ValueError, match="extra"):
+        WindowMetrics(gpu_model="H100")  # an observation field the status does not show
 
 
 def test_every_metric_a_signal_reads_is_one_the_sidecar_exports() -> None:
