@@ -1,7 +1,9 @@
 """What the sidecar and the operator share: the contract between them, standard library only.
 
-- ``names``: the ``dam_`` metric names, their label values (roles, badput causes, ...), the
-  families the sidecar exports and the operator reads (docs/metrics.md is generated from them);
+- ``names``: every ``dam_`` metric the sidecar exports, declared once (name, type, HELP, labels,
+  source, the sample field it is read from: ``CATALOG``), bound to plain ``str`` constants the
+  operator reads, and their label values (roles, badput causes, ...); the sidecar's collectors
+  build their families from it and docs/metrics.md is generated from it;
 - ``snapshot``: the parsed exposition (``Snapshot``, ``Sample``, ``CompactSnapshot``) and the
   strict Prometheus text reader that builds it (``parse``, ``parse_snapshot``, ``read_snapshot``).
 

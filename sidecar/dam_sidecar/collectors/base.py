@@ -18,14 +18,19 @@ field (per role, per rank, a state set, the GPU's name) is built by hand.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import functools
+import operator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from dam_contract import names as n
 from dam_contract.names import BY_NAME, CATALOG, MetricSpec
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.probe import ProbeSample
+
+# Reads one declared sample field of a collector's sample (None: unknown, the series is left out).
+Reader = Callable[[object], float | None]
 
 
 @dataclass
@@ -109,10 +114,10 @@ def fields(specs: Iterable[MetricSpec], rows: Iterable[tuple[tuple[str, ...], ob
     rows = tuple(rows)
     for spec in specs:
         fam = Family(spec.name, spec.kind, spec.help, spec.labels)
-        pairs = ((None, spec.sample),) if isinstance(spec.sample, str) else spec.sample
+        readers = _readers(spec)
         for labels, obj in rows:
-            for label, path in pairs:
-                value = read_field(obj, path)
+            for label, read in readers:
+                value = read(obj)
                 if value is not None:
                     fam.add_metric(labels if label is None else (*labels, label), value)
         if fam.samples:
@@ -120,12 +125,30 @@ def fields(specs: Iterable[MetricSpec], rows: Iterable[tuple[tuple[str, ...], ob
 
 
 def read_field(obj: object, path: str) -> float | None:
-    """``obj``'s value at the dotted ``path``: attributes, or keys where a step is a mapping."""
-    value: object = obj
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else getattr(value, part)
-        if value is None:
-            return None
-    if not isinstance(value, int | float):
-        raise TypeError(f"{path} is {type(value).__name__}, not a number")
-    return float(value)
+    """``obj``'s value at the dotted ``path`` (attributes, or keys of a dict), None when unknown."""
+    value = _reader(path)(obj)
+    return None if value is None else float(value)
+
+
+@functools.cache
+def _readers(spec: MetricSpec) -> tuple[tuple[str | None, Reader], ...]:
+    pairs = ((None, spec.sample),) if isinstance(spec.sample, str) else spec.sample
+    return tuple((label, _reader(path)) for label, path in pairs)
+
+
+@functools.cache
+def _reader(path: str) -> Reader:
+    """A reader of ``path``: attribute by attribute, or a key where the value is a dict (``gpm``)."""
+    parts = tuple(path.split("."))
+    if len(parts) == 1:
+        return operator.attrgetter(path)
+
+    def read(obj: object) -> float | None:
+        value: Any = obj
+        for part in parts:
+            value = value.get(part) if type(value) is dict else getattr(value, part)
+            if value is None:
+                return None
+        return cast(float, value)
+
+    return read

@@ -112,7 +112,9 @@ FULL_GPUS = NvmlSample(
             pcie_tx_bytes=3e10,
             pcie_rx_bytes=4e10,
         ),
-        GpuSample(index=1, uuid="GPU-b", name="H100", utilization_ratio=0.5, pcie_rx_bytes=7.0),
+        GpuSample(
+            index=1, uuid="GPU-b", name="H100", utilization_ratio=0.5, pcie_tx_bytes=6.0, pcie_rx_bytes=7.0
+        ),
         GpuSample(index=2, uuid="GPU-not-ours", utilization_ratio=0.1),  # not attributed: absent
     ),
 )
