@@ -16,7 +16,9 @@ constants:
   importing the sidecar;
 - the constants stay exact ``str`` with the same values: the operator compares them, keys dicts
   and writes YAML/JSON with them (~50 imports), and none of that notices the table behind them.
-  ``BY_NAME[name]`` gives the rest of a name's declaration.
+  ``BY_NAME[name]`` gives the rest of a name's declaration. (A ``str`` subclass carrying the
+  fields would have put non-``str`` names into samples, dict keys and YAML; a second module of
+  specs would have made every new metric two edits again.)
 
 ``sample`` says where a collector reads the value of a plain field->family metric, as an
 attribute path of the sample that collector holds (a ``GpuSample`` for ``nvml`` and ``gpm``: e.g.
@@ -24,8 +26,9 @@ attribute path of the sample that collector holds (a ``GpuSample`` for ``nvml`` 
 ``HostReading`` for ``cpu`` and ``memory``: e.g. ``cpu.node_utilization_ratio``), or as
 ``(label value, path)`` pairs for a family whose last label tells fields apart (``direction`` tx
 and rx). A ``None`` value leaves the series out. ``sample=""`` marks a family its collector builds
-by hand (per role, per rank, a state set, ...). A collector yields its derived families in
-declaration order, so the order here within a source is the order of /metrics
+by hand (per role, per rank, a state set, ...). A collector yields the derived families of a
+source in declaration order (the host collector: the ``cpu`` counters, then the CPU source, then
+the ``cpu`` gauges), so the order here is the order of /metrics
 (tests/unit/sidecar/test_exposition_golden.py pins the text) and of docs/metrics.md.
 
 A new figure from a source the sidecar already reads is its field in the sampler plus one
