@@ -1,24 +1,44 @@
-"""Writes the static manifests in deploy/ from the Helm chart, so that they never drift from it.
+"""Writes what is generated from the code and the chart, so that it never drifts from them.
 
-    .venv/bin/python deploy/render.py          # rewrite deploy/*.yaml
-    .venv/bin/python deploy/render.py --check  # exit 1 when they are out of date
+    .venv/bin/python deploy/render.py          # rewrite crds/damprofile.yaml's generated parts, deploy/*.yaml
+    .venv/bin/python deploy/render.py --check  # exit 1 when any of them is out of date
 
-The chart is rendered by the real Helm engine (helm-python-sdk) with its default values,
-release ``dam-operator`` in namespace ``dam-system``. tests/unit/ship/test_deploy.py runs
-``--check``'s comparison.
+First the CRD's parts that mirror a table of the code (``render_crd``), the way kubebuilder's
+controller-gen writes a CRD from the Go types: crds/damprofile.yaml marks them with
+``# generated: NAME``, a line (``enum: [...]  # generated: regimes``) or a block between
+``# generated: NAME`` and ``# end generated: NAME``, and ``GENERATED`` says what each holds:
+``status.metrics`` from the signal table (``signals.STATUS_SIGNALS``: key, type, description),
+the axis and regime enums from ``levers``, the Apply settings from ``levers.APPLY``, the action
+outcomes and in-place states from ``cluster.steps.actions``. Everything else in the file is
+hand-written. The chart includes crds/ as it is (charts/dam-operator/crds is a link to it).
+
+Then deploy/: the chart rendered by the real Helm engine (helm-python-sdk) with its default
+values, release ``dam-operator`` in namespace ``dam-system``. tests/unit/ship/test_deploy.py
+and tests/unit/cluster/test_crd.py run ``--check``'s comparisons.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import types
+import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from dam_operator.cluster.steps import actions
+from dam_operator.diagnosis import levers, signals
+from dam_operator.diagnosis.climb import Channel
+from dam_operator.diagnosis.model import Axis, Observation, Regime
+
 HERE = Path(__file__).resolve().parent
-CHART = HERE.parent / "charts" / "dam-operator"
+ROOT = HERE.parent
+CHART = ROOT / "charts" / "dam-operator"
+CRD = ROOT / "crds" / "damprofile.yaml"
 RELEASE = "dam-operator"
 NAMESPACE = "dam-system"
 
@@ -41,6 +61,147 @@ HEADER = """\
 # Release {release}, namespace {namespace}, the chart's default values. Do not edit by hand:
 # change the chart and run `.venv/bin/python deploy/render.py`.
 """
+
+
+# --- the CRD's generated parts -------------------------------------------------------------------
+
+
+def _flow(values: Iterable[str]) -> str:
+    """A YAML flow list on one line: ``[a, b, "True"]``."""
+    return yaml.safe_dump(list(values), default_flow_style=True, width=10**9).strip()
+
+
+def _scalar(text: str) -> str:
+    """A YAML scalar on one line (quoted only where YAML needs it)."""
+    return yaml.safe_dump(text, width=10**9).removesuffix("\n...\n").strip()
+
+
+def _json_type(field: str) -> dict[str, Any]:
+    """The schema of an ``Observation`` field's value: its JSON type from the Python type; an
+    integer (a count) is never negative (its ``ge`` bound), a string with a closed set of values
+    lists them."""
+    info = Observation.model_fields[field]
+    hint = info.annotation
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    if typing.get_origin(hint) is typing.Literal:
+        return {"type": "string", "enum": list(typing.get_args(hint))}
+    if hint is int:
+        low = [m.ge for m in _metadata(info) if getattr(m, "ge", None) is not None]
+        return {"type": "integer", **({"minimum": low[0]} if low else {})}
+    if hint is float:
+        return {"type": "number"}
+    if hint is str:
+        return {"type": "string"}
+    raise TypeError(f"status.metrics.{field}: no schema for {info.annotation}")
+
+
+def _metadata(info: Any) -> list[Any]:
+    """A field's constraints (``annotated_types.Ge`` …), also those inside ``Annotated[...] | None``."""
+    found = list(info.metadata)
+    for arg in typing.get_args(info.annotation):
+        found.extend(getattr(arg, "__metadata__", ()))
+    return [m for meta in found for m in getattr(meta, "metadata", [meta])]
+
+
+def _status_metrics() -> list[str]:
+    """``status.metrics``' property of every signal the status shows, in table order."""
+    lines = []
+    for key, sig in signals.STATUS_SIGNALS.items():
+        schema = _json_type(sig.name)
+        lines += [f"{key}:", f"  type: {schema['type']}", f"  description: {_scalar(str(sig.description))}"]
+        if "enum" in schema:
+            lines.append(f"  enum: {_flow(schema['enum'])}")
+        if "minimum" in schema:
+            lines.append(f"  minimum: {schema['minimum']}")
+    return lines
+
+
+CHANNELS = {
+    Channel.LOADER: "DataLoader, through the probe",
+    Channel.POD_CPU: "the training container's CPU limit",
+}
+"""How each channel of an Apply lever reaches the job, in ``status.actions[].setting.name``."""
+
+
+def _setting_names() -> str:
+    """``num_workers, prefetch_factor (DataLoader, through the probe) or cpu (...).``"""
+    groups: dict[Channel, list[str]] = {}
+    for lever in levers.APPLY.values():
+        groups.setdefault(lever.channel, []).append(lever.setting)
+    parts = [f"{', '.join(names)} ({CHANNELS[channel]})" for channel, names in groups.items()]
+    text = " or ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+    return _scalar(text + ".")
+
+
+def _in_place_states() -> tuple[str, ...]:
+    return typing.get_args(actions.InPlaceResize.model_fields["state"].annotation)
+
+
+GENERATED: dict[str, Callable[[], str | list[str]]] = {
+    "status-metrics": _status_metrics,
+    "axes": lambda: _flow(a.value for a in Axis),
+    "regimes": lambda: _flow(r.value for r in Regime),
+    "settings": lambda: _flow(levers.APPLY_SETTINGS),
+    "setting-names": _setting_names,
+    "outcomes": lambda: _flow(actions.OUTCOMES),
+    "in-place-states": lambda: _flow(_in_place_states()),
+}
+"""Each generated part of the CRD by its mark: a block's lines (a list) or a line's value."""
+
+_LINE = re.compile(r"^(?P<head>\s*[\w-]+: ).*?(?P<mark>  # generated: (?P<name>[\w-]+))$")
+_BEGIN = re.compile(r"^(?P<indent>\s*)# generated: (?P<name>[\w-]+)\b.*$")
+
+
+def render_crd(text: str) -> str:
+    """The CRD ``text`` with every generated part written anew from the code."""
+    out: list[str] = []
+    lines = iter(text.splitlines())
+    seen: set[str] = set()
+    for line in lines:
+        if found := _LINE.match(line):
+            value = GENERATED[found["name"]]()
+            assert isinstance(value, str), found["name"]
+            out.append(found["head"] + value + found["mark"])
+            seen.add(found["name"])
+        elif found := _BEGIN.match(line):
+            name, indent = found["name"], found["indent"]
+            block = GENERATED[name]()
+            assert isinstance(block, list), name
+            end = f"{indent}# end generated: {name}"
+            for skipped in lines:
+                if skipped == end:
+                    break
+            else:
+                raise ValueError(f"crds/: '# generated: {name}' without '{end.strip()}'")
+            out += [line, *(indent + b for b in block), end]
+            seen.add(name)
+        else:
+            out.append(line)
+    if missing := set(GENERATED) - seen:
+        raise ValueError(f"crds/: no mark for the generated parts {sorted(missing)}")
+    rendered = "\n".join(out) + "\n"
+    _no_duplicate_keys(rendered)
+    return rendered
+
+
+def _no_duplicate_keys(text: str) -> None:
+    """A generated key also written by hand would be two keys of one mapping (YAML keeps the last)."""
+    stack = [yaml.compose(text)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            keys = [k.value for k, _ in node.value]
+            if dupes := sorted({k for k in keys if keys.count(k) > 1}):
+                raise ValueError(f"crds/: keys written twice: {dupes} (line {node.start_mark.line + 1})")
+            stack.extend(v for _, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
+# --- deploy/: the chart's render -----------------------------------------------------------------
 
 
 def _static(obj: dict[str, Any]) -> dict[str, Any]:
@@ -99,15 +260,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="only report whether the files are current")
     args = parser.parse_args(argv)
     stale = []
+    crd = CRD.read_text()
+    if (crd_now := render_crd(crd)) != crd:
+        stale.append(CRD.relative_to(ROOT).as_posix())
+        if not args.check:
+            CRD.write_text(crd_now)  # first: the chart includes it
     for name, text in render_files().items():
         path = HERE / name
         if path.exists() and path.read_text() == text:
             continue
-        stale.append(name)
+        stale.append(f"deploy/{name}")
         if not args.check:
             path.write_text(text)
     if args.check and stale:
-        sys.stderr.write(f"deploy/: out of date: {', '.join(stale)}; run .venv/bin/python deploy/render.py\n")
+        sys.stderr.write(f"out of date: {', '.join(stale)}; run .venv/bin/python deploy/render.py\n")
         return 1
     return 0
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jsonschema
@@ -15,8 +17,20 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from dam_operator.cluster.steps import actions
 from dam_operator.cluster.steps.spec import DAMProfileSpec, ThresholdsSpec
-from dam_operator.diagnosis.model import Axis, Bottleneck, IronLaw, Regime, Thresholds, WindowMetrics
+from dam_operator.diagnosis import levers
+from dam_operator.diagnosis.engine import diagnose
+from dam_operator.diagnosis.model import (
+    Axis,
+    Bottleneck,
+    IronLaw,
+    Observation,
+    Regime,
+    Thresholds,
+    WindowMetrics,
+)
+from dam_operator.diagnosis.signals import STATUS_SIGNALS, Unit
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = yaml.safe_load((ROOT / "crds" / "damprofile.yaml").read_text())
@@ -212,6 +226,87 @@ def test_status_schema_holds_every_field_the_engine_writes() -> None:
     assert {r.value for r in Regime} <= set(bottleneck["regime"]["enum"])
     assert {"matched", "instrumented", "reporting"} <= set(STATUS["properties"]["pods"]["properties"])
     assert {"observedGeneration", "lastEvaluationTime", "conditions"} <= set(STATUS["properties"])
+
+
+def test_status_enums_and_metrics_are_exactly_the_code_tables() -> None:
+    """No more and no fewer: a status.metrics key no one writes is as wrong as a missing one
+    (the API server prunes a key its schema lacks, silently)."""
+    bottleneck = STATUS["properties"]["bottleneck"]["properties"]
+    assert list(STATUS["properties"]["metrics"]["properties"]) == list(WindowMetrics.status_keys())
+    for node in (bottleneck["axis"], bottleneck["boundary"], bottleneck["straggler"]["properties"]["cause"]):
+        assert node["enum"] == [a.value for a in Axis]
+    assert bottleneck["regime"]["enum"] == [r.value for r in Regime]
+    action = STATUS["properties"]["actions"]["items"]["properties"]
+    assert action["setting"]["properties"]["name"]["enum"] == list(levers.APPLY_SETTINGS)
+    assert action["outcome"]["enum"] == list(actions.OUTCOMES)
+    assert action["inPlace"]["properties"]["state"]["enum"] == ["Resized", "Partial", "Refused"]
+    metrics = STATUS["properties"]["metrics"]["properties"]
+    for key, sig in STATUS_SIGNALS.items():
+        assert metrics[key]["description"] == sig.description, key
+
+
+def test_every_signal_the_status_shows_is_valid_against_its_schema() -> None:
+    """Each shown signal set (a value of its Observation type): the engine's status.metrics
+    validates, so a key typed integer in the CRD holds an int, a number a float."""
+    values: dict[str, Any] = {}
+    for sig in STATUS_SIGNALS.values():
+        integer = "int" in str(Observation.model_fields[sig.name].annotation)
+        values[sig.name] = "measured" if sig.unit is Unit.TEXT else (3 if integer else 0.5)
+    metrics = diagnose(Observation.model_validate(values)).to_status()["metrics"]
+    assert set(STATUS_SIGNALS) <= set(metrics)
+    schema = jsonschema.Draft4Validator(STATUS["properties"]["metrics"])
+    assert list(schema.iter_errors(metrics)) == []
+    assert list(schema.iter_errors({**metrics, "workerCount": 0.5}))  # integer, not any number
+
+
+# ---------------------------------------------------------------- generated from the code
+
+
+def _render_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dam_deploy_render_crd", ROOT / "deploy" / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_crd_generated_parts_are_current_with_the_code() -> None:
+    text = (ROOT / "crds" / "damprofile.yaml").read_text()
+    assert _render_module().render_crd(text) == text, "crds/damprofile.yaml is stale: run deploy/render.py"
+
+
+def test_render_check_fails_on_a_stale_crd_and_a_render_mends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    render = _render_module()
+    text = (ROOT / "crds" / "damprofile.yaml").read_text()
+    regimes = [r.value for r in Regime]
+    stale = text.replace(", ".join(regimes), ", ".join(regimes[:-1]))
+    assert stale != text
+    crd = tmp_path / "crds" / "damprofile.yaml"
+    crd.parent.mkdir()
+    crd.write_text(stale)
+    monkeypatch.setattr(render, "ROOT", tmp_path)
+    monkeypatch.setattr(render, "CRD", crd)
+    monkeypatch.setattr(render, "render_files", dict)  # deploy/ is test_deploy.py's (needs Helm)
+    assert render.main(["--check"]) == 1
+    assert crd.read_text() == stale, "--check writes nothing"
+    assert render.main([]) == 0
+    assert crd.read_text() == text
+    assert render.main(["--check"]) == 0
+
+
+def test_a_key_written_by_hand_and_generated_is_refused() -> None:
+    render = _render_module()
+    text = (ROOT / "crds" / "damprofile.yaml").read_text()
+    twice = text.replace(
+        "                    # end generated: status-metrics\n",
+        "                    # end generated: status-metrics\n"
+        "                    dataWaitRatio:\n                      type: number\n"
+        "                      description: by hand.\n",
+    )
+    with pytest.raises(ValueError, match="keys written twice"):
+        render.render_crd(twice)
 
 
 def test_conditions_are_a_map_keyed_by_type() -> None:
