@@ -98,6 +98,14 @@ def test_docs_metrics_md_is_up_to_date() -> None:
     assert current == tool.render_markdown(), "docs/metrics.md is stale: run tools/gen_metrics_doc.py"
 
 
+def test_every_declared_metric_has_its_row_in_the_generated_reference() -> None:
+    tool = load_tool()
+    assert set(tool.SECTIONS) == set(typing.get_args(names.Source)), "a source without its section"
+    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    missing = [m.name for m in CATALOG if f"| `{m.name}` |" not in text]
+    assert not missing, missing
+
+
 def test_every_operator_metric_name_is_in_the_generated_reference() -> None:
     from dam_operator.cluster.steps import metric_names
 
