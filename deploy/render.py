@@ -33,7 +33,8 @@ import yaml
 from dam_operator.cluster.steps import actions
 from dam_operator.diagnosis import levers, signals
 from dam_operator.diagnosis.climb import Channel
-from dam_operator.diagnosis.model import Axis, Observation, Regime
+from dam_operator.diagnosis.levers import Axis, Regime
+from dam_operator.diagnosis.model import Observation
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -32,10 +32,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from dam_operator.diagnosis.model import Observation, Regime
 from dam_probe.overrides import MAX_PREFETCH, MAX_WORKERS
+
+if TYPE_CHECKING:  # names only: levers builds its table from this module, and the model reads levers
+    from dam_operator.diagnosis.levers import Regime
+    from dam_operator.diagnosis.model import Observation
 
 __all__ = [
     "IMPROVED",
@@ -169,7 +172,8 @@ class ApplyLever:
     """The value the pods run with, read from a window's per-pod observations."""
     needs: Callable[[Facts], bool] = always
     needs_text: str = ""
-    regimes: frozenset[Regime] = field(default_factory=lambda: frozenset({Regime.INPUT_BOUND}))
+    regimes: frozenset[Regime] = field(kw_only=True)
+    """The regimes whose verdict may pull it (``levers.applicable``)."""
     then: str | None = None
     """The lever whose climb follows when this one's stops (a verdict names the first)."""
     not_final: tuple[tuple[int, int], ...] = ()

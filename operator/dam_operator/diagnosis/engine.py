@@ -56,14 +56,12 @@ from dam_operator.diagnosis import levers
 from dam_operator.diagnosis.derived import Derived, derive
 from dam_operator.diagnosis.evidence import Evidence, Kind, note, pct
 from dam_operator.diagnosis.gpus import resolve_hardware
+from dam_operator.diagnosis.levers import AXES, Axis, Regime
 from dam_operator.diagnosis.model import (
-    AXES,
-    Axis,
     Bottleneck,
     Hardware,
     Observation,
     RankId,
-    Regime,
     Straggler,
     Thresholds,
     Verdict,

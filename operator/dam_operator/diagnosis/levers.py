@@ -1,20 +1,61 @@
-"""The lever catalogue of docs/architecture.md (regimes, axes, levers): kebab-case identifiers
-with a human sentence, and for each regime the levers that work and the ones that would be wasted.
+"""The lever catalogue of docs/architecture.md (regimes, axes, levers): the regimes (``Regime``)
+with their axis and boundary (``AXES``), the levers as kebab-case identifiers with a human
+sentence (``LEVERS``), and for each regime the levers that work (``EFFECTIVE``) and the ones
+that would be wasted (``AVOID``). A new regime is a member here, its row in each of these, and
+its rule in ``rules/`` listed in ``rules.RULES`` (docs/CONTRIBUTING.md, "Add a regime or a
+screen"); deploy/render.py writes the CRD's regime enum from ``Regime``.
 
 ``APPLY`` (at the end) is the Apply lever table: the levers a program can pull itself — ``dam
 tune`` and the operator's Apply mode both read it (``climb`` says what an entry holds). Adding
 one is one entry there, its identifier and sentence here (docs/CONTRIBUTING.md, "Add a lever").
+
+This module imports no data model (``model`` imports it; ``climb`` names these types for the
+type checker only), so that the catalogue stands first.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
 from dam_operator.diagnosis import climb
 from dam_operator.diagnosis.climb import ApplyLever, Channel, Kind
-from dam_operator.diagnosis.model import Regime
 from dam_probe.overrides import TORCH_PREFETCH_DEFAULT
+
+
+class Axis(StrEnum):
+    DATA = "Data"
+    ALGORITHM = "Algorithm"
+    MACHINE = "Machine"
+    UNKNOWN = "Unknown"
+
+
+class Regime(StrEnum):
+    """The regimes a verdict names (a fixed contract: docs/architecture.md, DESIGN.md)."""
+
+    INPUT_BOUND = "input-bound"
+    MEMORY_BOUND = "memory-bound"
+    COMPUTE_BOUND = "compute-bound"
+    LATENCY_BOUND = "latency-bound"
+    COMMUNICATION_BOUND = "communication-bound"
+    MEMORY_CAPACITY = "memory-capacity"
+    CHECKPOINT_BOUND = "checkpoint-bound"
+    UNKNOWN = "unknown"
+
+
+AXES: dict[Regime, tuple[Axis, Axis | None]] = {
+    Regime.INPUT_BOUND: (Axis.DATA, None),
+    Regime.MEMORY_BOUND: (Axis.DATA, Axis.MACHINE),
+    Regime.COMPUTE_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
+    Regime.LATENCY_BOUND: (Axis.ALGORITHM, Axis.MACHINE),
+    Regime.COMMUNICATION_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
+    Regime.MEMORY_CAPACITY: (Axis.ALGORITHM, Axis.MACHINE),
+    Regime.CHECKPOINT_BOUND: (Axis.MACHINE, Axis.DATA),
+    Regime.UNKNOWN: (Axis.UNKNOWN, None),
+}
+"""Each regime's axis and its usual boundary (docs/architecture.md, the regime table)."""
+
 
 # Lever identifiers that code names (the Apply levers; the engine's verdicts name them too).
 INCREASE_DATALOADER_WORKERS: Final = "increase-dataloader-workers"
@@ -227,6 +268,9 @@ def detail(lever: str, regime: Regime, *, also: tuple[str, ...] | None = None) -
 
 # --- the Apply lever table ----------------------------------------------------------------------
 
+INPUT_BOUND: Final = frozenset({Regime.INPUT_BOUND})
+"""The regimes whose verdict may pull the input-pipeline levers."""
+
 APPLY: Final = MappingProxyType(
     {
         INCREASE_DATALOADER_WORKERS: ApplyLever(
@@ -241,6 +285,7 @@ APPLY: Final = MappingProxyType(
             # One worker only overlaps loading with the step; two parallelise it.
             not_final=((0, 1),),
             then=RAISE_PREFETCH_FACTOR,
+            regimes=INPUT_BOUND,
         ),
         RAISE_PREFETCH_FACTOR: ApplyLever(
             RAISE_PREFETCH_FACTOR,
@@ -252,6 +297,7 @@ APPLY: Final = MappingProxyType(
             default=TORCH_PREFETCH_DEFAULT,
             needs=lambda facts: bool(facts.values.get(NUM_WORKERS)),
             needs_text="num_workers > 0",
+            regimes=INPUT_BOUND,
         ),
         ENABLE_PIN_MEMORY: ApplyLever(
             ENABLE_PIN_MEMORY,
@@ -263,6 +309,7 @@ APPLY: Final = MappingProxyType(
             default=False,
             needs=climb.has_gpu,
             needs_text="a GPU",
+            regimes=INPUT_BOUND,
         ),
         RAISE_CPU_LIMIT: ApplyLever(
             RAISE_CPU_LIMIT,
@@ -272,6 +319,7 @@ APPLY: Final = MappingProxyType(
             ladder=climb.double_cpu,
             bound=climb.cpu_raise_bound,
             observe=climb.cpu_limit_millicores,
+            regimes=INPUT_BOUND,
         ),
     }
 )

@@ -1,5 +1,6 @@
 """Data types of the diagnosis engine: what goes in (a window of observations,
-thresholds, hardware) and what comes out (a verdict).
+thresholds, hardware) and what comes out (a verdict). The verdict's ``Axis`` and ``Regime``
+are the lever catalogue's (``diagnosis.levers``: each regime with its axes and its levers).
 
 Field names on the wire (JSON, the resource status) are camelCase aliases of the
 snake_case Python names; ``model_dump(by_alias=True)`` gives the status shape of
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, Self
 
 from pydantic import (
@@ -28,37 +28,7 @@ from pydantic.alias_generators import to_camel
 
 from dam_operator.diagnosis import signals
 from dam_operator.diagnosis.evidence import Evidence, note
-
-
-class Axis(StrEnum):
-    DATA = "Data"
-    ALGORITHM = "Algorithm"
-    MACHINE = "Machine"
-    UNKNOWN = "Unknown"
-
-
-class Regime(StrEnum):
-    INPUT_BOUND = "input-bound"
-    MEMORY_BOUND = "memory-bound"
-    COMPUTE_BOUND = "compute-bound"
-    LATENCY_BOUND = "latency-bound"
-    COMMUNICATION_BOUND = "communication-bound"
-    MEMORY_CAPACITY = "memory-capacity"
-    CHECKPOINT_BOUND = "checkpoint-bound"
-    UNKNOWN = "unknown"
-
-
-AXES: dict[Regime, tuple[Axis, Axis | None]] = {
-    Regime.INPUT_BOUND: (Axis.DATA, None),
-    Regime.MEMORY_BOUND: (Axis.DATA, Axis.MACHINE),
-    Regime.COMPUTE_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
-    Regime.LATENCY_BOUND: (Axis.ALGORITHM, Axis.MACHINE),
-    Regime.COMMUNICATION_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
-    Regime.MEMORY_CAPACITY: (Axis.ALGORITHM, Axis.MACHINE),
-    Regime.CHECKPOINT_BOUND: (Axis.MACHINE, Axis.DATA),
-    Regime.UNKNOWN: (Axis.UNKNOWN, None),
-}
-"""Each regime's axis and its usual boundary (docs/architecture.md, the regime table)."""
+from dam_operator.diagnosis.levers import Axis, Regime
 
 
 class _Wire(BaseModel):

@@ -30,7 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dam_operator.diagnosis.evidence import Evidence, Kind, note, pct, thr
-from dam_operator.diagnosis.model import Axis, Observation, RankFigures, RankId, Straggler, Thresholds
+from dam_operator.diagnosis.levers import Axis
+from dam_operator.diagnosis.model import Observation, RankFigures, RankId, Straggler, Thresholds
 
 STRAGGLER_RATE_RATIO = 0.75
 """Independent processes: one slower than this fraction of the others' median step rate is a straggler."""

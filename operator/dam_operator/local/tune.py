@@ -55,8 +55,8 @@ from typing import Any, Final, Protocol
 from dam_contract.snapshot import Snapshot
 from dam_operator.diagnosis import climb, levers
 from dam_operator.diagnosis.climb import ApplyLever, Channel, Tried
-from dam_operator.diagnosis.levers import NUM_WORKERS, PREFETCH_FACTOR
-from dam_operator.diagnosis.model import Observation, Regime, Verdict
+from dam_operator.diagnosis.levers import NUM_WORKERS, PREFETCH_FACTOR, Regime
+from dam_operator.diagnosis.model import Observation, Verdict
 from dam_operator.diagnosis.window import observation_from_snapshots
 from dam_operator.local.child import (
     SourceFactory,

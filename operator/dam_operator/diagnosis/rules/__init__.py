@@ -8,7 +8,7 @@ with a ``base.Finding`` or passes (None); the first that answers decides. The th
 from __future__ import annotations
 
 from dam_operator.diagnosis.evidence import note
-from dam_operator.diagnosis.model import Regime
+from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.rules import checkpoint, data, evidence_screen, gpu, host, memory
 from dam_operator.diagnosis.rules.base import Context, Finding, Rule
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from dam_operator.diagnosis import evidence as ev
 from dam_operator.diagnosis.derived import Derived, positive
 from dam_operator.diagnosis.evidence import Evidence, Kind
-from dam_operator.diagnosis.model import Axis, Hardware, Observation, Regime, Thresholds
+from dam_operator.diagnosis.levers import Axis, Regime
+from dam_operator.diagnosis.model import Hardware, Observation, Thresholds
 
 RSS_CORROBORATES = 0.80
 """Resident memory at this share of the container limit makes a full container a real shortage."""

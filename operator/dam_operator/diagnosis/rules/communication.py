@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dam_operator.diagnosis import evidence as ev
 from dam_operator.diagnosis.evidence import Evidence, Kind
-from dam_operator.diagnosis.model import Observation, Regime
+from dam_operator.diagnosis.levers import Regime
+from dam_operator.diagnosis.model import Observation
 from dam_operator.diagnosis.rules.base import Context, Finding
 
 OVERLAP_HIDDEN_WELL = 0.5

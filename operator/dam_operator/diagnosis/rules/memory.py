@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dam_operator.diagnosis import evidence as ev
 from dam_operator.diagnosis.evidence import Evidence, Kind
-from dam_operator.diagnosis.model import Regime
+from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.rules.base import Context, Finding
 
 _LOADER_ALSO = ("raise-memory-limit", "smaller-micro-batch")
