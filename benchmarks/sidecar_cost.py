@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,7 +23,7 @@ import time
 
 import httpx
 import psutil
-from sidecar_http_load import start_sidecar  # a script beside this one (benchmarks/)
+from sidecar_http_load import start_sidecar, stop_sidecar  # a script beside this one (benchmarks/)
 
 from dam_probe.layout import ProbeWriter, probe_path
 
@@ -90,12 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             stop.set()
             pub.join()
             writer.close()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_sidecar(proc, timeout_seconds=10)
             if proc.stderr is not None:
                 proc.stderr.close()
 

@@ -184,6 +184,16 @@ def start_sidecar(probe_dir: str, gpus: int) -> tuple[subprocess.Popen[str], int
     raise SystemExit("FAIL: the sidecar did not start")
 
 
+def stop_sidecar(proc: subprocess.Popen[str], timeout_seconds: float) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within ``timeout_seconds``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=100)
@@ -214,12 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             flood = asyncio.run(half_sent_flood(port, proc.pid, args.half_sent, args.wait))
         finally:
             writer.close()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_sidecar(proc, timeout_seconds=15)
 
     err_pct = 100.0 * int(load["errors"]) / int(load["requests"])  # type: ignore[call-overload]
     fmt = "OpenMetrics" if args.openmetrics else "Prometheus text"
