@@ -228,6 +228,22 @@ def test_an_improved_setting_is_kept_and_the_climb_goes_on_from_it() -> None:
     assert desired.label == "2:applied" and dict(desired.loader) == {"num_workers": 2}
 
 
+def test_a_loader_setting_the_carrier_does_not_run_is_no_change_not_improved() -> None:
+    """The probe refused the override (workers over a 64 MiB /dev/shm): the carrier still runs no
+    worker, so a faster window is noise, not the setting's gain; the setting is blocked."""
+    loop = Loop(_spec())
+    loop.window([_pod("a")], {"a": _obs(4.0)})
+    step = loop.window([_pod("b", "1:applied")], {"b": _obs(6.0, worker_count=0)})
+    (entry,) = loop.entries
+    assert entry["outcome"] == "no-change", entry
+    assert "did not take effect: its pods run num_workers 0, not 1" in entry["message"]
+    assert [e.reason for e in step.events] == ["ActionApplied", "ActionNoChange"]
+    desired = loop.desired()
+    assert desired.label == "1:withheld" and dict(desired.loader) == {}  # not kept: new pods go without it
+    loop.window([_pod("c")], {"c": _obs(4.0)})
+    assert len(loop.entries) == 1  # num_workers is not tried again in this generation
+
+
 def test_a_worse_change_is_rolled_back_on_the_next_pod_and_not_tried_again_this_generation() -> None:
     loop = Loop(_spec(), generation=4)
     loop.window([_pod("a")], {"a": _obs(4.0)})

@@ -337,6 +337,19 @@ def _reached(e: ActionEntry, obs: Observation) -> bool:
         return True
 
 
+def _not_taken(e: ActionEntry, counted: Sequence[Observation]) -> str | None:
+    """Why the carriers do not run the setting (fewer loader workers than it gives: the probe
+    refused the override, or the job ignores it), or None: it took effect, or the pods do not
+    report it. Judging steps/s then would credit noise to a change that never happened."""
+    lever = levers.APPLY.get(e.lever)
+    if lever is None or lever.observe is None or lever.channel is Channel.POD_CPU:
+        return None
+    seen, wanted = lever.observe(counted), climb.parse(lever.kind, e.setting.after)
+    if seen is None or wanted is None or seen >= wanted:
+        return None
+    return f"its pods run {e.setting.name} {seen}, not {e.setting.after}"
+
+
 def _progress(
     e: ActionEntry, cfg: ActionsSpec, pods: Sequence[PodInfo], measured: Mapping[str, Observation], now: str
 ) -> tuple[ActionEntry, list[st.EventSpec]]:
@@ -353,6 +366,17 @@ def _progress(
     windows = e.measured_windows + 1
     if windows <= cfg.warmup_windows:
         return e.model_copy(update={"measured_windows": windows}), events
+    ignored = _not_taken(e, counted)
+    if ignored is not None:
+        update = {"measured_windows": windows, "after": after, "outcome": NO_CHANGE, "judged_at": now}
+        e = e.model_copy(update=update)
+        message = (
+            f"{e.title()} did not take effect: {ignored}; the probe leaves a loader alone when the "
+            "setting cannot work there (e.g. workers over a /dev/shm under 64 MiB; the training "
+            f"container's log says why). Not kept; {e.setting.name} is not changed again in "
+            f"{f'generation {e.generation}' if e.generation is not None else 'this generation'}."
+        )
+        return e.model_copy(update={"message": message}), [*events, st.EventSpec(REASON_NO_CHANGE, message)]
     e = e.model_copy(
         update={
             "measured_windows": windows,
