@@ -21,6 +21,7 @@ step (``window_start``), so a job at 0.2 steps/s gets a verdict instead of "only
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,23 @@ Peaks = dict[tuple[str, Labels], float]
 def steps_of(snap: Snapshot) -> float:
     """Training steps counted in a snapshot (every process and rank together)."""
     return sum(s.value for s in snap.samples(names.STEPS_TOTAL))
+
+
+def job_steps_of(snap: Snapshot) -> float:
+    """Steps the job advanced: for ranks of one distributed job the median rank's (synchronous
+    ranks step together: summing would count each step once per rank, the signal table's job
+    rate does the same), else every process together."""
+    per_rank: dict[str, float] = {}
+    unranked = 0.0
+    for s in snap.samples(names.STEPS_TOTAL):
+        rank = s.label(names.RANK_LABEL)
+        if rank:
+            per_rank[rank] = per_rank.get(rank, 0.0) + s.value
+        else:
+            unranked += s.value
+    if len(per_rank) < 2:
+        return unranked + sum(per_rank.values())
+    return statistics.median(per_rank.values())
 
 
 def progress_steps(snap: Snapshot) -> float:

@@ -70,7 +70,7 @@ from dam_operator.local.child import (
     shell_exit_status,
     stop_process_group,
 )
-from dam_operator.local.session import steps_of, verdict_between
+from dam_operator.local.session import job_steps_of, steps_of, verdict_between
 from dam_probe.cgroup import CgroupReader
 from dam_probe.overrides import ENV_LOADER_OVERRIDES, MAX_PREFETCH, loader_override_env
 
@@ -221,8 +221,8 @@ def measurement_from(
     (t0, before), (t1, after) = points[0], points[-1]
     obs: Observation = observation_from_snapshots(before, after, elapsed_seconds=(t1 - t0) or None)
     verdict = verdict_between(before, after, (t1 - t0) or None)
-    rates = interval_rates([(t, steps_of(s)) for t, s in points])
-    steps = steps_of(after) - steps_of(before)
+    rates = interval_rates([(t, job_steps_of(s)) for t, s in points])
+    steps = job_steps_of(after) - job_steps_of(before)
     return Measurement(
         settings=dict(settings),
         steps_per_second=steps / (t1 - t0) if t1 > t0 else 0.0,

@@ -128,6 +128,18 @@ def test_the_window_starts_after_the_warmup_that_follows_the_first_step() -> Non
     assert m.worker_count == 0
 
 
+def test_two_synchronous_ranks_are_measured_at_the_jobs_rate_not_their_sum() -> None:
+    def ranks(t: float) -> Snapshot:
+        return Snapshot(
+            [Sample(names.STEPS_TOTAL, ((names.RANK_LABEL, r),), 10.0 * t) for r in ("0", "1")]
+            + [Sample(names.STEP_SECONDS_TOTAL, ((names.RANK_LABEL, r),), t) for r in ("0", "1")]
+        )
+
+    m = measurement_from({}, [(float(t), ranks(float(t))) for t in range(1, 7)], run_seconds=6.0)
+    assert m.steps_per_second == pytest.approx(10.0)
+    assert m.doc()["stepsPerSecond"] == pytest.approx(10.0)
+
+
 def test_a_run_that_ends_during_the_warmup_is_measured_from_its_first_step_and_says_so() -> None:
     points = run_points(20.0, 0.9, 3.0, start_at=1.0)
     window, note = window_points(points, warmup_seconds=5.0)
