@@ -264,6 +264,19 @@ def initial_step(
     )
 
 
+def _memory_marks(
+    marks: Mapping[str, Snapshot], known: set[str], answered: Mapping[str, Snapshot]
+) -> dict[str, Snapshot]:
+    """Each known pod's last memory gauges: replaced only by a scrape with resident memory by role
+    (the sidecar's last answer as the kernel killed the trainer may have none)."""
+    kept = {k: v for k, v in marks.items() if k in known}
+    return kept | {
+        name: memory_mark(result)
+        for name, result in answered.items()
+        if name not in kept or names.PROCESS_RESIDENT_MEMORY_BYTES in result.names()
+    }
+
+
 def window_step(
     *,
     spec: DAMProfileSpec,
@@ -297,12 +310,7 @@ def window_step(
     scrape = _classify_with_gaps(pods, results, when, window_seconds)
     counts = count_pods(pods, scrape)
     known = {p.name for p in pods} | {p.name for p in ended}
-    old_marks = {k: v for k, v in (marks or {}).items() if k in known}
-    new_marks = old_marks | {
-        name: memory_mark(result)
-        for name, result in scrape.answered.items()
-        if name not in old_marks or names.PROCESS_RESIDENT_MEMORY_BYTES in result.names()
-    }
+    new_marks = _memory_marks(marks or {}, known, scrape.answered)
     windows, new_baselines = _pod_windows(
         spec, pods, scrape, baselines, known, when=when, max_baseline_seconds=max_baseline_seconds
     )
