@@ -1,9 +1,11 @@
 """The lever catalogue of docs/architecture.md (regimes, axes, levers): the regimes (``Regime``)
-with their axis and boundary (``AXES``), the levers as kebab-case identifiers with a human
-sentence (``LEVERS``), and for each regime the levers that work (``EFFECTIVE``) and the ones
-that would be wasted (``AVOID``). A new regime is a member here, its row in each of these, and
-its rule in ``rules/`` listed in ``rules.RULES`` (docs/CONTRIBUTING.md, "Add a regime or a
-screen"); deploy/render.py writes the CRD's regime enum from ``Regime``.
+with their axis and boundary (``AXES``) and what the docs say of them (``REGIME_DOCS``), the
+levers as kebab-case identifiers with a human sentence (``LEVERS``), and for each regime the
+levers that work (``EFFECTIVE``) and the ones that would be wasted (``AVOID``). A new regime is
+a member here, its row in each of these, and its rule in ``rules/`` listed in ``rules.RULES``
+(docs/CONTRIBUTING.md, "Add a regime or a screen"); deploy/render.py writes the CRD's regime
+enum from ``Regime``, and tools/gen_regime_doc.py the regime tables of docs/method.md and
+docs/architecture.md from ``AXES``, ``REGIME_DOCS``, ``EFFECTIVE`` and ``AVOID``.
 
 ``APPLY`` (at the end) is the Apply lever table: the levers a program can pull itself — ``dam
 tune`` and the operator's Apply mode both read it (``climb`` says what an entry holds). Adding
@@ -15,6 +17,7 @@ type checker only), so that the catalogue stands first.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
@@ -55,6 +58,41 @@ AXES: dict[Regime, tuple[Axis, Axis | None]] = {
     Regime.UNKNOWN: (Axis.UNKNOWN, None),
 }
 """Each regime's axis and its usual boundary (docs/architecture.md, the regime table)."""
+
+
+@dataclass(frozen=True)
+class RegimeDoc:
+    """What the regime tables of the docs say of a regime beside its axes and levers."""
+
+    dominant_term: str
+    """The term of the step time that dominates (docs/method.md, the iron law)."""
+    boundary_note: str = ""
+    """Said in brackets after the boundary."""
+    lever_note: str = ""
+    """Said in brackets after the levers that work (e.g. levers a rule names in one case only)."""
+
+
+REGIME_DOCS: Final = MappingProxyType(
+    {
+        Regime.INPUT_BOUND: RegimeDoc(
+            "D_vol/BW of the input path", boundary_note="Machine when host CPU is the cause"
+        ),
+        Regime.MEMORY_BOUND: RegimeDoc("D_vol/BW of device memory"),
+        Regime.COMPUTE_BOUND: RegimeDoc(
+            "O/(R_peak·η)",
+            lever_note="CPU-only: `move-to-accelerator`; a busy node: `raise-cpu-request`",
+        ),
+        Regime.LATENCY_BOUND: RegimeDoc("L_lat"),
+        Regime.COMMUNICATION_BOUND: RegimeDoc("exposed collective time, skew-corrected"),
+        Regime.MEMORY_CAPACITY: RegimeDoc("peak memory vs capacity"),
+        Regime.CHECKPOINT_BOUND: RegimeDoc(
+            "time the training thread blocks in checkpoint saves", boundary_note="I/O"
+        ),
+        Regime.UNKNOWN: RegimeDoc("—", lever_note="names what is missing"),
+    }
+)
+"""Each regime's line in the regime tables of docs/method.md and docs/architecture.md, which
+tools/gen_regime_doc.py writes from this, ``AXES``, ``EFFECTIVE`` and ``AVOID``."""
 
 
 # Lever identifiers that code names (the Apply levers; the engine's verdicts name them too).

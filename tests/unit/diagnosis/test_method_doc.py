@@ -1,13 +1,27 @@
-"""docs/method.md names every threshold, regime and lever the engine uses."""
+"""docs/method.md names every threshold, regime and lever the engine uses; its regime table and
+docs/architecture.md's are generated from the lever catalogue (tools/gen_regime_doc.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from dam_operator.diagnosis import levers
 from dam_operator.diagnosis.model import Regime, Thresholds
 
-METHOD = (Path(__file__).resolve().parents[3] / "docs" / "method.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[3]
+METHOD = (ROOT / "docs" / "method.md").read_text(encoding="utf-8")
+
+
+def load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_regime_doc", ROOT / "tools" / "gen_regime_doc.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_threshold_is_in_the_table_with_its_default() -> None:
@@ -28,3 +42,28 @@ def test_every_regime_and_its_levers_are_in_the_regime_table() -> None:
         assert row is not None, regime
         for lever in (*levers.EFFECTIVE[regime], *levers.AVOID[regime]):
             assert f"`{lever}`" in row, (regime, lever)
+
+
+def test_every_regime_has_its_doc_record() -> None:
+    assert list(levers.REGIME_DOCS) == list(Regime)
+    assert all(doc.dominant_term for doc in levers.REGIME_DOCS.values())
+
+
+def test_the_regime_tables_are_generated_from_the_lever_catalogue() -> None:
+    tool = load_tool()
+    assert set(tool.PAGES) == {ROOT / "docs" / "method.md", ROOT / "docs" / "architecture.md"}
+    for page, text in tool.pages().items():
+        assert page.read_text(encoding="utf-8") == text, f"{page} is stale: run tools/gen_regime_doc.py"
+
+
+def test_the_check_finds_a_stale_table_and_a_rewrite_mends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tool = load_tool()
+    page = tmp_path / "method.md"
+    page.write_text(METHOD.replace("`more-flops`", "`more-flop`"), encoding="utf-8")
+    monkeypatch.setattr(tool, "PAGES", {page: tool.PAGES[ROOT / "docs" / "method.md"]})
+    assert tool.main(["--check"]) == 1
+    assert tool.main([]) == 0
+    assert page.read_text(encoding="utf-8") == METHOD
+    assert tool.main(["--check"]) == 0
