@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,72 @@ def verdict_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 def explain(doc: dict[str, Any], proc: subprocess.CompletedProcess[str]) -> str:
     """What an assertion message shows: the verdict and the end of the job's output."""
     return f"{json.dumps(doc['bottleneck'], indent=1)}\nmetrics: {doc['metrics']}\n{tail(proc.stderr, 12)}"
+
+
+RUN = ("--json", "--interval", "0.5", "--window", "3")
+"""``dam run``'s options in this tier: the JSON verdict of short windows."""
+
+
+def trained_steps(stderr: str) -> dict[int, int]:
+    """Rank -> steps, from each rank's last line (the job's own count, independent of the probe)."""
+    return {int(r): int(n) for n, r in re.findall(r"trained (\d+) steps on rank (\d+)", stderr)}
+
+
+def dam_tune(*command: str, budget: int, timeout: float) -> dict[str, Any]:
+    """``dam tune --json`` of ``command`` (short windows), after checking that it succeeded."""
+    proc = dam(
+        "tune",
+        "--json",
+        "--budget",
+        str(budget),
+        "--window",
+        "3",
+        "--warmup",
+        "1",
+        "--interval",
+        "0.5",
+        "--",
+        *command,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, tail(proc.stderr)
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def assert_input_bound(proc: subprocess.CompletedProcess[str]) -> None:
+    """The job's verdict: input-bound, told to add DataLoader workers, with steps measured."""
+    doc = verdict_of(proc)
+    b, m = doc["bottleneck"], doc["metrics"]
+    assert b["axis"] == "Data", explain(doc, proc)
+    assert b["regime"] == "input-bound", explain(doc, proc)
+    assert b["lever"] == "increase-dataloader-workers", explain(doc, proc)
+    assert m["dataWaitRatio"] > 0.5, explain(doc, proc)
+    assert m["stepsPerSecond"] > 1, explain(doc, proc)
+
+
+def assert_not_data_bound_with_two_workers(proc: subprocess.CompletedProcess[str]) -> None:
+    """A job with cheap samples and two loader workers on a CPU-only machine: Machine-bound, not
+    data-bound, its two workers seen."""
+    doc = verdict_of(proc)
+    b, m = doc["bottleneck"], doc["metrics"]
+    assert b["axis"] == "Machine", explain(doc, proc)  # a CPU-only machine: the CPU does the arithmetic
+    assert b["regime"] != "input-bound", explain(doc, proc)
+    assert m["dataWaitRatio"] < 0.1, explain(doc, proc)
+    assert m["stepsPerSecond"] > 1, explain(doc, proc)
+    assert m.get("workerCount") == 2, explain(doc, proc)
+
+
+def assert_rank_one_is_a_data_straggler(proc: subprocess.CompletedProcess[str]) -> None:
+    """Two ranks, rank 1's loader slow: rank 1 is named the straggler, for Data, and both trained."""
+    doc = verdict_of(proc)
+    ranks = {r["rank"]: r for r in doc.get("ranks", [])}
+    assert set(ranks) == {0, 1}, explain(doc, proc)
+    assert ranks[1]["dataWaitRatio"] > ranks[0]["dataWaitRatio"] + 0.2, doc["ranks"]
+    straggler = doc["bottleneck"].get("straggler")
+    assert straggler is not None, explain(doc, proc)
+    assert straggler["rank"] == 1, straggler
+    assert straggler["cause"] == "Data", straggler
+    assert straggler["evidence"], straggler
+    assert doc["bottleneck"]["axis"] == "Data", explain(doc, proc)
+    assert set(trained_steps(proc.stderr)) == {0, 1}, tail(proc.stderr)

@@ -4,14 +4,21 @@ DataLoader iterator sees its batches with no code change (jobs/lightning_job.py)
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
 
-from tests.support.frameworks import PY, dam, explain, job, require, tail, verdict_of
-
-RUN = ("--json", "--interval", "0.5", "--window", "3")
+from tests.support.frameworks import (
+    PY,
+    RUN,
+    assert_input_bound,
+    assert_not_data_bound_with_two_workers,
+    assert_rank_one_is_a_data_straggler,
+    dam,
+    dam_tune,
+    job,
+    require,
+    tail,
+    trained_steps,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -19,20 +26,9 @@ def _lightning() -> None:
     require("lightning")
 
 
-def trained_steps(stderr: str) -> dict[int, int]:
-    """Rank -> steps, from each rank's last line (the job's own count, independent of the probe)."""
-    return {int(r): int(n) for n, r in re.findall(r"trained (\d+) steps on rank (\d+)", stderr)}
-
-
 def test_a_lightning_job_whose_samples_are_slow_is_input_bound_and_told_to_add_workers() -> None:
     proc = dam("run", *RUN, "--", PY, job("lightning_job.py"), "--delay", "0.01", "--seconds", "5")
-    doc = verdict_of(proc)
-    b, m = doc["bottleneck"], doc["metrics"]
-    assert b["axis"] == "Data", explain(doc, proc)
-    assert b["regime"] == "input-bound", explain(doc, proc)
-    assert b["lever"] == "increase-dataloader-workers", explain(doc, proc)
-    assert m["dataWaitRatio"] > 0.5, explain(doc, proc)
-    assert m["stepsPerSecond"] > 1, explain(doc, proc)
+    assert_input_bound(proc)
     assert trained_steps(proc.stderr)[0] > 10, tail(proc.stderr)
 
 
@@ -40,13 +36,7 @@ def test_a_lightning_job_with_cheap_samples_and_workers_is_not_data_bound() -> N
     proc = dam(
         "run", *RUN, "--", PY, job("lightning_job.py"), "--compute", "--workers", "2", "--seconds", "5"
     )
-    doc = verdict_of(proc)
-    b, m = doc["bottleneck"], doc["metrics"]
-    assert b["axis"] == "Machine", explain(doc, proc)  # a CPU-only machine: the CPU does the arithmetic
-    assert b["regime"] != "input-bound", explain(doc, proc)
-    assert m["dataWaitRatio"] < 0.1, explain(doc, proc)
-    assert m["stepsPerSecond"] > 1, explain(doc, proc)
-    assert m.get("workerCount") == 2, explain(doc, proc)  # Lightning's loader workers were seen
+    assert_not_data_bound_with_two_workers(proc)  # workerCount 2: Lightning's loader workers were seen
 
 
 @pytest.mark.slow
@@ -69,17 +59,7 @@ def test_lightning_ddp_on_two_gloo_ranks_names_the_rank_with_the_slow_loader_as_
         "--seconds",
         "6",
     )
-    doc = verdict_of(proc)
-    ranks = {r["rank"]: r for r in doc.get("ranks", [])}
-    assert set(ranks) == {0, 1}, explain(doc, proc)
-    assert ranks[1]["dataWaitRatio"] > ranks[0]["dataWaitRatio"] + 0.2, doc["ranks"]
-    straggler = doc["bottleneck"].get("straggler")
-    assert straggler is not None, explain(doc, proc)
-    assert straggler["rank"] == 1, straggler
-    assert straggler["cause"] == "Data", straggler
-    assert straggler["evidence"], straggler
-    assert doc["bottleneck"]["axis"] == "Data", explain(doc, proc)
-    assert set(trained_steps(proc.stderr)) == {0, 1}, tail(proc.stderr)
+    assert_rank_one_is_a_data_straggler(proc)
 
 
 @pytest.mark.slow
@@ -87,28 +67,7 @@ def test_lightning_ddp_on_two_gloo_ranks_names_the_rank_with_the_slow_loader_as_
 def test_dam_tune_raises_num_workers_of_a_lightning_loader_and_measures_the_gain() -> None:
     # The overrides reach the DataLoader that the LightningDataModule builds (dam tune restarts
     # the job with DAM_LOADER_OVERRIDES; the probe rewrites DataLoader.__init__'s arguments).
-    proc = dam(
-        "tune",
-        "--json",
-        "--budget",
-        "75",
-        "--window",
-        "3",
-        "--warmup",
-        "1",
-        "--interval",
-        "0.5",
-        "--",
-        PY,
-        job("lightning_job.py"),
-        "--delay",
-        "0.004",
-        "--seconds",
-        "60",
-        timeout=140,
-    )
-    assert proc.returncode == 0, tail(proc.stderr)
-    doc = json.loads(proc.stdout)
+    doc = dam_tune(PY, job("lightning_job.py"), "--delay", "0.004", "--seconds", "60", budget=75, timeout=140)
     base, best = doc["baseline"], doc["best"]
     assert base["settings"] == {"num_workers": 0}, doc
     assert base["dataWaitRatio"] > 0.5, doc

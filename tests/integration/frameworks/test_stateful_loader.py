@@ -9,14 +9,21 @@ module, and they never change its ``num_workers``: the count is part of its ``st
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
-from tests.support.frameworks import PY, dam, explain, job, require, tail, verdict_of
-
-RUN = ("--json", "--interval", "0.5", "--window", "3")
+from tests.support.frameworks import (
+    PY,
+    RUN,
+    assert_input_bound,
+    dam,
+    dam_tune,
+    job,
+    require,
+    tail,
+    verdict_of,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -26,13 +33,7 @@ def _torchdata() -> None:
 
 def test_a_stateful_loader_whose_samples_are_slow_is_input_bound_and_told_to_add_workers() -> None:
     proc = dam("run", *RUN, "--", PY, job("stateful_loader_job.py"), "--delay", "0.01", "--seconds", "5")
-    doc = verdict_of(proc)
-    b, m = doc["bottleneck"], doc["metrics"]
-    assert b["axis"] == "Data", explain(doc, proc)
-    assert b["regime"] == "input-bound", explain(doc, proc)
-    assert b["lever"] == "increase-dataloader-workers", explain(doc, proc)
-    assert m["dataWaitRatio"] > 0.5, explain(doc, proc)
-    assert m["stepsPerSecond"] > 1, explain(doc, proc)
+    assert_input_bound(proc)
 
 
 def test_the_overrides_reach_a_stateful_loader_but_leave_its_worker_count_as_its_checkpoints_need_it() -> (
@@ -64,28 +65,8 @@ def test_the_overrides_reach_a_stateful_loader_but_leave_its_worker_count_as_its
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_dam_tune_stops_at_a_stateful_loader_and_says_why_its_workers_stay() -> None:
-    proc = dam(
-        "tune",
-        "--json",
-        "--budget",
-        "60",
-        "--window",
-        "3",
-        "--warmup",
-        "1",
-        "--interval",
-        "0.5",
-        "--",
-        PY,
-        job("stateful_loader_job.py"),
-        "--delay",
-        "0.004",
-        "--seconds",
-        "60",
-        timeout=100,
-    )
-    assert proc.returncode == 0, tail(proc.stderr)
-    doc = json.loads(proc.stdout)
+    command = (PY, job("stateful_loader_job.py"), "--delay", "0.004", "--seconds", "60")
+    doc = dam_tune(*command, budget=60, timeout=100)
     assert doc["baseline"]["dataWaitRatio"] > 0.5, doc
     assert doc["applied"] == {}, doc
     assert "could not set num_workers=1" in doc["reason"], doc
