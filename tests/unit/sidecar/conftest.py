@@ -6,6 +6,15 @@ import os
 from pathlib import Path
 
 from dam_probe.layout import ProbeRecord, encode, probe_path
+from dam_sidecar.attribution import Attributor
+from dam_sidecar.collector import SidecarCollector, standard_collectors
+from dam_sidecar.errors import ErrorLog
+from dam_sidecar.samplers.cpu import CpuSampler, PublishedCpu
+from dam_sidecar.samplers.nvml import NoNvml
+from dam_sidecar.samplers.probe import ProbeReader
+
+OWN_NS, OTHER_NS = 4026531836, 4026532999
+"""The sidecar's PID namespace and a trainer's other one (``published_collector``)."""
 
 
 def write_probe(directory: Path, **fields: object) -> str:
@@ -57,3 +66,24 @@ def remove_proc(proc: Path, pid: int) -> None:
 def touch_dir(path: Path) -> Path:
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def published_collector(tmp_path: Path) -> tuple[SidecarCollector, Path, Path]:
+    """A collector over probe files, /proc and cgroup trees in ``tmp_path``, whose own PID namespace
+    is ``OWN_NS`` (a probe of another one publishes its process figures); with the probe and /proc
+    directories."""
+    probes, proc = touch_dir(tmp_path / "probes"), touch_dir(tmp_path / "proc")
+    cg = touch_dir(tmp_path / "cg")
+    errors = ErrorLog()
+    collector = SidecarCollector(
+        standard_collectors(
+            probe=ProbeReader(str(probes), errors, proc_root=str(proc)),
+            nvml=NoNvml(),
+            cpu=CpuSampler(errors, proc_root=str(proc), cgroup_root=str(cg), clock_ticks_per_second=100),
+            errors=errors,
+            attributor=Attributor("visible_devices", None),
+            published=PublishedCpu(own_namespace=OWN_NS),
+        ),
+        errors=errors,
+    )
+    return collector, probes, proc

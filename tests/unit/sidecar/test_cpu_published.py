@@ -12,38 +12,19 @@ from pathlib import Path
 
 from dam_contract import names as n
 from dam_contract.snapshot import labels_of
-from dam_sidecar.attribution import Attributor
-from dam_sidecar.collector import SidecarCollector, standard_collectors
-from dam_sidecar.errors import ErrorLog
-from dam_sidecar.samplers.cpu import CpuSampler, PublishedCpu
-from dam_sidecar.samplers.nvml import NoNvml
-from dam_sidecar.samplers.probe import ProbeReader
+from dam_sidecar.collector import SidecarCollector
 
-from .conftest import remove_proc, touch_dir, write_children, write_probe, write_proc_stat
+from .conftest import (
+    OTHER_NS,
+    OWN_NS,
+    published_collector,
+    remove_proc,
+    write_children,
+    write_probe,
+    write_proc_stat,
+)
 
-OWN_NS, OTHER_NS = 4026531836, 4026532999
 GIB = 2**30
-
-
-def _collector(tmp_path: Path) -> tuple[SidecarCollector, Path, Path]:
-    probes, proc, cg = (
-        touch_dir(tmp_path / "probes"),
-        touch_dir(tmp_path / "proc"),
-        touch_dir(tmp_path / "cg"),
-    )
-    errors = ErrorLog()
-    collector = SidecarCollector(
-        standard_collectors(
-            probe=ProbeReader(str(probes), errors, proc_root=str(proc)),
-            nvml=NoNvml(),
-            cpu=CpuSampler(errors, proc_root=str(proc), cgroup_root=str(cg), clock_ticks_per_second=100),
-            errors=errors,
-            attributor=Attributor("visible_devices", None),
-            published=PublishedCpu(own_namespace=OWN_NS),
-        ),
-        errors=errors,
-    )
-    return collector, probes, proc
 
 
 def _published(probes: Path, pid: int, ns: int, main_s: float, worker_s: float, **more: object) -> None:
@@ -71,7 +52,7 @@ def _cpu(collector: SidecarCollector) -> dict[str, float]:
 def test_a_trainer_of_another_pid_namespace_is_reported_from_its_probe_not_from_this_proc(
     tmp_path: Path,
 ) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     # pid 1 in the sidecar's /proc is the sidecar itself (3 s of CPU); the trainer is pid 1 in its own.
     write_proc_stat(proc, 1, 0, utime=200, stime=100)
     _published(probes, 1, OTHER_NS, main_s=40.0, worker_s=90.0)
@@ -84,7 +65,7 @@ def test_a_trainer_of_another_pid_namespace_is_reported_from_its_probe_not_from_
 
 
 def test_a_trainer_of_this_pid_namespace_is_still_read_from_proc(tmp_path: Path) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 7, 1, utime=150, stime=50)
     write_proc_stat(proc, 8, 7, utime=300, stime=0)
     write_children(proc, 7, [8])
@@ -93,14 +74,14 @@ def test_a_trainer_of_this_pid_namespace_is_still_read_from_proc(tmp_path: Path)
 
 
 def test_an_older_probe_without_a_namespace_is_read_from_proc_as_before(tmp_path: Path) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 7, 1, utime=100, stime=0)
     write_probe(probes, pid=7)
     assert _cpu(collector)[n.ROLE_MAIN] == 1.0
 
 
 def test_published_cpu_never_goes_down_when_a_trainer_restarts(tmp_path: Path) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 1, 0, utime=1, stime=0)
     _published(probes, 1, OTHER_NS, main_s=40.0, worker_s=90.0)
     assert _cpu(collector)[n.ROLE_WORKER] == 90.0
@@ -111,7 +92,7 @@ def test_published_cpu_never_goes_down_when_a_trainer_restarts(tmp_path: Path) -
 
 
 def test_visible_and_hidden_trainers_add_up(tmp_path: Path) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 7, 1, utime=100, stime=0)
     write_probe(probes, pid=7, pid_namespace=OWN_NS, process_cpu_ns=5 * 10**9)
     _published(probes, 9, OTHER_NS, main_s=4.0, worker_s=6.0)
@@ -124,7 +105,7 @@ def test_workers_the_sidecar_cannot_find_are_taken_from_the_probe_of_a_visible_t
     """The trainer is in this /proc, but its workers are not found under it (seen on a real node:
     workerCount 0 for a Pod with two workers): its probe counts them from inside (flag bit 4), and
     more workers published than found means the probe's worker count, CPU and RSS are taken."""
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 7, 1, utime=150, stime=50)
     write_children(proc, 7, [])  # the kernel lists no children (the workers are not found)
     (proc / "7" / "statm").write_text("1000 500 0 0 0 0 0\n")

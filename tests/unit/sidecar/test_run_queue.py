@@ -11,38 +11,20 @@ from dam_contract import names as n
 from dam_contract.snapshot import labels_of
 from dam_probe.layout import ProbeRecord, decode, encode
 from dam_probe.schedstat import RunQueueReader, run_delay_ns
-from dam_sidecar.attribution import Attributor
-from dam_sidecar.collector import SidecarCollector, standard_collectors
-from dam_sidecar.errors import ErrorLog
-from dam_sidecar.samplers.cpu import CpuSampler, PublishedCpu
-from dam_sidecar.samplers.nvml import NoNvml
-from dam_sidecar.samplers.probe import ProbeReader
+from dam_sidecar.collector import SidecarCollector
 
-from .conftest import remove_proc, touch_dir, write_children, write_probe, write_proc_stat
-
-OWN_NS, OTHER_NS = 4026531836, 4026532999
+from .conftest import (
+    OTHER_NS,
+    published_collector,
+    remove_proc,
+    write_children,
+    write_probe,
+    write_proc_stat,
+)
 
 
 def _schedstat(proc: Path, pid: int, run_delay_s: float) -> None:
     (proc / str(pid) / "schedstat").write_text(f"123456789 {int(run_delay_s * 1e9)} 42\n")
-
-
-def _collector(tmp_path: Path) -> tuple[SidecarCollector, Path, Path]:
-    probes, proc = touch_dir(tmp_path / "probes"), touch_dir(tmp_path / "proc")
-    cg = touch_dir(tmp_path / "cg")
-    errors = ErrorLog()
-    collector = SidecarCollector(
-        standard_collectors(
-            probe=ProbeReader(str(probes), errors, proc_root=str(proc)),
-            nvml=NoNvml(),
-            cpu=CpuSampler(errors, proc_root=str(proc), cgroup_root=str(cg), clock_ticks_per_second=100),
-            errors=errors,
-            attributor=Attributor("visible_devices", None),
-            published=PublishedCpu(own_namespace=OWN_NS),
-        ),
-        errors=errors,
-    )
-    return collector, probes, proc
 
 
 def _waits(collector: SidecarCollector) -> dict[str, float] | None:
@@ -54,7 +36,7 @@ def _waits(collector: SidecarCollector) -> dict[str, float] | None:
 
 
 def test_the_sidecar_reads_the_run_queue_delay_of_the_trainer_and_its_workers(tmp_path: Path) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 7, 1, utime=100, stime=0)
     write_proc_stat(proc, 8, 7, utime=100, stime=0)
     write_proc_stat(proc, 9, 7, utime=100, stime=0)
@@ -67,7 +49,7 @@ def test_the_sidecar_reads_the_run_queue_delay_of_the_trainer_and_its_workers(tm
 
 
 def test_a_worker_that_ended_keeps_what_it_waited(tmp_path: Path) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 7, 1, utime=100, stime=0)
     write_proc_stat(proc, 8, 7, utime=100, stime=0)
     write_children(proc, 7, [8])
@@ -82,14 +64,14 @@ def test_a_worker_that_ended_keeps_what_it_waited(tmp_path: Path) -> None:
 
 
 def test_no_schedstat_means_no_series_not_zero(tmp_path: Path) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 7, 1, utime=100, stime=0)
     write_probe(probes, pid=7, steps=3)
     assert _waits(collector) is None
 
 
 def test_a_trainer_of_another_pid_namespace_is_reported_from_its_probe(tmp_path: Path) -> None:
-    collector, probes, proc = _collector(tmp_path)
+    collector, probes, proc = published_collector(tmp_path)
     write_proc_stat(proc, 1, 0, utime=200, stime=100)
     _schedstat(proc, 1, 99.0)  # the sidecar's own pid 1: never read for the trainer
     write_probe(
