@@ -287,6 +287,24 @@ def test_progress_at_risk_is_its_steps_since_the_save_times_productive_seconds_p
     assert reading.at_risk == {"0": pytest.approx(20.0), "1": pytest.approx(100.0)}
 
 
+def _replace_failed_w1(ledger: GoodputLedger) -> None:
+    """w-1 (rank 1) failed at T0+5; the Job controller made w-1b, whose rank-1 process started at
+    T0+65 (60 s after the failure) and has been running 15 s, 5 of them before its first batch."""
+    failed = _pod(
+        "w-1",
+        phase="Failed",
+        restart=RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=_iso(T0 + 5)),
+    )
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1b")],
+        finished=[failed],
+        answered={
+            "w-0": _snap(T0 + 80, {"0": {"productive": 100, "startup": 10, "communication": 70}}),
+            "w-1b": _snap(T0 + 80, {"1": {"productive": 10, "startup": 5}}),
+        },
+    )
+
+
 def test_a_failed_pods_replacement_taking_its_rank_adds_the_gap_as_restart() -> None:
     ledger = GoodputLedger()
     ledger.update(
@@ -296,21 +314,7 @@ def test_a_failed_pods_replacement_taking_its_rank_adds_the_gap_as_restart() -> 
             "w-1": _snap(T0, {"1": {"productive": 90, "startup": 10}}),
         },
     )
-    failed = _pod(
-        "w-1",
-        phase="Failed",
-        restart=RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=_iso(T0 + 5)),
-    )
-    # The Job controller made w-1b; its rank-1 process started at T0+65 (60 s after the failure) and
-    # has been running 15 s, 5 of them before its first batch.
-    ledger.update(
-        pods=[_pod("w-0"), _pod("w-1b")],
-        finished=[failed],
-        answered={
-            "w-0": _snap(T0 + 80, {"0": {"productive": 100, "startup": 10, "communication": 70}}),
-            "w-1b": _snap(T0 + 80, {"1": {"productive": 10, "startup": 5}}),
-        },
-    )
+    _replace_failed_w1(ledger)
     out = ledger.status()
     assert out is not None
     assert out["restarts"] == 1
@@ -329,19 +333,7 @@ def test_a_failed_pods_replacement_redoes_the_progress_since_its_last_checkpoint
             "w-1": _snap(T0, {"1": {"productive": 90, "startup": 10, "steps": 90, "since": 30}}),
         },
     )
-    failed = _pod(
-        "w-1",
-        phase="Failed",
-        restart=RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=_iso(T0 + 5)),
-    )
-    ledger.update(
-        pods=[_pod("w-0"), _pod("w-1b")],
-        finished=[failed],
-        answered={
-            "w-0": _snap(T0 + 80, {"0": {"productive": 100, "startup": 10, "communication": 70}}),
-            "w-1b": _snap(T0 + 80, {"1": {"productive": 10, "startup": 5}}),
-        },
-    )
+    _replace_failed_w1(ledger)
     out = ledger.status()
     assert out is not None
     # The 30 steps of 1 s rank 1 did after its last save are redone: (60 + 5 + 30) over 2 processes.
