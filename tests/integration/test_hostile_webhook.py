@@ -22,7 +22,6 @@ import pytest
 import yaml
 
 from dam_operator.cluster.runtime.webhook import WebhookLimits
-from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps.injection import (
     ANNOTATION_HOST_NETWORK_PORT,
     ANNOTATION_NOTES,
@@ -33,16 +32,14 @@ from dam_operator.cluster.steps.injection import (
 )
 from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
+    MWC_PATH,
     InProcessOperator,
     condition,
-    ensure_crds,
-    free_port,
-    operator_namespace,
     profile_of,
     wait_for,
+    webhook_operator,
 )
 
-MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 TIMEOUT_SECONDS = 2
 PROFILE = yaml.safe_dump(
     {
@@ -65,31 +62,8 @@ def _pod(name: str, **spec: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def operator(control_plane: ControlPlane) -> Iterator[InProcessOperator]:
-    cp = control_plane
-    ensure_crds(cp)
-    port = free_port()
-    with operator_namespace(cp) as system:
-        settings = OperatorSettings(
-            namespace=None,
-            operator_namespace=system,
-            webhook_url=f"https://127.0.0.1:{port}/mutate-pods",
-            webhook_host="127.0.0.1",
-            webhook_port=port,
-            webhook_configuration_name=f"{system}-webhook",
-            webhook_timeout_seconds=TIMEOUT_SECONDS,
-            cert_mode="self-signed",
-            metrics_host="127.0.0.1",
-            metrics_port=free_port(),
-            liveness_endpoint=None,
-            default_sidecar_image="ghcr.io/mlsys/dam-operator:test",
-        )
-        running = InProcessOperator(settings, cp)
-        try:
-            with running:
-                yield running
-        finally:
-            cp.api("DELETE", f"{MWC_PATH}/{settings.webhook_configuration_name}", ok=(200, 404))
-            assert running.error is None, running.error
+    with webhook_operator(control_plane, TIMEOUT_SECONDS) as running:
+        yield running
 
 
 class Namespace:

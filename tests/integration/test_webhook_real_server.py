@@ -35,22 +35,20 @@ from aiohttp import web
 from dam_contract.snapshot import parse_snapshot
 from dam_operator.cluster.adapters import certs
 from dam_operator.cluster.runtime import webhook as webhook_module
-from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps import injection
 from dam_operator.cluster.steps.injection import SIDECAR_CONTAINER
 from tests.support.kubecluster import ApiError, ControlPlane
 from tests.support.operator_harness import (
+    MWC_PATH,
     InProcessOperator,
     condition,
     dumps,
-    ensure_crds,
     free_port,
-    operator_namespace,
     profile_of,
     wait_for,
+    webhook_operator,
 )
 
-MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 TIMEOUT_SECONDS = 2
 
 PROFILE = yaml.safe_dump(
@@ -111,31 +109,8 @@ class Webhooked:
 @pytest.fixture(scope="module")
 def operator(control_plane: ControlPlane) -> Iterator[InProcessOperator]:
     """One operator for the module (cluster-wide); each test has its own namespace and profile."""
-    cp = control_plane
-    ensure_crds(cp)
-    port = free_port()
-    with operator_namespace(cp) as system:
-        settings = OperatorSettings(
-            namespace=None,
-            operator_namespace=system,
-            webhook_url=f"https://127.0.0.1:{port}/mutate-pods",
-            webhook_host="127.0.0.1",
-            webhook_port=port,
-            webhook_configuration_name=f"{system}-webhook",
-            webhook_timeout_seconds=TIMEOUT_SECONDS,
-            cert_mode="self-signed",
-            metrics_host="127.0.0.1",
-            metrics_port=free_port(),
-            liveness_endpoint=None,
-            default_sidecar_image="ghcr.io/mlsys/dam-operator:test",
-        )
-        running = InProcessOperator(settings, cp)
-        try:
-            with running:
-                yield running
-        finally:
-            cp.api("DELETE", f"{MWC_PATH}/{settings.webhook_configuration_name}", ok=(200, 404))
-            assert running.error is None, running.error
+    with webhook_operator(control_plane, TIMEOUT_SECONDS) as running:
+        yield running
 
 
 @pytest.fixture

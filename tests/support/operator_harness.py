@@ -423,6 +423,42 @@ class InProcessOperator:
         return httpx.get(f"http://127.0.0.1:{self.settings.metrics_port}/metrics", timeout=5).text
 
 
+MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+@contextlib.contextmanager
+def webhook_operator(cp: ControlPlane, timeout_seconds: int) -> Iterator[InProcessOperator]:
+    """A cluster-wide operator in this process serving the Pod webhook on 127.0.0.1 (a self-signed
+    certificate, ``timeout_seconds`` for the API server's call); its MutatingWebhookConfiguration
+    is deleted afterwards, and it must have ended without an error."""
+    from dam_operator.cluster.settings import OperatorSettings
+
+    ensure_crds(cp)
+    port = free_port()
+    with operator_namespace(cp) as system:
+        settings = OperatorSettings(
+            namespace=None,
+            operator_namespace=system,
+            webhook_url=f"https://127.0.0.1:{port}/mutate-pods",
+            webhook_host="127.0.0.1",
+            webhook_port=port,
+            webhook_configuration_name=f"{system}-webhook",
+            webhook_timeout_seconds=timeout_seconds,
+            cert_mode="self-signed",
+            metrics_host="127.0.0.1",
+            metrics_port=free_port(),
+            liveness_endpoint=None,
+            default_sidecar_image="ghcr.io/mlsys/dam-operator:test",
+        )
+        running = InProcessOperator(settings, cp)
+        try:
+            with running:
+                yield running
+        finally:
+            cp.api("DELETE", f"{MWC_PATH}/{settings.webhook_configuration_name}", ok=(200, 404))
+            assert running.error is None, running.error
+
+
 # ---------------------------------------------------------------- reading the API
 
 
