@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ from tests.support.operator_harness import (
     profile_of,
     wait_for,
 )
+from tests.support.procs import Listener
 
 MiB = 1024 * 1024
 HUGE_BYTES = 400 * MiB
@@ -106,35 +106,6 @@ class HugePrometheus:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=10)
-
-
-class Listener:
-    """Counts the TCP connections made to it (an address the operator must never be sent to)."""
-
-    def __init__(self, host: str) -> None:
-        self.sock = socket.create_server((host, 0))
-        self.sock.settimeout(0.2)
-        self.port = int(self.sock.getsockname()[1])
-        self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
 
 
 class RssWatch:

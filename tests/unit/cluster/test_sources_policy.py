@@ -6,8 +6,6 @@ again at connect time, on the addresses they really resolve to (DNS rebinding)."
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +26,7 @@ from dam_operator.cluster.adapters.sources import (
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps.spec import SpecError, parse_spec
 from dam_operator.cluster.steps.urlpolicy import UrlPolicy
+from tests.support.procs import Listener
 
 FIELD = "spec.source.prometheus.url"
 OPEN = UrlPolicy()  # no URL named by the admin: any Prometheus but the internal addresses
@@ -197,35 +196,6 @@ def test_a_refused_url_makes_the_spec_invalid_at_the_field() -> None:
 
 
 # ---------------------------------------------------------------- no request is sent
-
-
-class Listener:
-    """A TCP listener that counts the connections it accepts."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_server((host, 0))
-        self.sock.settimeout(0.2)
-        self.port = int(self.sock.getsockname()[1])
-        self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
 
 
 @pytest.fixture
