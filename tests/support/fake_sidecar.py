@@ -13,8 +13,9 @@ so one port serves thousands of pods. A job can also be made to fail: ``down``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -214,3 +215,21 @@ class ThreadedFakeSidecars:
     def __exit__(self, *exc: object) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def serve_handler(handler: Handler, path: str = "/metrics") -> AsyncIterator[int]:
+    """``handler`` answering every method at ``path`` on 127.0.0.1 (a free port, yielded)."""
+    app = web.Application()
+    app.router.add_route("*", path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()

@@ -4,14 +4,13 @@ Prometheus-like HTTP API, and (when installed) the real Prometheus."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +22,8 @@ from dam_contract import names
 from dam_operator.cluster.adapters import sources as src
 from dam_operator.cluster.adapters.sources import PodTarget, PrometheusSource, ScrapeSource, fetch_each
 from dam_operator.cluster.steps.source_error import SourceError
-from tests.support.fake_sidecar import FakeJob
+from tests.support.fake_sidecar import FakeJob, Handler, serve_handler
 from tests.support.procs import free_port, spawn
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@contextlib.asynccontextmanager
-async def serve(handler: Handler, path: str = "/metrics") -> AsyncIterator[int]:
-    app = web.Application()
-    app.router.add_get(path, handler)
-    app.router.add_post(path, handler)  # Prometheus' query API takes both
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield int(runner.addresses[0][1])
-    finally:
-        await runner.cleanup()
 
 
 def run(coro: Awaitable[Any]) -> Any:
@@ -53,7 +35,7 @@ def _pod(port: int) -> PodTarget:
 
 
 async def _scrape(handler: Handler, **kw: Any) -> Any:
-    async with serve(handler) as port, aiohttp.ClientSession() as session:
+    async with serve_handler(handler) as port, aiohttp.ClientSession() as session:
         source = ScrapeSource(session, **kw)
         try:
             return await source.fetch(_pod(port))
@@ -135,7 +117,7 @@ def test_fetch_each_turns_failures_into_values_and_bounds_concurrency() -> None:
 
     async def scenario() -> tuple[dict[str, Any], list[float]]:
         durations: list[float] = []
-        async with serve(metrics) as port, aiohttp.ClientSession() as session:
+        async with serve_handler(metrics) as port, aiohttp.ClientSession() as session:
             source = ScrapeSource(session)
             pods = [PodTarget("ns", f"p{i}", "127.0.0.1", port) for i in range(8)]
             got = await fetch_each(source, pods, asyncio.Semaphore(3), durations.append)
@@ -177,7 +159,7 @@ def test_prometheus_source_queries_the_pod_and_strips_target_labels() -> None:
         )
 
     async def scenario() -> Any:
-        async with serve(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+        async with serve_handler(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
             source = PrometheusSource(session, f"http://127.0.0.1:{port}/")
             return await source.fetch(_pod(9450))
 
@@ -210,7 +192,7 @@ def test_prometheus_failures_become_source_errors(status: int, body: Any, reason
         return web.Response(status=status, text=json.dumps(body), content_type="application/json")
 
     async def scenario() -> SourceError:
-        async with serve(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+        async with serve_handler(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
             try:
                 await PrometheusSource(session, f"http://127.0.0.1:{port}").fetch(_pod(1))
             except SourceError as exc:
@@ -232,7 +214,7 @@ def test_prometheus_source_reads_all_of_a_profiles_pods_with_one_query() -> None
         return web.json_response(_vector(*series))
 
     async def scenario() -> Any:
-        async with serve(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+        async with serve_handler(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
             source = PrometheusSource(session, f"http://127.0.0.1:{port}")
             pods = [PodTarget("ns", name, "", 0) for name in ("job-0", "job-1", "job-2")]
             return await source.fetch_all(pods, asyncio.Semaphore(1))
@@ -264,7 +246,7 @@ def test_prometheus_source_reads_what_a_real_prometheus_scraped() -> None:
         return web.Response(text=job.exposition())
 
     async def scenario(workdir: Path) -> Any:
-        async with serve(metrics) as sidecar_port:
+        async with serve_handler(metrics) as sidecar_port:
             prom_port = free_port()
             config = workdir / "prometheus.yml"
             config.write_text(

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -27,24 +26,9 @@ from dam_operator.cluster.steps import metric_names as n
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import parse_spec
-from tests.support.fake_sidecar import FakeJob
+from tests.support.fake_sidecar import FakeJob, serve_handler
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MiB = 1024 * 1024
-
-
-@contextlib.asynccontextmanager
-async def serve(handler: Handler, path: str) -> AsyncIterator[int]:
-    app = web.Application()
-    app.router.add_route("*", path, handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield int(runner.addresses[0][1])
-    finally:
-        await runner.cleanup()
 
 
 def _pod(port: int, name: str = "pod-a") -> PodTarget:
@@ -87,7 +71,7 @@ def test_a_huge_prometheus_answer_is_given_up_at_the_cap_without_holding_or_read
     hits: list[str] = []
 
     async def scenario() -> tuple[SourceError | None, int]:
-        async with serve(huge.handle, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+        async with serve_handler(huge.handle, "/api/v1/query") as port, aiohttp.ClientSession() as session:
             source = PrometheusSource(
                 session, f"http://127.0.0.1:{port}", max_answer_bytes=1 * MiB, on_too_large=hits.append
             )
@@ -115,7 +99,7 @@ def test_a_content_length_over_the_cap_is_refused_before_the_body_is_read() -> N
         return web.Response(body=b"#" * (2 * MiB), content_type="text/plain")
 
     async def scenario() -> SourceError:
-        async with serve(declared, "/metrics") as port, aiohttp.ClientSession() as session:
+        async with serve_handler(declared, "/metrics") as port, aiohttp.ClientSession() as session:
             try:
                 await ScrapeSource(session, max_bytes=MiB).fetch(_pod(port))
             except SourceError as exc:
@@ -143,7 +127,7 @@ def test_a_scrape_body_sent_in_pieces_is_read_whole() -> None:
         return resp
 
     async def scenario() -> Any:
-        async with serve(pieces, "/metrics") as port, aiohttp.ClientSession() as session:
+        async with serve_handler(pieces, "/metrics") as port, aiohttp.ClientSession() as session:
             return await ScrapeSource(session).fetch(_pod(port))
 
     snap = asyncio.run(scenario())
@@ -162,7 +146,7 @@ def test_a_sidecar_that_trickles_its_body_is_cut_off_by_the_timeout() -> None:
         return resp
 
     async def scenario() -> SourceError:
-        async with serve(trickle, "/metrics") as port, aiohttp.ClientSession() as session:
+        async with serve_handler(trickle, "/metrics") as port, aiohttp.ClientSession() as session:
             try:
                 await ScrapeSource(session, timeout_seconds=0.5).fetch(_pod(port))
             except SourceError as exc:
@@ -186,7 +170,7 @@ def test_prometheus_answers_are_read_at_most_prometheus_concurrency_at_a_time() 
         return web.json_response(body)
 
     async def scenario() -> None:
-        async with serve(slow, "/{prefix}/api/v1/query") as port, aiohttp.ClientSession() as session:
+        async with serve_handler(slow, "/{prefix}/api/v1/query") as port, aiohttp.ClientSession() as session:
             settings = OperatorSettings(prometheus_concurrency=2, prometheus_allowed_networks="127.0.0.1")
             factory = SourceFactory(session, settings)
             limit = asyncio.Semaphore(64)
