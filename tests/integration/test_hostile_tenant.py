@@ -33,9 +33,7 @@ from tests.support.operator_harness import (
     OperatorProcess,
     condition,
     dumps,
-    ensure_crds,
     install_chart,
-    operator_namespace,
     profile_of,
     wait_for,
 )
@@ -202,13 +200,6 @@ POD = {
         ]
     },
 }
-
-
-@pytest.fixture
-def system_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    ensure_crds(control_plane)
-    with operator_namespace(control_plane) as name:
-        yield name
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ test reports the pod Running on 127.0.0.1 through ``pods/status``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +31,9 @@ from tests.support.operator_harness import (
     OperatorProcess,
     condition,
     dumps,
-    ensure_crds,
     events_for,
     free_port,
     install_chart,
-    operator_namespace,
     profile_of,
     wait_for,
 )
@@ -66,13 +63,6 @@ TRAINING_POD = {
         ],
     },
 }
-
-
-@pytest.fixture
-def system_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    ensure_crds(control_plane)
-    with operator_namespace(control_plane) as name:
-        yield name
 
 
 def test_starved_training_pod_is_instrumented_and_diagnosed_data_bound(

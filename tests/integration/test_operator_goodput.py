@@ -25,8 +25,6 @@ from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,
     dumps,
-    ensure_crds,
-    operator_namespace,
     profile_of,
     wait_for,
 )
@@ -70,13 +68,6 @@ def _pod(name: str, app: str) -> str:
 def _iso(seconds_ago: float) -> str:
     at = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds_ago)
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@pytest.fixture
-def system_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    ensure_crds(control_plane)
-    with operator_namespace(control_plane) as name:
-        yield name
 
 
 @pytest.fixture

@@ -29,10 +29,8 @@ from tests.support.operator_harness import (
     OperatorProcess,
     condition,
     dumps,
-    ensure_crds,
     events_for,
     install_chart,
-    operator_namespace,
     profile_of,
     wait_for,
 )
@@ -66,13 +64,6 @@ def assert_never_refused(records: list[Record]) -> None:
     assert not bad, "the API server refused the operator (a verb missing from the chart?): " + ", ".join(
         f"{r.method} {r.path} -> {r.status} {verb_and_resource(r)}" for r in bad
     )
-
-
-@pytest.fixture
-def system_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    ensure_crds(control_plane)
-    with operator_namespace(control_plane) as name:
-        yield name
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ Registered in tests/conftest.py (``pytest_plugins``). Fixtures:
 - ``control_plane`` (session): a started :class:`tests.support.kubecluster.ControlPlane`.
 - ``kube_namespace`` (function): a fresh namespace (with its ``default`` ServiceAccount) for one test,
   deleted afterwards.
+- ``system_namespace`` (function): the CRDs applied and a fresh namespace for the operator itself
+  (its certificate Secret), deleted afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tests.support.kubecluster import (
     KubeBinariesMissingError,
     find_kube_binaries,
 )
+from tests.support.operator_harness import ensure_crds, operator_namespace
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +60,10 @@ def kube_namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) 
     finally:
         if control_plane.running:
             control_plane.delete_namespace(name)
+
+
+@pytest.fixture
+def system_namespace(control_plane: ControlPlane) -> Iterator[str]:
+    ensure_crds(control_plane)
+    with operator_namespace(control_plane) as name:
+        yield name
