@@ -12,10 +12,11 @@ operator/dam_operator/diagnosis/levers.py; the pages show them between
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+import docgen
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- regimes:begin -->", "<!-- regimes:end -->"
@@ -83,31 +84,12 @@ def pages() -> dict[Path, str]:
 
     out = {}
     for page, columns in PAGES.items():
-        text = page.read_text(encoding="utf-8")
-        if BEGIN not in text or END not in text:
-            raise SystemExit(f"{page}: add the markers {BEGIN} and {END} where the table goes")
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        out[page] = head + table(levers, columns) + tail
+        out[page] = docgen.splice(page, BEGIN, END, table(levers, columns))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="do not write; exit 1 when a table is stale")
-    args = ap.parse_args(argv)
-    stale = []
-    for page, text in pages().items():
-        if page.read_text(encoding="utf-8") == text:
-            continue
-        if args.check:
-            stale.append(page)
-        else:
-            page.write_text(text, encoding="utf-8")
-            print(f"wrote {page}")
-    for page in stale:
-        print(f"{page} is stale: run tools/gen_regime_doc.py", file=sys.stderr)
-    return 1 if stale else 0
+    return docgen.main(pages, "tools/gen_regime_doc.py", __doc__, argv)
 
 
 if __name__ == "__main__":

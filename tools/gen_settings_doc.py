@@ -10,10 +10,11 @@ Each default lives once, in its pydantic-settings class; the pages show it betwe
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+import docgen
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
@@ -56,31 +57,12 @@ def pages() -> dict[Path, str]:
         (ROOT / "docs" / "operator.md", OperatorSettings),
         (ROOT / "docs" / "sidecar.md", SidecarSettings),
     ):
-        text = page.read_text(encoding="utf-8")
-        if BEGIN not in text or END not in text:
-            raise SystemExit(f"{page}: add the markers {BEGIN} and {END} where the table goes")
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        out[page] = head + table(cls) + tail
+        out[page] = docgen.splice(page, BEGIN, END, table(cls))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="do not write; exit 1 when a table is stale")
-    args = ap.parse_args(argv)
-    stale = []
-    for page, text in pages().items():
-        if page.read_text(encoding="utf-8") == text:
-            continue
-        if args.check:
-            stale.append(page)
-        else:
-            page.write_text(text, encoding="utf-8")
-            print(f"wrote {page}")
-    for page in stale:
-        print(f"{page} is stale: run tools/gen_settings_doc.py", file=sys.stderr)
-    return 1 if stale else 0
+    return docgen.main(pages, "tools/gen_settings_doc.py", __doc__, argv)
 
 
 if __name__ == "__main__":

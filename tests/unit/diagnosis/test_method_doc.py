@@ -3,7 +3,7 @@ docs/architecture.md's are generated from the lever catalogue (tools/gen_regime_
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
 from types import ModuleType
 
@@ -16,12 +16,10 @@ ROOT = Path(__file__).resolve().parents[3]
 METHOD = (ROOT / "docs" / "method.md").read_text(encoding="utf-8")
 
 
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_regime_doc", ROOT / "tools" / "gen_regime_doc.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def tool(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    return importlib.import_module("gen_regime_doc")
 
 
 def test_every_threshold_is_in_the_table_with_its_default() -> None:
@@ -49,17 +47,15 @@ def test_every_regime_has_its_doc_record() -> None:
     assert all(doc.dominant_term for doc in levers.REGIME_DOCS.values())
 
 
-def test_the_regime_tables_are_generated_from_the_lever_catalogue() -> None:
-    tool = load_tool()
+def test_the_regime_tables_are_generated_from_the_lever_catalogue(tool: ModuleType) -> None:
     assert set(tool.PAGES) == {ROOT / "docs" / "method.md", ROOT / "docs" / "architecture.md"}
     for page, text in tool.pages().items():
         assert page.read_text(encoding="utf-8") == text, f"{page} is stale: run tools/gen_regime_doc.py"
 
 
 def test_the_check_finds_a_stale_table_and_a_rewrite_mends_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tool: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tool = load_tool()
     page = tmp_path / "method.md"
     page.write_text(METHOD.replace("`more-flops`", "`more-flop`"), encoding="utf-8")
     monkeypatch.setattr(tool, "PAGES", {page: tool.PAGES[ROOT / "docs" / "method.md"]})
