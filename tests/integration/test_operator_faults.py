@@ -30,6 +30,7 @@ from tests.support.operator_harness import (
     dumps,
     ensure_crds,
     events_for,
+    log_on_failure,
     operator_namespace,
     profile_of,
     wait_for,
@@ -126,7 +127,7 @@ def test_killed_mid_evaluation_the_operator_converges_after_restart(
     c = cluster
     job = sidecars.add("127.0.0.1", FakeJob())
     op = c.operator(tmp_path, env={"DAM_SCRAPE_TIMEOUT_SECONDS": "3"}).start()
-    try:
+    with log_on_failure(op):
         c.apply(profile("p", sidecars.port, {"app": "t"}))
         wait_for(lambda: condition(c.get("p"), "SpecValid"), 30, "registration")
         c.apply(pod("trainer-0", {"app": "t"}))
@@ -183,11 +184,6 @@ def test_killed_mid_evaluation_the_operator_converges_after_restart(
         assert len(messages) == 2, messages  # no duplicate Data event after the restart
         assert messages[0].startswith("Bottleneck is Data (input-bound)"), messages
         assert messages[1].startswith("Bottleneck is Machine (compute-bound)") and "was Data" in messages[1]
-    except AssertionError:
-        print(op.log())
-        raise
-    finally:
-        op.close()
 
 
 @pytest.mark.slow
@@ -268,7 +264,7 @@ def test_the_start_up_listing_comes_in_pages_and_misses_no_profile_or_pod(
     with FaultProxy(c.cp.url, c.cp.ssl_context()) as proxy:
         kubeconfig = proxy.kubeconfig(c.cp.kubeconfig, tmp_path / "proxy.kubeconfig")
         op = c.operator(tmp_path, kubeconfig=kubeconfig, env={"DAM_LIST_CHUNK_SIZE": "2"}).start()
-        try:
+        with log_on_failure(op):
             for i in range(5):
                 wait_for(
                     lambda i=i: (c.status(f"p{i}").get("pods") or {}).get("matched") == 3,  # type: ignore[misc]
@@ -281,11 +277,6 @@ def test_the_start_up_listing_comes_in_pages_and_misses_no_profile_or_pod(
                 assert pages and all("limit=2" in r.query for r in pages), pages
                 assert any("continue=" in r.query for r in pages), f"{resource}: a second page"
             op.assert_alive()
-        except AssertionError:
-            print(op.log())
-            raise
-        finally:
-            op.close()
 
 
 @pytest.mark.slow
@@ -295,7 +286,7 @@ def test_api_server_and_etcd_restarts_mid_run_lose_nothing(
     c = cluster
     job = sidecars.add("127.0.0.1", FakeJob())
     op = c.operator(tmp_path, env={"DAM_API_BACKOFF_SECONDS": "0.5"}).start()
-    try:
+    with log_on_failure(op):
         c.apply(profile("p", sidecars.port, {"app": "t"}))
         c.apply(pod("trainer-0", {"app": "t"}))
         c.running("trainer-0")
@@ -323,11 +314,6 @@ def test_api_server_and_etcd_restarts_mid_run_lose_nothing(
         assert any("was Data (input-bound)" in m for m in messages), messages
         assert op.starts == 1
         op.assert_alive()
-    except AssertionError:
-        print(op.log())
-        raise
-    finally:
-        op.close()
 
 
 @pytest.mark.slow
@@ -408,7 +394,7 @@ def test_semantically_invalid_specs_get_a_clear_condition_and_no_crash_loop(
 ) -> None:
     c = cluster
     op = c.operator(tmp_path, webhook=False).start()
-    try:
+    with log_on_failure(op):
         # Accepted by the API server (its CEL rule compares the two thresholds only when both are
         # set), but dataWaitFine crosses the operator's default dataWaitSuspect (0.1).
         c.apply(profile("p", 9450, {"app": "t"}, thresholds={"dataWaitFine": 0.5}))
@@ -444,11 +430,6 @@ def test_semantically_invalid_specs_get_a_clear_condition_and_no_crash_loop(
         log = op.log()
         assert "Traceback" not in log, log
         assert len(c.events("p", "InvalidSpec")) == 2  # one per bad generation
-    except AssertionError:
-        print(op.log())
-        raise
-    finally:
-        op.close()
 
 
 @pytest.mark.slow

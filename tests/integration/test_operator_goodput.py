@@ -25,6 +25,7 @@ from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,
     dumps,
+    log_on_failure,
     profile_of,
     wait_for,
 )
@@ -100,7 +101,7 @@ def test_status_goodput_the_goodput_column_the_fleet_sum_restarts_and_an_operato
     def goodput(name: str) -> dict[str, Any]:
         return dict((profile_of(cp, ns, name).get("status") or {}).get("goodput") or {})
 
-    try:
+    with log_on_failure(op):
         for name, ip in PROFILES.items():
             cp.kubectl("apply", "-n", ns, "-f", "-", input=_profile(name, sidecars.port))
             cp.kubectl("apply", "-n", ns, "-f", "-", input=_pod(f"{name}-0", name))
@@ -207,8 +208,3 @@ def test_status_goodput_the_goodput_column_the_fleet_sum_restarts_and_an_operato
         lost_since = sum(v for use, v in fleet.get("beta", {}).items() if use != mn.USE_PRODUCTIVE)
         assert lost_since < before["acceleratorSecondsLost"], (fleet, before)
         op.assert_alive()
-    except AssertionError:
-        print(op.log())
-        raise
-    finally:
-        op.close()

@@ -335,6 +335,19 @@ class OperatorProcess:
 
 
 @contextlib.contextmanager
+def log_on_failure(op: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The block with ``op`` running: an AssertionError in it prints the operator's log first; the
+    operator is closed after it, whatever happened."""
+    try:
+        yield op
+    except AssertionError:
+        print(op.log())
+        raise
+    finally:
+        op.close()
+
+
+@contextlib.contextmanager
 def operator_namespace(cp: ControlPlane) -> Iterator[str]:
     """A fresh namespace for the operator itself (its certificate Secret), deleted afterwards."""
     name = cp.create_namespace(cp.namespace_name_for("dam-system"))
