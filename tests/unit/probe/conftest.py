@@ -13,6 +13,7 @@ import pytest
 
 import dam_probe
 from dam_probe._core import Probe
+from dam_probe.layout import ProbeRecord
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -51,3 +52,20 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60.0) -> subproc
 
 def probe_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("dam-probe:")]
+
+
+def small_record(**fields: object) -> ProbeRecord:
+    """A record with small distinct numbers (pid 1, start 2, steps 3, wait 4, step 5, update 6), no
+    batch size, FLOPs or devices; ``fields`` add to it or replace."""
+    base: dict[str, object] = {
+        "pid": 1,
+        "start_time_ns": 2,
+        "steps": 3,
+        "wait_ns": 4,
+        "step_ns": 5,
+        "last_update_ns": 6,
+        "batch_size": 0,
+        "flops_per_step": 0.0,
+        "closed": False,
+    }
+    return ProbeRecord(**{**base, **fields})  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from dam_probe import layout
 from dam_probe.layout import FLAG_PROCESS, ProbeRecord, decode, encode, probe_files, read_file
 from dam_probe.process import REFRESH_NS, RETRY_NS, ProcessReader, pid_namespace
 
-from .conftest import python_env, run_python
+from .conftest import python_env, run_python, small_record
 
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -96,16 +96,8 @@ def test_the_figures_are_read_at_most_once_a_second_and_a_failure_is_retried_rar
 
 
 def test_the_process_figures_round_trip_and_need_their_flag_bit() -> None:
-    rec = ProbeRecord(
-        pid=1,
-        start_time_ns=2,
-        steps=3,
-        wait_ns=4,
-        step_ns=5,
-        last_update_ns=6,
+    rec = small_record(
         batch_size=7,
-        flops_per_step=0.0,
-        closed=False,
         process_cpu_ns=11,
         worker_cpu_ns=12,
         process_rss_bytes=13,
@@ -131,8 +123,7 @@ def test_the_process_figures_round_trip_and_need_their_flag_bit() -> None:
 
 
 def test_a_version_one_file_has_no_process_figures() -> None:
-    rec = ProbeRecord(pid=1, start_time_ns=2, steps=3, wait_ns=4, step_ns=5, last_update_ns=6,
-                      batch_size=0, flops_per_step=0.0, closed=False, version=1)  # fmt: skip
+    rec = small_record(version=1)
     assert decode(encode(rec))[1].process_cpu_ns is None
     assert layout.SIZES[1] == 512
 

@@ -19,7 +19,7 @@ from dam_probe._core import dataloader_worker_deaths, killed_workers_of
 from dam_probe.bootstrap import install_into
 from dam_probe.layout import ProbeRecord, decode, encode, probe_files, read_file
 
-from .conftest import probe_lines, python_env, run_python
+from .conftest import probe_lines, python_env, run_python, small_record
 
 TRAIN = """
 import os, signal, sys, time
@@ -98,17 +98,7 @@ def test_dataloader_messages_give_the_pids_and_signals() -> None:
 
 
 def test_worker_kill_fields_round_trip_and_read_as_unknown_without_their_flag() -> None:
-    base = ProbeRecord(
-        pid=1,
-        start_time_ns=2,
-        steps=3,
-        wait_ns=4,
-        step_ns=5,
-        last_update_ns=6,
-        batch_size=0,
-        flops_per_step=0.0,
-        closed=False,
-    )
+    base = small_record()
     _, back = decode(encode(base))
     assert back.loader_worker_kills is None and back.loader_kill_signal is None  # unknown, not zero
     killed = ProbeRecord(**{**base.__dict__, "loader_worker_kills": 2, "loader_kill_signal": 9})
