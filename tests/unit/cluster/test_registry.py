@@ -39,6 +39,31 @@ def test_finished_and_deleting_pods_do_not_count() -> None:
     assert [p.name for p in reg.pods_for(entry)] == ["live"]
 
 
+def test_finished_and_oom_ended_pods_are_the_profiles_own_by_its_selector() -> None:
+    reg = Registry()
+    entry = reg.upsert_profile(
+        "ns",
+        "p",
+        uid="u",
+        generation=1,
+        spec=_spec(
+            {"app": "t"}, matchExpressions=[{"key": "tier", "operator": "NotIn", "values": ["debug"]}]
+        ),
+    )
+    oom = "2026-01-01T00:00:00Z"
+    reg.upsert_pod(_pod("done", {"app": "t"}, phase="Succeeded"))
+    reg.upsert_pod(_pod("killed", {"app": "t"}, phase="Failed", last_oom_kill=oom))
+    reg.upsert_pod(_pod("live", {"app": "t"}, phase="Running", last_oom_kill=oom))  # restarted in place
+    reg.upsert_pod(_pod("debug", {"app": "t", "tier": "debug"}, phase="Failed", last_oom_kill=oom))
+    reg.upsert_pod(_pod("other", {"app": "x"}, phase="Failed", last_oom_kill=oom))
+    reg.upsert_pod(_pod("away", {"app": "t"}, phase="Failed", namespace="elsewhere", last_oom_kill=oom))
+    assert [p.name for p in reg.finished_pods_for(entry)] == ["done", "killed"]
+    assert [p.name for p in reg.oom_ended_pods_for(entry)] == ["killed"]
+    reg.upsert_pod(_pod("killed", {"app": "x"}, phase="Failed", last_oom_kill=oom))  # relabelled
+    assert [p.name for p in reg.finished_pods_for(entry)] == ["done"]
+    assert reg.oom_ended_pods_for(entry) == []
+
+
 def test_relabelled_pod_leaves_the_old_index() -> None:
     reg = Registry()
     entry = reg.upsert_profile("ns", "p", uid="u", generation=1, spec=_spec({"app": "t"}))

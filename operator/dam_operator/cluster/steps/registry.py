@@ -361,8 +361,13 @@ class Registry:
     def pod_count(self) -> int:
         return sum(len(p) for p in self._pods.values())
 
-    def pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
-        """Active pods of the profile's namespace that its selector matches, by name."""
+    def _matching(self, entry: ProfileEntry, keep: Callable[[PodInfo], bool]) -> list[PodInfo]:
+        """Pods of the profile's namespace that its selector matches and ``keep`` keeps, by name.
+
+        The candidates come from the label index (the selector's rarest ``matchLabels`` pair), so
+        an evaluation costs the profile's own pods, not every pod of the namespace: at 5,000
+        profiles in one namespace a scan per evaluation was a fifth of the operator's CPU.
+        """
         if entry.spec is None:
             return []
         selector = entry.spec.selector
@@ -376,24 +381,20 @@ class Registry:
                 smallest = names
         candidates: Iterable[str] = in_ns.keys() if smallest is None else list(smallest)
         out = [
-            in_ns[name]
+            pod
             for name in candidates
-            if name in in_ns and in_ns[name].active and selector_matches(selector, in_ns[name].labels)
+            if (pod := in_ns.get(name)) is not None and keep(pod) and selector_matches(selector, pod.labels)
         ]
         return sorted(out, key=lambda p: p.name)
+
+    def pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
+        """Active pods of the profile's namespace that its selector matches, by name."""
+        return self._matching(entry, lambda p: p.active)
 
     def finished_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
         """Finished pods (Failed, Succeeded) of the profile, by name: a Failed pod's replacement
         takes over its rank, and the time between is the job's restart badput."""
-        if entry.spec is None:
-            return []
-        selector = entry.spec.selector
-        out = [
-            p
-            for p in self._pods.get(entry.namespace, {}).values()
-            if p.phase in TERMINAL_PHASES and selector_matches(selector, p.labels)
-        ]
-        return sorted(out, key=lambda p: p.name)
+        return self._matching(entry, lambda p: p.phase in TERMINAL_PHASES)
 
     def oom_ended_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
         """Finished pods (Failed, Succeeded) of the profile whose container was OOM-killed, by name.
@@ -401,12 +402,4 @@ class Registry:
         With ``restartPolicy: Never`` an OOM-killed trainer's Pod is Failed seconds after it
         started, its sidecar gone with it: it never forms a window, yet it is the job's evidence.
         """
-        if entry.spec is None:
-            return []
-        selector = entry.spec.selector
-        out = [
-            p
-            for p in self._pods.get(entry.namespace, {}).values()
-            if p.last_oom_kill is not None and not p.active and selector_matches(selector, p.labels)
-        ]
-        return sorted(out, key=lambda p: p.name)
+        return self._matching(entry, lambda p: p.last_oom_kill is not None and not p.active)
