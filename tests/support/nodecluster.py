@@ -576,15 +576,24 @@ def _mounts_under(prefixes: list[str]) -> list[str]:
     return sorted(set(found), key=len, reverse=True)
 
 
+def _cgroup_dirs(root: Path) -> list[Path]:
+    """``root`` and every cgroup below it; a cgroup the kernel removes during the walk (a
+    container's, as its last process exits) is skipped, not an error (``Path.rglob`` raised)."""
+    found: list[Path] = []
+    for directory, _, _ in os.walk(root, onerror=lambda _exc: None):
+        found.append(Path(directory))
+    return found
+
+
 def _kill_cgroup_tree(name: str) -> None:
     """SIGKILL every process in the node's cgroups (the containers), then remove the cgroups."""
     roots = [c / name for c in Path("/sys/fs/cgroup").iterdir() if (c / name).is_dir()]
     for _ in range(20):
         pids: set[int] = set()
         for root in roots:
-            for procs in root.rglob("cgroup.procs"):
+            for directory in _cgroup_dirs(root):
                 with contextlib.suppress(OSError):
-                    pids.update(int(p) for p in procs.read_text().split())
+                    pids.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
         if not pids:
             break
         for pid in pids:
@@ -592,9 +601,7 @@ def _kill_cgroup_tree(name: str) -> None:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
     for root in roots:
-        for directory in sorted(
-            (p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-        ):
+        for directory in sorted(_cgroup_dirs(root), key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 directory.rmdir()
         with contextlib.suppress(OSError):

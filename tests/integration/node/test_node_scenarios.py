@@ -155,6 +155,16 @@ def test_two_pod_ddp_over_gloo_names_the_slow_loader_pod_a_data_straggler(scenar
         node.kubectl("-n", ns, "wait", "--for=condition=Complete", "job/ddp", "--timeout=180s", timeout_s=190)
 
 
+def _cpu_wait_exported(pod: dict[str, Any]) -> float | None:
+    """The main process's run-queue wait from the sidecar; None while it does not answer in time
+    (the node's two CPUs are busy with every scenario at once: a 5 s scrape once timed out)."""
+    try:
+        text = scrape_sidecar(pod, timeout_s=10.0)
+    except OSError:
+        return None
+    return _metric(text, names.PROCESS_CPU_WAIT_SECONDS_TOTAL, f'{{role="{names.ROLE_MAIN}"}}')
+
+
 def test_a_cpu_bound_trainer_beside_a_noisy_neighbour_pod_gives_raise_cpu_request(
     scenarios: Launched,
 ) -> None:
@@ -179,9 +189,10 @@ def test_a_cpu_bound_trainer_beside_a_noisy_neighbour_pod_gives_raise_cpu_reques
             (p for p in pods_of(node, ns, "contended") if p["status"].get("phase") == "Running"), None
         )
         if running is not None:  # still training: the sidecar exports the wait
-            text = scrape_sidecar(running)
-            wait = _metric(text, names.PROCESS_CPU_WAIT_SECONDS_TOTAL, f'{{role="{names.ROLE_MAIN}"}}')
-            assert (wait or 0.0) > 0.0, text
+            wait = wait_for(
+                lambda: _cpu_wait_exported(running), 60, "the sidecar's run-queue wait", interval=2.0
+            )
+            assert wait > 0.0, wait
         node.kubectl("-n", ns, "delete", "job", "noisy", "contended", "--wait=false")
 
 
