@@ -46,9 +46,8 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import ValidationError
@@ -118,15 +117,6 @@ class _ProfileState:
     written: tuple[Evidence, ...] = ()
     """The records behind the evidence sentences the status holds (those of the last verdict
     written; none after a restart): ``status.changes_status`` compares evidence by them."""
-
-
-_NO_NUMBERS: Mapping[str, float] = MappingProxyType({})
-
-
-def _identities(records: Iterable[Evidence]) -> tuple[Evidence, ...]:
-    """The records kept between windows, without their numbers: only the sentence and what it
-    finds (``Evidence.identity``) are compared, and 5,000 profiles' numbers were megabytes."""
-    return tuple(Evidence(r.kind, r.sentence, _NO_NUMBERS, r.steady) for r in records)
 
 
 def _utcnow() -> dt.datetime:
@@ -281,7 +271,7 @@ class Evaluator:
             if written is not None:
                 status = written
                 if result.verdict is not None:
-                    state.written = _identities(records)
+                    state.written = tuple(records)
         state.published = result.published
         if result.verdict is not None:
             self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
