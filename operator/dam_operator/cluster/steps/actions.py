@@ -305,10 +305,15 @@ def _change(before: Figures, after: Figures) -> str:
     return text
 
 
+def _generation(e: ActionEntry) -> str:
+    """The generation a blocked setting stays blocked in, as the messages name it."""
+    return f"generation {e.generation}" if e.generation is not None else "this generation"
+
+
 def _outcome_event(e: ActionEntry, margin: float) -> tuple[str, st.EventSpec]:
     assert e.after is not None
     change = _change(e.before, e.after)
-    gen = f"generation {e.generation}" if e.generation is not None else "this generation"
+    gen = _generation(e)
     if e.outcome == IMPROVED:
         message = (
             f"{e.title()} improved {change}, beyond the {margin:.0%} noise margin. Kept: new pods get it."
@@ -374,7 +379,7 @@ def _progress(
             f"{e.title()} did not take effect: {ignored}; the probe leaves a loader alone when the "
             "setting cannot work there (e.g. workers over a /dev/shm under 64 MiB; the training "
             f"container's log says why). Not kept; {e.setting.name} is not changed again in "
-            f"{f'generation {e.generation}' if e.generation is not None else 'this generation'}."
+            f"{_generation(e)}."
         )
         return e.model_copy(update={"message": message}), [*events, st.EventSpec(REASON_NO_CHANGE, message)]
     e = e.model_copy(
