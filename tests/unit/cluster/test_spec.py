@@ -11,9 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dam_operator.cluster.steps.spec import (
+    IMAGE_PATTERN,
+    QUANTITY_PATTERN,
+    URL_PATTERN,
     DAMProfileSpec,
     LabelSelector,
     SpecError,
+    _hint,
     label_selector_string,
     parse_spec,
     quantity_value,
@@ -227,3 +231,48 @@ def test_profiles_from_one_template_share_their_equal_parts_and_keep_their_own()
     assert c.evaluation is not a.evaluation and c.evaluation.window_seconds == 60
     assert a.selector.match_labels == {"job": "a"} and b.selector.match_labels == {"job": "b"}
     assert a.sidecar == b.sidecar  # shared or not (a part holding a mapping may be unhashable), equal
+
+
+@pytest.mark.parametrize(
+    ("kind", "ctx", "hint"),
+    [
+        ("string_too_long", {"max_length": 64}, "too long: at most 64 characters"),
+        ("string_too_short", {}, "must not be empty"),
+        ("string_pattern_mismatch", {"pattern": "^a+$"}, "must match ^a+$"),
+        (
+            "string_pattern_mismatch",
+            {"pattern": URL_PATTERN},
+            "must be an http(s) URL, e.g. http://prometheus.monitoring.svc:9090",
+        ),
+        (
+            "string_pattern_mismatch",
+            {"pattern": IMAGE_PATTERN},
+            "must be a container image reference, e.g. ghcr.io/mlsys/dam-operator:0.1.0",
+        ),
+        (
+            "string_pattern_mismatch",
+            {"pattern": QUANTITY_PATTERN},
+            "must be a Kubernetes quantity, e.g. 100m or 128Mi",
+        ),
+        ("string_type", {}, "must be a string"),
+        ("str_type", {}, "must be a string"),
+        ("bool_type", {}, "must be true or false"),
+        ("bool_parsing", {}, "must be true or false"),
+        ("dict_type", {}, "must be an object (a mapping of fields)"),
+        ("model_type", {}, "must be an object (a mapping of fields)"),
+        ("model_attributes_type", {}, "must be an object (a mapping of fields)"),
+        ("list_type", {}, "must be a list"),
+        ("too_long", {"max_length": 8}, "too many entries: at most 8"),
+        ("too_long", {}, "too many entries: at most None"),
+        ("too_short", {}, "must not be empty"),
+        ("literal_error", {"expected": "'Always' or 'Never'"}, "must be one of 'Always' or 'Never'"),
+        ("literal_error", {}, "must be one of "),
+    ],
+)
+def test_each_kind_of_error_gets_its_own_fix(kind: str, ctx: dict[str, Any], hint: str) -> None:
+    # A location no field answers to: only the error's kind and context make the hint.
+    assert _hint({"loc": ("nowhere",), "type": kind, "ctx": ctx}) == hint
+
+
+def test_an_error_of_no_known_kind_keeps_its_own_message() -> None:
+    assert _hint({"loc": ("nowhere",), "type": "odd", "msg": "Value error, it is odd"}) == "it is odd"

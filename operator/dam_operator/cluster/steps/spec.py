@@ -466,6 +466,30 @@ def _example(info: FieldInfo | None) -> str:
     return ""
 
 
+_PATTERN_HINTS = {
+    QUANTITY_PATTERN: "must be a Kubernetes quantity, e.g. 100m or 128Mi",
+    IMAGE_PATTERN: "must be a container image reference, e.g. ghcr.io/mlsys/dam-operator:0.1.0",
+    URL_PATTERN: "must be an http(s) URL, e.g. http://prometheus.monitoring.svc:9090",
+}
+"""The fix of a string that does not match its pattern, by pattern (else the pattern itself)."""
+_CTX_HINTS: dict[str, tuple[str, str | None, str]] = {
+    "string_too_long": ("max_length", None, "too long: at most {} characters"),
+    "too_long": ("max_length", None, "too many entries: at most {}"),
+    "literal_error": ("expected", "", "must be one of {}"),
+}
+"""The fix of an error kind that names a value of its context: (the key, its default, the sentence)."""
+_FIXED_HINTS = {
+    **dict.fromkeys(("string_too_short", "too_short"), "must not be empty"),
+    **dict.fromkeys(("string_type", "str_type"), "must be a string"),
+    **dict.fromkeys(("bool_type", "bool_parsing"), "must be true or false"),
+    **dict.fromkeys(
+        ("dict_type", "model_type", "model_attributes_type"), "must be an object (a mapping of fields)"
+    ),
+    "list_type": "must be a list",
+}
+"""The fix of an error kind that is the same sentence wherever it happens."""
+
+
 def _hint(err: Mapping[str, Any]) -> str:
     loc: Sequence[int | str] = err.get("loc", ())
     kind: str = err.get("type", "")
@@ -503,36 +527,14 @@ def _hint(err: Mapping[str, Any]) -> str:
         if lo is not None:
             return f"must be {noun} {'above' if lo_open else 'at least'} {_num(lo)}{_example(info)}"
         return f"must be {noun}{_example(info)}"
-    if kind == "string_too_long":
-        limit = (err.get("ctx") or {}).get("max_length")
-        return f"too long: at most {limit} characters"
-    if kind == "string_too_short":
-        return "must not be empty"
     if kind == "string_pattern_mismatch":
         pattern = (err.get("ctx") or {}).get("pattern", "")
-        if pattern == QUANTITY_PATTERN:
-            return "must be a Kubernetes quantity, e.g. 100m or 128Mi"
-        if pattern == IMAGE_PATTERN:
-            return "must be a container image reference, e.g. ghcr.io/mlsys/dam-operator:0.1.0"
-        if pattern == URL_PATTERN:
-            return "must be an http(s) URL, e.g. http://prometheus.monitoring.svc:9090"
-        return f"must match {pattern}"
-    if kind in ("string_type", "str_type"):
-        return "must be a string"
-    if kind in {"bool_type", "bool_parsing"}:
-        return "must be true or false"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return "must be an object (a mapping of fields)"
-    if kind == "list_type":
-        return "must be a list"
-    if kind == "too_long":
-        limit = (err.get("ctx") or {}).get("max_length")
-        return f"too many entries: at most {limit}"
-    if kind == "too_short":
-        return "must not be empty"
-    if kind == "literal_error":
-        expected = (err.get("ctx") or {}).get("expected", "")
-        return f"must be one of {expected}"
+        return _PATTERN_HINTS.get(pattern, f"must match {pattern}")
+    if kind in _CTX_HINTS:
+        key, default, template = _CTX_HINTS[kind]
+        return template.format((err.get("ctx") or {}).get(key, default))
+    if kind in _FIXED_HINTS:
+        return _FIXED_HINTS[kind]
     msg = str(err.get("msg", "invalid value"))
     return msg.removeprefix("Value error, ")
 
