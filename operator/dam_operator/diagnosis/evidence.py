@@ -10,7 +10,7 @@ without the sample size, rendered from the numbers, not cut out of the text).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -110,92 +110,95 @@ def thr(x: float) -> str:
 
 # --- the figures' sentences ----------------------------------------------------------------------
 
-
-def data_wait(o: Observation, t: Thresholds) -> Evidence:
-    w = o.data_wait_ratio
-    assert w is not None
-    text = f"data wait {pct(w)} of step time (screen > {thr(t.data_wait_suspect)})"
-    return Evidence(Kind.DATA_WAIT, text, {"data_wait_ratio": w})
+FigureText = Callable[[float, "Observation", "Thresholds"], str]
+"""A figure's sentence from its value, the observation and the thresholds."""
+FigureLine = Callable[["Observation", "Thresholds"], Evidence]
+"""A figure's evidence line from a window the rule has found the figure in."""
 
 
-def gpu_utilization(o: Observation, t: Thresholds) -> Evidence:
-    u = o.gpu_utilization
-    assert u is not None
-    text = f"GPU utilization {pct(u)} (starved < {thr(t.gpu_util_starved)}, busy > {thr(t.gpu_util_busy)})"
-    return Evidence(Kind.GPU_UTILIZATION, text, {"gpu_utilization": u})
+def _figure(kind: Kind, name: str, text: FigureText) -> FigureLine:
+    """The evidence line of the observation's figure ``name`` (the rule has checked it is there):
+    its sentence from ``text``, and the value under the field's name."""
+
+    def line(o: Observation, t: Thresholds) -> Evidence:
+        x: float | None = getattr(o, name)
+        assert x is not None, name
+        return Evidence(kind, text(x, o, t), {name: x})
+
+    return line
 
 
-def sm_active(o: Observation, t: Thresholds) -> Evidence:
-    s = o.sm_active
-    assert s is not None
-    return Evidence(Kind.SM_ACTIVE, f"SM active {pct(s)} (busy ≥ {thr(t.sm_active_busy)})", {"sm_active": s})
-
-
-def dram_bandwidth(o: Observation, t: Thresholds) -> Evidence:
-    x = o.dram_bandwidth_utilization
-    assert x is not None
-    text = f"DRAM bandwidth {pct(x)} of peak (saturated ≥ {thr(t.dram_bandwidth_saturated)})"
-    return Evidence(Kind.DRAM_BANDWIDTH, text, {"dram_bandwidth_utilization": x})
-
-
-def tensor_active(o: Observation, t: Thresholds) -> Evidence:
-    x = o.tensor_active
-    assert x is not None
-    text = f"tensor pipes active {pct(x)} (low < {thr(t.tensor_active_low)})"
-    return Evidence(Kind.TENSOR_ACTIVE, text, {"tensor_active": x})
-
-
-def main_cpu(o: Observation, t: Thresholds) -> Evidence:
-    c = o.main_cpu_cores
-    assert c is not None
-    limit = t.main_cpu_saturated_cores
-    text = f"main training process uses {c:.2f} CPU cores (saturated ≥ {limit:.2f})"
-    return Evidence(Kind.MAIN_CPU, text, {"main_cpu_cores": c})
-
-
-def cpu_throttled(o: Observation, t: Thresholds) -> Evidence:
-    x = o.cpu_throttled_ratio
-    assert x is not None
-    text = f"container CPU-throttled {pct(x)} of the window (suspect > {thr(t.cpu_throttled_suspect)})"
-    return Evidence(Kind.CPU_THROTTLED, text, {"cpu_throttled_ratio": x})
-
-
-def cpu_wait(o: Observation, t: Thresholds) -> Evidence:
-    x = o.cpu_wait_ratio
-    assert x is not None
-    text = (
-        f"the main training process waited for a CPU {pct(x)} of the window "
-        f"(run-queue delay; suspect ≥ {thr(t.cpu_wait_suspect)})"
-    )
-    return Evidence(Kind.CPU_WAIT, text, {"cpu_wait_ratio": x})
-
-
-def loader_cpu_wait(o: Observation, t: Thresholds) -> Evidence:
-    x = o.worker_cpu_wait_ratio
-    assert x is not None
+def _loader_cpu_wait(x: float, o: Observation, t: Thresholds) -> str:
     workers = f"the {o.worker_count} loader workers" if o.worker_count else "the loader workers"
-    text = (
+    return (
         f"{workers} waited for a CPU {pct(x)} of the window each "
         f"(run-queue delay; suspect ≥ {thr(t.cpu_wait_suspect)})"
     )
-    return Evidence(Kind.LOADER_CPU_WAIT, text, {"worker_cpu_wait_ratio": x})
 
 
-def exposed_communication(o: Observation, t: Thresholds) -> Evidence:
-    x = o.exposed_communication_ratio
-    assert x is not None
+def _exposed_communication(x: float, o: Observation, t: Thresholds) -> str:
     who = "least-waiting rank" if (o.ranks or 0) > 1 else "not hidden by the backward pass"
-    text = f"exposed communication {pct(x)} of the step time ({who}; screen > {thr(t.communication_suspect)})"
-    return Evidence(Kind.EXPOSED_COMMUNICATION, text, {"exposed_communication_ratio": x})
+    return f"exposed communication {pct(x)} of the step time ({who}; screen > {thr(t.communication_suspect)})"
 
 
-def container_memory(o: Observation, t: Thresholds) -> Evidence:
-    x = o.container_memory_ratio
-    assert x is not None
+def _container_memory(x: float, o: Observation, t: Thresholds) -> str:
     limit_bytes = o.container_memory_limit_bytes
     limit = f" of its {limit_bytes / GIB:.1f} GiB limit" if limit_bytes else " of its limit"
-    text = f"container memory at {pct(x)}{limit} (full ≥ {thr(t.container_memory_full)}; page cache included)"
-    return Evidence(Kind.CONTAINER_MEMORY, text, {"container_memory_ratio": x})
+    return f"container memory at {pct(x)}{limit} (full ≥ {thr(t.container_memory_full)}; page cache included)"
+
+
+data_wait = _figure(
+    Kind.DATA_WAIT,
+    "data_wait_ratio",
+    lambda x, o, t: f"data wait {pct(x)} of step time (screen > {thr(t.data_wait_suspect)})",
+)
+gpu_utilization = _figure(
+    Kind.GPU_UTILIZATION,
+    "gpu_utilization",
+    lambda x, o, t: (
+        f"GPU utilization {pct(x)} (starved < {thr(t.gpu_util_starved)}, busy > {thr(t.gpu_util_busy)})"
+    ),
+)
+sm_active = _figure(
+    Kind.SM_ACTIVE, "sm_active", lambda x, o, t: f"SM active {pct(x)} (busy ≥ {thr(t.sm_active_busy)})"
+)
+dram_bandwidth = _figure(
+    Kind.DRAM_BANDWIDTH,
+    "dram_bandwidth_utilization",
+    lambda x, o, t: f"DRAM bandwidth {pct(x)} of peak (saturated ≥ {thr(t.dram_bandwidth_saturated)})",
+)
+tensor_active = _figure(
+    Kind.TENSOR_ACTIVE,
+    "tensor_active",
+    lambda x, o, t: f"tensor pipes active {pct(x)} (low < {thr(t.tensor_active_low)})",
+)
+main_cpu = _figure(
+    Kind.MAIN_CPU,
+    "main_cpu_cores",
+    lambda x, o, t: (
+        f"main training process uses {x:.2f} CPU cores (saturated ≥ {t.main_cpu_saturated_cores:.2f})"
+    ),
+)
+cpu_throttled = _figure(
+    Kind.CPU_THROTTLED,
+    "cpu_throttled_ratio",
+    lambda x, o, t: (
+        f"container CPU-throttled {pct(x)} of the window (suspect > {thr(t.cpu_throttled_suspect)})"
+    ),
+)
+cpu_wait = _figure(
+    Kind.CPU_WAIT,
+    "cpu_wait_ratio",
+    lambda x, o, t: (
+        f"the main training process waited for a CPU {pct(x)} of the window "
+        f"(run-queue delay; suspect ≥ {thr(t.cpu_wait_suspect)})"
+    ),
+)
+loader_cpu_wait = _figure(Kind.LOADER_CPU_WAIT, "worker_cpu_wait_ratio", _loader_cpu_wait)
+exposed_communication = _figure(
+    Kind.EXPOSED_COMMUNICATION, "exposed_communication_ratio", _exposed_communication
+)
+container_memory = _figure(Kind.CONTAINER_MEMORY, "container_memory_ratio", _container_memory)
 
 
 def resident_memory(o: Observation) -> Evidence | None:
