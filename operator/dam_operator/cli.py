@@ -6,8 +6,9 @@ pays for kopf and ``dam sidecar`` never imports the operator.
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 USAGE = """usage: dam <command> [options]
 
@@ -23,38 +24,29 @@ Run `dam <command> --help` for the options of one command.
 """
 
 
+COMMANDS: dict[str, str] = {
+    "run": "dam_operator.local.run",
+    "tune": "dam_operator.local.tune",
+    "evaluate": "dam_operator.local.evaluate",
+    "sidecar": "dam_sidecar.app",
+    "operator": "dam_operator.cluster.runtime.main",
+    "probe-install": "dam_probe.bootstrap",
+}
+"""Each subcommand's module; its ``main(argv: list[str]) -> int`` runs it."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0
     command, rest = args[0], args[1:]
-    if command == "run":
-        from dam_operator.local.run import main as run_main
-
-        return run_main(rest)
-    if command == "tune":
-        from dam_operator.local.tune import main as tune_main
-
-        return tune_main(rest)
-    if command == "evaluate":
-        from dam_operator.local.evaluate import main as evaluate_main
-
-        return evaluate_main(rest)
-    if command == "sidecar":
-        from dam_sidecar.app import main as sidecar_main
-
-        return sidecar_main(rest)
-    if command == "operator":
-        from dam_operator.cluster.runtime.main import main as operator_main
-
-        return operator_main(rest)
-    if command == "probe-install":
-        from dam_probe.bootstrap import main as install_main
-
-        return install_main(rest)
-    sys.stderr.write(f"dam: unknown command {command!r}\n\n{USAGE}")
-    return 2
+    module = COMMANDS.get(command)
+    if module is None:
+        sys.stderr.write(f"dam: unknown command {command!r}\n\n{USAGE}")
+        return 2
+    run: Callable[[list[str]], int] = importlib.import_module(module).main
+    return run(rest)
 
 
 if __name__ == "__main__":  # pragma: no cover
