@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from dam_contract import names
 from dam_contract.snapshot import Labels, Snapshot
@@ -41,6 +41,17 @@ class Known:
     gpu_model: str | None = None
     oom_killed: bool | None = None
     """The pod's training container was OOM-killed (Pod status, ``dam run``'s child)."""
+
+
+class KnownArgs(TypedDict, total=False):
+    """``Known`` as keyword arguments (``window.observation_from_snapshots``, ``rank_observations``)."""
+
+    elapsed_seconds: float | None
+    gpu_uuids: set[str] | None
+    batch_size: int | None
+    flops_per_step: float | None
+    gpu_model: str | None
+    oom_killed: bool | None
 
 
 @dataclass(frozen=True)

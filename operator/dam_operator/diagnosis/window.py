@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from pydantic import ValidationError
 
@@ -36,7 +36,7 @@ from dam_contract import names
 from dam_contract.snapshot import CompactSnapshot, Labels, Sample, Snapshot
 from dam_operator.diagnosis import ranks as rank_rules
 from dam_operator.diagnosis import signals
-from dam_operator.diagnosis.extractors import Known, Scrapes
+from dam_operator.diagnosis.extractors import Known, KnownArgs, Scrapes
 from dam_operator.diagnosis.model import Observation, RankId
 from dam_operator.diagnosis.series import attributed, counter_increase, increase, label_of
 from dam_operator.diagnosis.signals import BENIGN_CLOCK_REASONS, GPU_RATIO_GAUGES, UNLIMITED_MEMORY_BYTES
@@ -143,26 +143,16 @@ def _fields(before: Snapshot, after: Snapshot, known: Known) -> dict[str, Any]:
     return signals.extract(Scrapes(before, after, known))
 
 
-def observation_from_snapshots(
-    before: Snapshot,
-    after: Snapshot,
-    *,
-    elapsed_seconds: float | None = None,
-    gpu_uuids: set[str] | None = None,
-    batch_size: int | None = None,
-    flops_per_step: float | None = None,
-    gpu_model: str | None = None,
-    oom_killed: bool | None = None,
-) -> Observation:
-    """The window between two scrapes of one pod (or one ``dam run``). Explicit arguments win.
+def observation_from_snapshots(before: Snapshot, after: Snapshot, **known: Unpack[KnownArgs]) -> Observation:
+    """The window between two scrapes of one pod (or one ``dam run``). Explicit arguments (the
+    fields of ``extractors.Known``) win.
 
     ``oom_killed`` is the caller's knowledge that the container was OOM-killed (Pod status
     ``lastState.terminated.reason == "OOMKilled"``; ``dam run``: the child killed by the OOM
     killer). With several ranks in the snapshots, the exposed communication and the
     collective skew are the cross-rank figures (see ``diagnosis.ranks``).
     """
-    known = Known(elapsed_seconds, gpu_uuids, batch_size, flops_per_step, gpu_model, oom_killed)
-    return _pod_observation(before, after, known, None)
+    return _pod_observation(before, after, Known(**known), None)
 
 
 def _pod_observation(
@@ -297,12 +287,7 @@ def rank_observations(
     after: Snapshot,
     *,
     pod: str = "",
-    elapsed_seconds: float | None = None,
-    gpu_uuids: set[str] | None = None,
-    batch_size: int | None = None,
-    flops_per_step: float | None = None,
-    gpu_model: str | None = None,
-    oom_killed: bool | None = None,
+    **known: Unpack[KnownArgs],
 ) -> dict[RankId, Observation]:
     """One observation per rank process of a pod's (or ``dam run``'s) snapshots.
 
@@ -313,8 +298,7 @@ def rank_observations(
     totals (CPU seconds, RSS, worker count) are left out of a rank's view when the pod holds
     several ranks.
     """
-    known = Known(elapsed_seconds, gpu_uuids, batch_size, flops_per_step, gpu_model, oom_killed)
-    return _rank_observations(before, after, pod, known)
+    return _rank_observations(before, after, pod, Known(**known))
 
 
 def _rank_observations(
