@@ -227,6 +227,29 @@ def test_prometheus_source_reads_all_of_a_profiles_pods_with_one_query() -> None
     assert set(got) == {"job-0", "job-1", "job-2"}  # a pod the query did not ask for is ignored
 
 
+def test_prometheus_source_times_one_query_per_namespace_and_turns_its_failure_into_values() -> None:
+    async def api(request: web.Request) -> web.Response:
+        if 'ns="broken"' in str((await request.post())["query"]):
+            return web.json_response({"status": "error", "error": "boom"}, status=400)
+        return web.json_response(_vector(({"__name__": names.STEPS_TOTAL, "pod": "a"}, 1000.0, 1.0)))
+
+    async def scenario() -> tuple[dict[str, Any], list[float]]:
+        durations: list[float] = []
+        async with serve_handler(api, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+            source = PrometheusSource(session, f"http://127.0.0.1:{port}", namespace_label="ns")
+            pods = [
+                PodTarget("fine", "a", "", 0),
+                PodTarget("broken", "b", "", 0),
+                PodTarget("broken", "c", "", 0),
+            ]
+            return await source.fetch_all(pods, asyncio.Semaphore(1), durations.append), durations
+
+    got, durations = run(scenario())
+    assert got["a"].samples(names.STEPS_TOTAL)[0].value == 1.0
+    assert got["b"] is got["c"] and got["b"].reason == src.REASON_HTTP  # one failed query: one error
+    assert len(durations) == 2 and all(d >= 0 for d in durations)  # one per namespace, failed or not
+
+
 def test_prometheus_query_escapes_label_values() -> None:
     source = PrometheusSource.__new__(PrometheusSource)
     source._ns_label, source._pod_label = "namespace", "pod"

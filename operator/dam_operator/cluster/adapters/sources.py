@@ -25,12 +25,13 @@ resolves to are checked when the operator connects (``PolicyResolver``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,6 +61,10 @@ SOURCE_SCRAPE, SOURCE_PROMETHEUS = BODY_SOURCES
 
 TooLarge = Callable[[str], None]
 """Told the source (``scrape`` or ``prometheus``) of each body given up at its cap."""
+Observe = Callable[[float], None]
+"""Told the seconds each request to a source took (a sidecar's scrape, a namespace's query)."""
+PodResults = dict[str, Snapshot | SourceError]
+"""By pod name: the pod's snapshot, or why it has none."""
 
 # Labels that Prometheus (or its service discovery) adds to every series of a target.
 TARGET_LABELS = frozenset(
@@ -84,11 +89,8 @@ class MetricSource(Protocol):
     async def fetch(self, pod: PodTarget) -> Snapshot: ...
 
     async def fetch_all(
-        self,
-        pods: list[PodTarget],
-        limit: asyncio.Semaphore,
-        observe: Callable[[float], None] | None = None,
-    ) -> dict[str, Snapshot | SourceError]:
+        self, pods: list[PodTarget], limit: asyncio.Semaphore, observe: Observe | None = None
+    ) -> PodResults:
         """Every pod's snapshot (or the reason it has none); never raises."""
         ...
 
@@ -127,6 +129,25 @@ async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytearray
     return body
 
 
+@contextlib.asynccontextmanager
+async def _timed_slot(limit: asyncio.Semaphore, observe: Observe | None) -> AsyncIterator[None]:
+    """One slot of ``limit`` for a request; ``observe`` is told how long the request held it."""
+    async with limit:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            if observe is not None:
+                observe(time.monotonic() - start)
+
+
+def _too_large(on_too_large: TooLarge | None, source: str, message: str) -> SourceError:
+    """The error of a body given up at its cap, once ``on_too_large`` is told its source."""
+    if on_too_large is not None:
+        on_too_large(source)
+    return SourceError(REASON_TOO_LARGE, message)
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n % (2**20 // 16) == 0 else f"{n} bytes"
 
@@ -162,11 +183,8 @@ class ScrapeSource:
         self._on_too_large = on_too_large
 
     async def fetch_all(
-        self,
-        pods: list[PodTarget],
-        limit: asyncio.Semaphore,
-        observe: Callable[[float], None] | None = None,
-    ) -> dict[str, Snapshot | SourceError]:
+        self, pods: list[PodTarget], limit: asyncio.Semaphore, observe: Observe | None = None
+    ) -> PodResults:
         return await fetch_each(self, pods, limit, observe)
 
     async def fetch(self, pod: PodTarget) -> Snapshot:
@@ -177,10 +195,9 @@ class ScrapeSource:
                     raise SourceError(REASON_HTTP, f"{url} answered HTTP {resp.status}")
                 body = await read_capped(resp, self._max_bytes)
         except BodyTooLargeError:
-            if self._on_too_large is not None:
-                self._on_too_large(SOURCE_SCRAPE)
-            raise SourceError(
-                REASON_TOO_LARGE,
+            raise _too_large(
+                self._on_too_large,
+                SOURCE_SCRAPE,
                 f"{url} answered more than {_mib(self._max_bytes)}, the operator's cap on one /metrics "
                 f"body (DAM_SCRAPE_MAX_BYTES={self._max_bytes}; chart: operator.scrapeMaxBytes); "
                 "the body was not read",
@@ -263,35 +280,28 @@ class PrometheusSource:
         return result
 
     async def fetch_all(
-        self,
-        pods: list[PodTarget],
-        limit: asyncio.Semaphore,
-        observe: Callable[[float], None] | None = None,
-    ) -> dict[str, Snapshot | SourceError]:
+        self, pods: list[PodTarget], limit: asyncio.Semaphore, observe: Observe | None = None
+    ) -> PodResults:
         """One query per namespace (a profile's pods share one), under one slot of ``limit``."""
         by_ns: dict[str, list[PodTarget]] = {}
         for pod in pods:
             by_ns.setdefault(pod.namespace, []).append(pod)
-        out: dict[str, Snapshot | SourceError] = {}
+        out: PodResults = {}
         for namespace, group in by_ns.items():
-            async with limit:
-                start = time.monotonic()
+            async with _timed_slot(limit, observe):
                 try:
                     out.update(await self._query(namespace, group))
                 except SourceError as exc:
                     out.update(dict.fromkeys((p.name for p in group), exc))
-                finally:
-                    if observe is not None:
-                        observe(time.monotonic() - start)
         return out
 
-    async def _query(self, namespace: str, pods: list[PodTarget]) -> dict[str, Snapshot | SourceError]:
+    async def _query(self, namespace: str, pods: list[PodTarget]) -> PodResults:
         if self._read_limit is None:
             return await self._query_now(namespace, pods)
         async with self._read_limit:
             return await self._query_now(namespace, pods)
 
-    async def _query_now(self, namespace: str, pods: list[PodTarget]) -> dict[str, Snapshot | SourceError]:
+    async def _query_now(self, namespace: str, pods: list[PodTarget]) -> PodResults:
         url = f"{self._base}/api/v1/query"
         query = self.query_for_pods(namespace, [p.name for p in pods])
         try:
@@ -306,10 +316,9 @@ class PrometheusSource:
                 payload = None
             del body
         except BodyTooLargeError:
-            if self._on_too_large is not None:
-                self._on_too_large(SOURCE_PROMETHEUS)
-            raise SourceError(
-                REASON_TOO_LARGE,
+            raise _too_large(
+                self._on_too_large,
+                SOURCE_PROMETHEUS,
                 f"Prometheus at {self._base} answered more than {_mib(self._max_answer_bytes)}, the "
                 f"operator's cap on one answer (DAM_PROMETHEUS_MAX_ANSWER_BYTES={self._max_answer_bytes}; "
                 "chart: operator.prometheus.maxAnswerBytes); the answer was not read. An answer for "
@@ -339,9 +348,7 @@ class PrometheusSource:
             raise SourceError(REASON_HTTP, f"Prometheus query failed (HTTP {status}): {error}")
         return self._snapshots(payload.get("data"), namespace, pods)
 
-    def _snapshots(
-        self, data: Any, namespace: str, pods: list[PodTarget]
-    ) -> dict[str, Snapshot | SourceError]:
+    def _snapshots(self, data: Any, namespace: str, pods: list[PodTarget]) -> PodResults:
         if not isinstance(data, Mapping) or data.get("resultType") != "vector":
             raise SourceError(REASON_GARBAGE, "Prometheus answered something other than an instant vector")
         result = data.get("result")
@@ -371,7 +378,7 @@ class PrometheusSource:
             seen.add((pod, name, labels))
             samples[pod].append(Sample(name, labels, value))
             newest[pod] = max(newest[pod], ts)
-        out: dict[str, Snapshot | SourceError] = {}
+        out: PodResults = {}
         for pod in sorted(wanted):
             if not samples[pod]:
                 out[pod] = SourceError(
@@ -387,24 +394,17 @@ class PrometheusSource:
 
 
 async def fetch_each(
-    source: MetricSource,
-    pods: list[PodTarget],
-    limit: asyncio.Semaphore,
-    observe: Callable[[float], None] | None = None,
-) -> dict[str, Snapshot | SourceError]:
+    source: MetricSource, pods: list[PodTarget], limit: asyncio.Semaphore, observe: Observe | None = None
+) -> PodResults:
     """Fetch every pod with its own request, concurrently (bounded by ``limit``); a failure is
     a value, not a raise. What ``ScrapeSource.fetch_all`` does: one sidecar per pod."""
 
     async def one(pod: PodTarget) -> Snapshot | SourceError:
-        async with limit:
-            start = time.monotonic()
+        async with _timed_slot(limit, observe):
             try:
                 return await source.fetch(pod)
             except SourceError as exc:
                 return exc
-            finally:
-                if observe is not None:
-                    observe(time.monotonic() - start)
 
     results = await asyncio.gather(*(one(p) for p in pods))
     return {p.name: r for p, r in zip(pods, results, strict=True)}
@@ -473,11 +473,8 @@ class RefusedSource:
         raise SourceError(REASON_REFUSED, self.message)
 
     async def fetch_all(
-        self,
-        pods: list[PodTarget],
-        limit: asyncio.Semaphore,
-        observe: Callable[[float], None] | None = None,
-    ) -> dict[str, Snapshot | SourceError]:
+        self, pods: list[PodTarget], limit: asyncio.Semaphore, observe: Observe | None = None
+    ) -> PodResults:
         error = SourceError(REASON_REFUSED, self.message)
         return {p.name: error for p in pods}
 

@@ -54,14 +54,13 @@ from pydantic import ValidationError
 
 from dam_contract.snapshot import Snapshot
 from dam_operator.cluster.adapters.kube import ApiError, NotFoundError
-from dam_operator.cluster.adapters.sources import MetricSource, PodTarget
+from dam_operator.cluster.adapters.sources import MetricSource, PodResults, PodTarget
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.actions import EVENT_OUTCOMES, record_resizes
 from dam_operator.cluster.steps.goodput import GoodputLedger
 from dam_operator.cluster.steps.injection import resize_patch
 from dam_operator.cluster.steps.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
-from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.cluster.steps.window_step import StepResult, initial_step, invalid_step, window_step
 from dam_operator.diagnosis.evidence import Evidence
@@ -328,7 +327,7 @@ class Evaluator:
 
     # ------------------------------------------------------------ helpers
 
-    async def _scrape(self, spec: DAMProfileSpec, pods: list[PodInfo]) -> dict[str, Snapshot | SourceError]:
+    async def _scrape(self, spec: DAMProfileSpec, pods: list[PodInfo]) -> PodResults:
         targets = [
             PodTarget(p.namespace, p.name, p.pod_ip or "", spec.sidecar.port) for p in pods if p.scrapable
         ]
