@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from dam_sidecar.samplers.nvml import READINGS, Reading
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -20,8 +23,6 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
-NVML_CLOCK_SM = 1
-NVML_TEMPERATURE_GPU = 0
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
 NVML_GPM_METRICS_GET_VERSION = 1
@@ -112,9 +113,9 @@ class FakeGpu:
     memory_busy: int = 40
     memory_total: int = 80 * 1024**3
     memory_used: int = 60 * 1024**3
-    power_mw: int = 550_000
-    sm_clock_mhz: int = 1980
-    temperature: int = 61
+    # What each simple reading (``READINGS`` of the sampler: power in mW, SM clock in MHz, ...)
+    # answers, by its ``what``; one not named here answers its ``simulated`` value.
+    readings: dict[str, float] = field(default_factory=dict)
     throttle_mask: int = 0x4
     pcie_kbps: int = 1_000_000
     gpm: bool = True
@@ -132,12 +133,14 @@ class FakeGpu:
 
 
 class FakeNvml:
-    """Module-like object exposing the subset of pynvml the sampler calls."""
+    """Module-like object exposing the subset of pynvml the sampler calls.
+
+    Besides the calls written out below, it answers every reading of the sampler's ``READINGS``
+    table (its function and constants, set per instance) from the ``FakeGpu``.
+    """
 
     NVMLError = NVMLError
     c_nvmlGpmMetricsGet_t = GpmMetricsGet
-    NVML_CLOCK_SM = NVML_CLOCK_SM
-    NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
     NVML_PCIE_UTIL_TX_BYTES = NVML_PCIE_UTIL_TX_BYTES
     NVML_PCIE_UTIL_RX_BYTES = NVML_PCIE_UTIL_RX_BYTES
     NVML_GPM_METRICS_GET_VERSION = NVML_GPM_METRICS_GET_VERSION
@@ -157,6 +160,13 @@ class FakeNvml:
         self._clock = 0
         self.allocated: list[_GpmSample] = []
         self.metrics_get_pairs: list[tuple[int, int]] = []
+        by_call: dict[str, dict[tuple[int, ...], Reading]] = {}
+        for r in READINGS:
+            by_call.setdefault(r.function, {})[tuple(value for _, value in r.constants)] = r
+            for name, value in r.constants:
+                setattr(self, name, value)
+        for function, readings in by_call.items():
+            setattr(self, function, self._reader(function, readings))
 
     # --- plumbing ---------------------------------------------------------------
     def _enter(self, fn: str, handle: int | None = None) -> FakeGpu | None:
@@ -175,6 +185,18 @@ class FakeNvml:
         gpu = self._enter(fn, handle)
         assert gpu is not None
         return gpu
+
+    def _reader(self, function: str, readings: dict[tuple[int, ...], Reading]) -> Callable[..., float]:
+        """The pynvml call ``function``: the reading its constants name, from the GPU's values."""
+
+        def read(handle: int, *constants: int) -> float:
+            gpu = self._gpu(function, handle)
+            r = readings.get(constants)
+            if r is None:  # a constant no reading of the table passes
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return gpu.readings.get(r.what, r.simulated)
+
+        return read
 
     # --- pynvml API ---------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -207,15 +229,6 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Mem:
         g = self._gpu("nvmlDeviceGetMemoryInfo", handle)
         return _Mem(total=g.memory_total, used=g.memory_used, free=g.memory_total - g.memory_used)
-
-    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
-        return self._gpu("nvmlDeviceGetPowerUsage", handle).power_mw
-
-    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:
-        return self._gpu("nvmlDeviceGetClockInfo", handle).sm_clock_mhz
-
-    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
-        return self._gpu("nvmlDeviceGetTemperature", handle).temperature
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
         return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle).throttle_mask

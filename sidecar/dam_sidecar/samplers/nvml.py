@@ -99,6 +99,47 @@ _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5
 
 
 @dataclass(frozen=True)
+class Reading:
+    """One NVML call per GPU whose answer is one number: one ``GpuSample`` field.
+
+    The sampler calls ``function(handle, *constants)`` (pynvml's constants by name), guarded
+    under ``what`` (its name in error messages and in the calls found unsupported), and stores
+    ``convert(answer)`` in ``field``. The simulated NVML (``dam_sidecar.fake_nvml``) answers every
+    reading of this table from it: ``simulated`` unless a ``FakeGpu`` says otherwise, a constant
+    with its ``nvml.h`` value.
+    """
+
+    what: str
+    function: str
+    field: str
+    convert: Callable[[Any], float]
+    simulated: float
+    constants: tuple[tuple[str, int], ...] = ()
+
+
+# The simple readings, in the order the sampler calls them (after utilisation and memory).
+READINGS: tuple[Reading, ...] = (
+    Reading("power", "nvmlDeviceGetPowerUsage", "power_watts", lambda mw: mw / 1000.0, 550_000),
+    Reading(
+        "sm_clock",
+        "nvmlDeviceGetClockInfo",
+        "sm_clock_hertz",
+        lambda mhz: mhz * 1e6,
+        1980,
+        (("NVML_CLOCK_SM", 1),),
+    ),
+    Reading(
+        "temperature",
+        "nvmlDeviceGetTemperature",
+        "temperature_celsius",
+        float,
+        61,
+        (("NVML_TEMPERATURE_GPU", 0),),
+    ),
+)
+
+
+@dataclass(frozen=True)
 class GpuSample:
     index: int
     uuid: str
@@ -313,9 +354,7 @@ class NvmlSampler:
         nv, h = self._nv, dev.handle
         util = self._call(dev, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
         mem = self._call(dev, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
-        power_mw = self._call(dev, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
-        clock_mhz = self._call(dev, "sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-        temp = self._call(dev, "temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        readings = {r.field: self._read(dev, r) for r in READINGS}
         reasons_fn = (
             getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
             or nv.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -336,9 +375,7 @@ class NvmlSampler:
             memory_busy_ratio=_ratio(util.memory) if util is not None else None,
             memory_used_bytes=float(mem.used) if mem is not None else None,
             memory_total_bytes=float(mem.total) if mem is not None else None,
-            power_watts=power_mw / 1000.0 if power_mw is not None else None,
-            sm_clock_hertz=clock_mhz * 1e6 if clock_mhz is not None else None,
-            temperature_celsius=float(temp) if temp is not None else None,
+            **readings,
             throttle_reasons=(
                 {label: bool(int(mask) & bit) for bit, label in THROTTLE_REASONS.items()}
                 if mask is not None
@@ -352,6 +389,14 @@ class NvmlSampler:
             pcie_tx_bytes=pcie[0] if pcie else None,
             pcie_rx_bytes=pcie[1] if pcie else None,
         )
+
+    def _read(self, dev: _Device, r: Reading) -> Any:
+        """One reading of ``READINGS``: its field's value, None when unsupported or failed."""
+        nv, h = self._nv, dev.handle
+        got = self._call(
+            dev, r.what, lambda: getattr(nv, r.function)(h, *(getattr(nv, name) for name, _ in r.constants))
+        )
+        return r.convert(got) if got is not None else None
 
     # --- interconnect byte counters ------------------------------------------------
     def _fields(self, dev: _Device, what: str, ids: list[tuple[int, int]]) -> list[float | None] | None:

@@ -21,7 +21,7 @@ from dam_sidecar.collector import SidecarCollector, standard_collectors
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.fake_nvml import FakeGpu, FakeNvml
 from dam_sidecar.samplers.cpu import CpuSample
-from dam_sidecar.samplers.nvml import NvmlSampler
+from dam_sidecar.samplers.nvml import READINGS, NvmlSampler
 from dam_sidecar.samplers.probe import ProbeSample
 from tests.support.procs import spawn
 
@@ -360,9 +360,6 @@ PYNVML_CALLS = (
     ("nvmlDeviceGetName", 1),
     ("nvmlDeviceGetUtilizationRates", 1),
     ("nvmlDeviceGetMemoryInfo", 1),
-    ("nvmlDeviceGetPowerUsage", 1),
-    ("nvmlDeviceGetClockInfo", 2),
-    ("nvmlDeviceGetTemperature", 2),
     ("nvmlDeviceGetCurrentClocksEventReasons", 1),
     ("nvmlDeviceGetCurrentClocksThrottleReasons", 1),
     ("nvmlDeviceGetPcieThroughput", 2),
@@ -372,6 +369,7 @@ PYNVML_CALLS = (
     ("nvmlGpmSampleGet", 2),
     ("nvmlGpmMetricsGet", 1),
     ("nvmlDeviceGetFieldValues", 2),
+    *((r.function, 1 + len(r.constants)) for r in READINGS),  # the handle, then its constants
 )
 
 
@@ -414,9 +412,10 @@ def test_nvml_ids_constants_and_error_codes_match_the_installed_pynvml() -> None
     assert {"fieldId", "scopeId", "nvmlReturn", "valueType", "value"} <= {
         name for name, _ in nv.c_nvmlFieldValue_t._fields_
     }
+    for r in nvml.READINGS:
+        for name, value in r.constants:
+            assert getattr(nv, name, None) == value, f"{r.what}: pynvml's {name} is not {value}"
     for name in (
-        "NVML_CLOCK_SM",
-        "NVML_TEMPERATURE_GPU",
         "NVML_PCIE_UTIL_TX_BYTES",
         "NVML_PCIE_UTIL_RX_BYTES",
         "NVML_GPM_METRICS_GET_VERSION",

@@ -19,7 +19,14 @@ def make(fake: FakeNvml) -> tuple[NvmlSampler, ErrorLog]:
 
 def test_values_are_converted_to_base_units_and_ratios() -> None:
     fake = FakeNvml(
-        [FakeGpu(uuid="GPU-x", utilization=87, memory_busy=12, power_mw=312_500, sm_clock_mhz=1755)]
+        [
+            FakeGpu(
+                uuid="GPU-x",
+                utilization=87,
+                memory_busy=12,
+                readings={"power": 312_500, "sm_clock": 1755, "temperature": 74},
+            )
+        ]
     )
     s, _ = make(fake)
     g = s.sample().gpus[0]
@@ -27,6 +34,7 @@ def test_values_are_converted_to_base_units_and_ratios() -> None:
     assert g.memory_busy_ratio == pytest.approx(0.12)
     assert g.power_watts == pytest.approx(312.5)
     assert g.sm_clock_hertz == pytest.approx(1.755e9)
+    assert g.temperature_celsius == 74.0
     assert g.pcie_tx_bytes_per_second == pytest.approx(1_000_000 * 1024)
     assert g.uuid == "GPU-x" and g.name.startswith("NVIDIA")
 
