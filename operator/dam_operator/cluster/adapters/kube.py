@@ -147,6 +147,11 @@ def default_login() -> kopf.ConnectionInfo:
     return info
 
 
+def pods_path(namespace: str | None) -> str:
+    """The pods of ``namespace``, or of all namespaces (None)."""
+    return f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+
+
 def _retry_after(headers: Mapping[str, str]) -> float | None:
     raw = headers.get("Retry-After")
     if raw is None:
@@ -320,6 +325,22 @@ class KubeClient:
             raise ApiError(0, f"GET /version: {type(exc).__name__}: {exc}") from None
         self.last_success = time.monotonic()
 
+    async def _get_or_none(self, path: str) -> Mapping[str, Any] | None:
+        """The object at ``path``; None where there is none (404)."""
+        try:
+            return _object_or_none(await self.request("GET", path))
+        except NotFoundError:
+            return None
+
+    async def _landed(self, method: str, path: str, body: Mapping[str, Any]) -> bool:
+        """Writes ``body``: False where the API refuses it with 409 (the object exists already, or
+        the write names a resourceVersion that is no longer the object's)."""
+        try:
+            await self.request(method, path, body=body)
+        except ConflictError:
+            return False
+        return True
+
     # ------------------------------------------------------------ DAMProfiles
 
     def _profile_path(self, namespace: str, name: str) -> str:
@@ -331,11 +352,11 @@ class KubeClient:
         result = await self.request(
             "PATCH", self._profile_path(namespace, name) + "/status", body=patch, content_type=MERGE_PATCH
         )
-        return result if isinstance(result, Mapping) else {}
+        return _object_or_none(result) or {}
 
     async def get_profile(self, namespace: str, name: str) -> Mapping[str, Any]:
         result = await self.request("GET", self._profile_path(namespace, name))
-        return result if isinstance(result, Mapping) else {}
+        return _object_or_none(result) or {}
 
     # ------------------------------------------------------------ core
 
@@ -354,7 +375,7 @@ class KubeClient:
 
     async def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
         result = await self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
-        return result if isinstance(result, Mapping) else {}
+        return _object_or_none(result) or {}
 
     async def resize_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Mapping[str, Any]:
         """Patch a running pod's container resources in place (``pods/resize``, Kubernetes ≥ 1.33).
@@ -368,41 +389,31 @@ class KubeClient:
             body=patch,
             content_type=STRATEGIC_MERGE_PATCH,
         )
-        return result if isinstance(result, Mapping) else {}
+        return _object_or_none(result) or {}
 
     async def list_pods(self, namespace: str | None, label_selector: str = "") -> list[Mapping[str, Any]]:
-        path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+        path = pods_path(namespace)
         params = {"labelSelector": label_selector} if label_selector else None
         result = await self.request("GET", path, params=params)
         items = result.get("items") if isinstance(result, Mapping) else None
         return list(items or [])
 
     async def get_secret(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        try:
-            result = await self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
-        except NotFoundError:
-            return None
-        return result if isinstance(result, Mapping) else None
+        return await self._get_or_none(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
 
     async def put_secret(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         """Create the Secret, or replace it (on the current resourceVersion)."""
         base = f"/api/v1/namespaces/{quote(namespace)}/secrets"
-        try:
-            await self.request("POST", base, body=body)
+        if await self._landed("POST", base, body):
             return
-        except ConflictError:
-            pass
         for _ in range(3):
             current = await self.get_secret(namespace, name) or {}
             replacement = json.loads(json.dumps(body))
             rv = (current.get("metadata") or {}).get("resourceVersion")
             if rv:
                 replacement.setdefault("metadata", {})["resourceVersion"] = rv
-            try:
-                await self.request("PUT", f"{base}/{quote(name)}", body=replacement)
+            if await self._landed("PUT", f"{base}/{quote(name)}", replacement):
                 return
-            except ConflictError:
-                continue
         raise ConflictError(409, f"secret {namespace}/{name} kept changing under us")
 
     # ------------------------------------------------------------ admission
@@ -410,11 +421,7 @@ class KubeClient:
     _MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
     async def get_webhook_configuration(self, name: str) -> Mapping[str, Any] | None:
-        try:
-            result = await self.request("GET", f"{self._MWC}/{quote(name)}")
-        except NotFoundError:
-            return None
-        return result if isinstance(result, Mapping) else None
+        return await self._get_or_none(f"{self._MWC}/{quote(name)}")
 
     async def apply_webhook_configuration(self, body: Mapping[str, Any]) -> None:
         """Create the MutatingWebhookConfiguration, or replace it when it differs."""
@@ -422,22 +429,17 @@ class KubeClient:
         for _ in range(3):
             current = await self.get_webhook_configuration(name)
             if current is None:
-                try:
-                    await self.request("POST", self._MWC, body=body)
+                if await self._landed("POST", self._MWC, body):
                     return
-                except ConflictError:
-                    continue
+                continue
             if current.get("webhooks") == body.get("webhooks"):
                 return
             replacement = json.loads(json.dumps(body))
             replacement["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get(
                 "resourceVersion"
             )
-            try:
-                await self.request("PUT", f"{self._MWC}/{quote(name)}", body=replacement)
+            if await self._landed("PUT", f"{self._MWC}/{quote(name)}", replacement):
                 return
-            except ConflictError:
-                continue
         raise ConflictError(409, f"MutatingWebhookConfiguration {name} kept changing under us")
 
     async def patch_webhook_ca(self, name: str, ops: list[dict[str, Any]]) -> None:
@@ -447,6 +449,11 @@ class KubeClient:
     async def delete_webhook_configuration(self, name: str) -> None:
         with contextlib.suppress(NotFoundError):
             await self.request("DELETE", f"{self._MWC}/{quote(name)}")
+
+
+def _object_or_none(answer: Any) -> Mapping[str, Any] | None:
+    """The API's answer where it is an object (a JSON mapping), else None."""
+    return answer if isinstance(answer, Mapping) else None
 
 
 def _message(text: str) -> str:

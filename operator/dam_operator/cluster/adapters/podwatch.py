@@ -31,9 +31,8 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
-from urllib.parse import quote
 
-from dam_operator.cluster.adapters.kube import ApiError, GoneError
+from dam_operator.cluster.adapters.kube import ApiError, GoneError, pods_path
 from dam_operator.cluster.steps.injection import is_instrumented
 from dam_operator.cluster.steps.registry import PodInfo, Registry
 
@@ -59,10 +58,6 @@ class PodListAPI(Protocol):
     def watch(
         self, path: str, params: Mapping[str, str], *, read_timeout_seconds: float
     ) -> AsyncIterator[Mapping[str, Any]]: ...
-
-
-def pods_path(namespace: str | None) -> str:
-    return f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
 
 
 def pod_info(body: Mapping[str, Any]) -> PodInfo:
