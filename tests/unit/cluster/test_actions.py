@@ -19,7 +19,7 @@ from dam_operator.cluster.steps.injection import (
     SIDECAR_CONTAINER,
     ActionOverrides,
     InjectionSettings,
-    build_injection_patch,
+    build_injection,
     resize_patch,
 )
 from dam_operator.cluster.steps.registry import PodInfo
@@ -452,7 +452,7 @@ def _env(container: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _apply(pod: dict[str, Any], desired: Any, spec: DAMProfileSpec | None = None) -> dict[str, Any]:
-    patch = build_injection_patch(pod, "p", spec or _spec(), SETTINGS, desired)
+    patch = build_injection(pod, "p", spec or _spec(), SETTINGS, desired).patch
     patched: dict[str, Any] = jsonpatch.apply_patch(pod, patch)
     return patched
 
@@ -475,7 +475,7 @@ def test_the_overrides_and_the_cpu_raise_land_on_the_training_container_only() -
     sidecar = next(c for c in patched["spec"]["initContainers"] if c["name"] == SIDECAR_CONTAINER)
     assert ENV_LOADER_OVERRIDES not in _env(sidecar)
     # Idempotent: the patched pod needs nothing more.
-    assert build_injection_patch(patched, "p", _spec(), SETTINGS, desired) == []
+    assert build_injection(patched, "p", _spec(), SETTINGS, desired).patch == []
 
 
 def test_a_cpu_raise_never_lowers_a_limit_nor_adds_one_and_a_users_own_overrides_win() -> None:
@@ -525,8 +525,8 @@ def test_no_action_settings_in_mode_recommend_or_before_any_action() -> None:
     pod = _training_pod()
     spec = parse_spec({"selector": {"matchLabels": {"app": "t"}}})
     status = {"actions": [_entry(1, "num_workers", "2")]}
-    plain = build_injection_patch(pod, "p", spec, SETTINGS)
-    assert build_injection_patch(pod, "p", spec, SETTINGS, act.desired_for(spec, status)) == plain
+    plain = build_injection(pod, "p", spec, SETTINGS).patch
+    assert build_injection(pod, "p", spec, SETTINGS, act.desired_for(spec, status)).patch == plain
     assert act.desired_for(_spec(), {}) is None
     patched = _apply(pod, act.desired_for(_spec(), status))
     assert patched["metadata"]["annotations"][ANNOTATION_ACTION] == "1:applied"

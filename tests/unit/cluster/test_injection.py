@@ -18,7 +18,7 @@ from dam_operator.cluster.steps.injection import (
     VOLUME_NAME,
     InjectionError,
     InjectionSettings,
-    build_injection_patch,
+    build_injection,
     is_instrumented,
     should_inject,
 )
@@ -47,7 +47,7 @@ def _pod(**spec: Any) -> dict[str, Any]:
 def _inject(
     pod: dict[str, Any], spec: DAMProfileSpec | None = None, settings: InjectionSettings = SETTINGS
 ) -> dict[str, Any]:
-    patch = build_injection_patch(pod, "train-profile", spec or _spec(), settings)
+    patch = build_injection(pod, "train-profile", spec or _spec(), settings).patch
     result: dict[str, Any] = jsonpatch.apply_patch(pod, patch)
     return result
 
@@ -128,7 +128,7 @@ def test_every_training_container_is_prepared_and_user_init_containers_keep_thei
 def test_injection_is_idempotent() -> None:
     pod = _pod()
     once = _inject(pod)
-    assert build_injection_patch(once, "train-profile", _spec(), SETTINGS) == []
+    assert build_injection(once, "train-profile", _spec(), SETTINGS).patch == []
     assert _inject(once) == once
     assert should_inject(once, "ml", SETTINGS) == (False, "already-injected")
 
@@ -200,7 +200,7 @@ def test_pod_using_the_sidecar_port_is_refused_with_the_fix() -> None:
     pod = _pod()
     pod["spec"]["containers"][0]["ports"] = [{"containerPort": 9450}]
     with pytest.raises(InjectionError, match=r"spec\.sidecar\.port"):
-        build_injection_patch(pod, "train-profile", _spec(), SETTINGS)
+        build_injection(pod, "train-profile", _spec(), SETTINGS)
 
 
 def test_host_pid_pod_does_not_get_share_process_namespace() -> None:

@@ -76,7 +76,6 @@ __all__ = [
     "InjectionSettings",
     "Names",
     "build_injection",
-    "build_injection_patch",
     "choose_names",
     "injection_notes",
     "is_instrumented",
@@ -718,9 +717,17 @@ def build_injection(
     settings: InjectionSettings,
     actions: ActionOverrides | None = None,
 ) -> Injection:
-    """The injection of ``pod`` for ``profile_name`` (``build_injection_patch`` documents the patch).
+    """The injection of ``pod`` for ``profile_name``: its ``patch``, RFC 6902 operations that
+    instrument the pod (``[]`` when nothing is missing), and the warnings and notes that go with it.
 
-    Raises ``InjectionError`` when the pod cannot take the sidecar as it is; its ``note`` says why.
+    ``actions`` (None in mode Recommend, or with no action yet) adds the action's settings
+    to the containers the probe reaches, and the ``dam.mlsys.dev/action`` annotation.
+
+    Raises ``InjectionError`` when the pod cannot take the sidecar (a container already declares
+    the sidecar's port, a hostNetwork pod without consent, no free probe directory); its ``note``
+    says why. The webhook then admits the pod unchanged but for the
+    ``dam.mlsys.dev/injection-notes`` annotation, with a warning, and the profile's status reports
+    it as not instrumented and why.
     """
     done = _already_instrumented(pod)
     if done is not None:
@@ -744,26 +751,6 @@ def build_injection(
         *_added_container_ops(pod, spec, settings, names),
     ]
     return Injection(ops, warnings, notes)
-
-
-def build_injection_patch(
-    pod: Mapping[str, Any],
-    profile_name: str,
-    spec: DAMProfileSpec,
-    settings: InjectionSettings,
-    actions: ActionOverrides | None = None,
-) -> list[dict[str, Any]]:
-    """RFC 6902 operations that instrument ``pod`` for ``profile_name``; ``[]`` when nothing is missing.
-
-    ``actions`` (None in mode Recommend, or with no action yet) adds the action's settings
-    to the containers the probe reaches, and the ``dam.mlsys.dev/action`` annotation.
-
-    Raises ``InjectionError`` when the pod cannot take the sidecar (a container already declares
-    the sidecar's port, a hostNetwork pod without consent, no free probe directory); the webhook
-    then admits the pod unchanged but for the ``dam.mlsys.dev/injection-notes`` annotation, with a
-    warning, and the profile's status reports it as not instrumented and why.
-    """
-    return build_injection(pod, profile_name, spec, settings, actions).patch
 
 
 def skip_patch(pod: Mapping[str, Any], note: str) -> list[dict[str, Any]]:
