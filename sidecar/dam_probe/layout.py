@@ -562,15 +562,36 @@ _CHECKPOINT_NAMES: Final = (
 _FLOPS_NAMES: Final = ("measured_flops_per_step", "flops_measured_ns", "flops_measured_steps")
 
 
+_PROCESS_NAMES: Final = (
+    "process_cpu_ns",
+    "worker_cpu_ns",
+    "process_rss_bytes",
+    "worker_rss_bytes",
+    "workers",
+    "pid_namespace",
+)
+
+
 def _process_fields(process: tuple[int, int, int, int, int, int] | None) -> dict[str, int]:
-    if process is None:
-        return {}
-    names = ("process_cpu_ns", "worker_cpu_ns", "process_rss_bytes", "worker_rss_bytes", "workers")
-    return {**dict(zip(names, process[:5], strict=True)), "pid_namespace": process[5]}
+    return {} if process is None else dict(zip(_PROCESS_NAMES, process, strict=True))
 
 
 def _rank_or_none(value: int) -> int | None:
     return value if value >= 0 else None
+
+
+# The version-2 blocks that ``decode`` reads as they stand: flag bit, struct, offset, the fields in order.
+_V2_BLOCKS: Final = (
+    (
+        FLAG_PROCESS,
+        _PROCESS,
+        _PROCESS_OFFSET,
+        _PROCESS_NAMES,
+    ),
+    (FLAG_RUN_QUEUE, _RUN_QUEUE, _RUN_QUEUE_OFFSET, ("run_queue_ns", "worker_run_queue_ns")),
+    (FLAG_LOADER_KILLS, _LOADER_KILLS, _LOADER_KILLS_OFFSET, ("loader_worker_kills", "loader_kill_signal")),
+    (FLAG_CHECKPOINTS, _CHECKPOINTS, _CHECKPOINTS_OFFSET, _CHECKPOINT_NAMES),
+)
 
 
 def decode(data: bytes) -> tuple[int, ProbeRecord]:
@@ -609,24 +630,9 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
             extra.update(
                 memory_usage_bytes=mem, memory_limit_bytes=mem_limit, oom_kills=ooms, memory_cgroup_id=mem_id
             )
-        if flags & FLAG_PROCESS:
-            main_cpu, worker_cpu, main_rss, worker_rss, workers, pid_ns = _PROCESS.unpack_from(
-                data, _PROCESS_OFFSET
-            )
-            extra.update(
-                process_cpu_ns=main_cpu,
-                worker_cpu_ns=worker_cpu,
-                process_rss_bytes=main_rss,
-                worker_rss_bytes=worker_rss,
-                workers=workers,
-                pid_namespace=pid_ns,
-            )
-        if flags & FLAG_RUN_QUEUE:
-            main_wait, worker_wait = _RUN_QUEUE.unpack_from(data, _RUN_QUEUE_OFFSET)
-            extra.update(run_queue_ns=main_wait, worker_run_queue_ns=worker_wait)
-        if flags & FLAG_LOADER_KILLS:
-            kills, kill_signal = _LOADER_KILLS.unpack_from(data, _LOADER_KILLS_OFFSET)
-            extra.update(loader_worker_kills=kills, loader_kill_signal=kill_signal)
+        for bit, block, offset, names in _V2_BLOCKS:
+            if flags & bit:
+                extra.update(zip(names, block.unpack_from(data, offset), strict=True))
         extra.update(_goodput_fields(data, flags))
     return sequence, ProbeRecord(
         pid=pid,
@@ -648,7 +654,7 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
 
 
 def _goodput_fields(data: bytes, flags: int) -> dict[str, int | float]:
-    """The goodput, checkpoint and measured-FLOP fields of a version-2 image, by their flag bits."""
+    """The goodput and measured-FLOP fields of a version-2 image, by their flag bits."""
     out: dict[str, int | float] = {}
     measured, measured_ns, measured_steps, state = _FLOPS.unpack_from(data, _FLOPS_OFFSET)
     if flags & FLAG_GOODPUT:
@@ -659,15 +665,6 @@ def _goodput_fields(data: bytes, flags: int) -> dict[str, int | float]:
             productive_ns=productive,
             other_ns=other,
             flops_state=state if state in FLOPS_STATES else FLOPS_UNAVAILABLE,
-        )
-    if flags & FLAG_CHECKPOINTS:
-        blocked, inside, saves, last, steps = _CHECKPOINTS.unpack_from(data, _CHECKPOINTS_OFFSET)
-        out.update(
-            checkpoint_ns=blocked,
-            checkpoint_step_ns=inside,
-            checkpoints=saves,
-            last_checkpoint_ns=last,
-            last_checkpoint_steps=steps,
         )
     if flags & FLAG_FLOPS_MEASURED:
         if not math.isfinite(measured) or measured < 0:

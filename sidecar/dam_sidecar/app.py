@@ -10,6 +10,7 @@ the same collector without HTTP, for ``dam run``'s local mode.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -105,16 +106,8 @@ class _Endpoints:
 
 
 def http_limits(settings: SidecarSettings) -> HttpLimits:
-    return HttpLimits(
-        listen_backlog=settings.http_listen_backlog,
-        max_connections=settings.http_max_connections,
-        worker_threads=settings.http_worker_threads,
-        request_timeout_seconds=settings.http_request_timeout_seconds,
-        idle_timeout_seconds=settings.http_idle_timeout_seconds,
-        write_timeout_seconds=settings.http_write_timeout_seconds,
-        max_header_bytes=settings.http_max_header_bytes,
-        max_body_bytes=settings.http_max_body_bytes,
-    )
+    """The server's bounds: every ``HttpLimits`` field from its setting, ``http_<field>``."""
+    return HttpLimits(**{f.name: getattr(settings, f"http_{f.name}") for f in dataclasses.fields(HttpLimits)})
 
 
 def make_server(

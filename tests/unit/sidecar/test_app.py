@@ -17,7 +17,9 @@ import pytest
 
 from dam_contract import names as n
 from dam_contract.snapshot import parse_snapshot
-from dam_sidecar.app import build_parser, settings_from_args
+from dam_sidecar.app import build_parser, http_limits, settings_from_args
+from dam_sidecar.httpserver import HttpLimits
+from dam_sidecar.settings import SidecarSettings
 from tests.support.procs import spawn
 
 from .conftest import write_probe
@@ -175,3 +177,18 @@ def test_port_in_use_is_a_clear_error(sidecar: Sidecar, tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "cannot listen" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_every_http_setting_reaches_the_server_and_the_defaults_agree() -> None:
+    assert http_limits(SidecarSettings()) == HttpLimits()  # HttpLimits' defaults are the settings'
+    changed = SidecarSettings(
+        http_listen_backlog=7,
+        http_max_connections=8,
+        http_worker_threads=2,
+        http_request_timeout_seconds=1.5,
+        http_idle_timeout_seconds=2.5,
+        http_write_timeout_seconds=3.5,
+        http_max_header_bytes=2048,
+        http_max_body_bytes=10,
+    )
+    assert http_limits(changed) == HttpLimits(7, 8, 2, 1.5, 2.5, 3.5, 2048, 10)
