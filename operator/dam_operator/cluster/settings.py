@@ -148,6 +148,16 @@ class OperatorSettings(BaseSettings):
     api_backoff_seconds: float = Field(
         default=0.5, gt=0, le=60, description="First retry delay; doubles per retry (Retry-After wins)."
     )
+    api_max_connections: int = Field(
+        default=16,
+        ge=2,
+        le=256,
+        description=(
+            "Connections to the API server the operator's own client keeps, at most (status writes, "
+            "Events, the pod watch): each TLS connection holds a 128 KiB buffer, and 16 carry more "
+            "writes than the API server takes (docs/performance.md)."
+        ),
+    )
 
     list_chunk_size: int = Field(
         default=500,

@@ -77,6 +77,19 @@ def rfc3339(now: datetime) -> str:
 
 
 class Stabilizer:
+    __slots__ = (
+        "confirm_windows",
+        "confidence_margin",
+        "unknown_windows",
+        "_current",
+        "_pending",
+        "_pending_count",
+        "_straggler",
+        "_straggler_pending",
+        "_straggler_pending_count",
+    )
+    """One per profile the operator holds: no ``__dict__`` (docs/performance.md)."""
+
     def __init__(
         self, *, confirm_windows: int = 2, confidence_margin: float = 0.3, unknown_windows: int = 3
     ) -> None:

@@ -170,9 +170,11 @@ class KubeClient:
         timeout_seconds: float = 10.0,
         retries: int = 4,
         backoff_seconds: float = 0.5,
+        max_connections: int = 16,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._login = login
+        self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._retries = retries
         self._backoff = backoff_seconds
@@ -191,7 +193,8 @@ class KubeClient:
         if info is None:
             raise kopf.LoginError("The login function returned no credentials.")
         self._server = info.server.rstrip("/")
-        connector = aiohttp.TCPConnector(limit=64, ssl=info.as_ssl_context())
+        # A request beyond the limit waits in aiohttp for a free connection (its timeout counts).
+        connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=info.as_ssl_context())
         self._session = aiohttp.ClientSession(
             connector=connector, headers={**info.as_http_headers(), "User-Agent": "dam-operator"}
         )

@@ -283,6 +283,7 @@ async def start_components(
         timeout_seconds=settings.api_timeout_seconds,
         retries=settings.api_retries,
         backoff_seconds=settings.api_backoff_seconds,
+        max_connections=settings.api_max_connections,
     )
     metrics = OperatorMetrics(CollectorRegistry())
     registry = Registry()

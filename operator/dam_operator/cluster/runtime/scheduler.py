@@ -101,7 +101,7 @@ MAX_PENDING_EVENTS = 16
 """Events kept per profile while the API does not take them; the oldest goes first beyond this."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _ProfileState:
     uid: str
     stabilizer: Stabilizer
@@ -399,7 +399,7 @@ class Evaluator:
         entry.status = new_status
         current = self._registry.profile(entry.namespace, entry.name)
         if current is not None and current is not entry and current.uid == entry.uid:
-            current.status_json = entry.status_json
+            current.status_packed = entry.status_packed
         return new_status
 
 
@@ -415,7 +415,7 @@ def _bottleneck_from(raw: Any) -> Bottleneck | None:
 # ---------------------------------------------------------------- the loop
 
 
-@dataclass(order=True)
+@dataclass(order=True, slots=True)
 class _Due:
     at: float
     seq: int

@@ -116,7 +116,7 @@ def parse_time(value: str | None) -> float | None:
 # ---------------------------------------------------------------- one scrape
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodReading:
     """One pod's goodput series at one scrape."""
 
@@ -205,7 +205,7 @@ def _at_risk(snapshot: Snapshot, processes: Mapping[str, Mapping[str, float]]) -
 # ---------------------------------------------------------------- the ledger
 
 
-@dataclass
+@dataclass(slots=True)
 class _Process:
     last: dict[str, float]
     seen_at: float
@@ -216,7 +216,7 @@ class _Process:
     failure now would make the next process redo)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pod:
     uid: str
     restarts: int
@@ -227,7 +227,7 @@ class _Pod:
     seen_at: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Vacancy:
     """A Failed pod's process, waiting for the pod that takes its place."""
 
@@ -243,7 +243,7 @@ def _downtime(start: float | None, failed_at: float | None) -> float:
     return max(0.0, start - failed_at)
 
 
-@dataclass
+@dataclass(slots=True)
 class GoodputLedger:
     """A profile's goodput so far; ``update`` it every window, read ``status()``.
 
