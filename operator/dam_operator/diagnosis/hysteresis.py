@@ -78,15 +78,15 @@ def rfc3339(now: datetime) -> str:
 
 class Stabilizer:
     __slots__ = (
-        "confirm_windows",
-        "confidence_margin",
-        "unknown_windows",
         "_current",
         "_pending",
         "_pending_count",
         "_straggler",
         "_straggler_pending",
         "_straggler_pending_count",
+        "confidence_margin",
+        "confirm_windows",
+        "unknown_windows",
     )
     """One per profile the operator holds: no ``__dict__`` (docs/performance.md)."""
 
