@@ -9,7 +9,7 @@ docs/architecture.md from ``AXES``, ``REGIME_DOCS``, ``EFFECTIVE`` and ``AVOID``
 
 ``APPLY`` (at the end) is the Apply lever table: the levers a program can pull itself — ``dam
 tune`` and the operator's Apply mode both read it (``climb`` says what an entry holds). Adding
-one is one entry there, its identifier and sentence here (docs/CONTRIBUTING.md, "Add a lever").
+one is one entry there, its identifier and sentence here (docs/CONTRIBUTING.md, "Add an Apply lever").
 
 This module imports no data model (``model`` imports it; ``climb`` names these types for the
 type checker only), so that the catalogue stands first.
