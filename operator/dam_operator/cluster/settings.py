@@ -181,6 +181,27 @@ class OperatorSettings(BaseSettings):
         ),
     )
 
+    gc_young_threshold: int = Field(
+        default=10_000,
+        ge=100,
+        le=1_000_000,
+        description=(
+            "Allocations between two young collections of Python's cyclic garbage collector "
+            "(gc.set_threshold; Python's default 700). Each older generation is collected as much "
+            "less often: at 5,000 profiles the collector took 7.8 % of a core with 700."
+        ),
+    )
+    gc_freeze_after_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=86_400,
+        description=(
+            "This long after start, move every object then alive to the garbage collector's "
+            "permanent generation (gc.freeze; 0: never): the modules and the state of the profiles "
+            "and pods listed at start are not walked again by each full collection."
+        ),
+    )
+
     # --- the operator's own endpoints --------------------------------------------
     metrics_host: str = Field(default="0.0.0.0", description="Address of the operator's /metrics.")
     metrics_port: int = Field(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import types
+import weakref
 
 import pytest
 
-from dam_operator.cluster.runtime.heap import Trimmer
+from dam_operator.cluster.runtime.heap import Collector, Trimmer
 
 
 def test_without_glibc_nothing_is_trimmed_and_the_loop_returns_at_once() -> None:
@@ -56,3 +59,67 @@ def test_the_real_malloc_trim_gives_back_memory_freed_inside_the_heap() -> None:
     released = before - _rss_bytes()
     assert released > 48 * 1024 * 1024, f"released {released / 2**20:.1f} MiB"
     assert len(kept) == 384
+
+
+# ------------------------------------------------------------------ the garbage collector
+
+
+def test_tune_sets_the_young_threshold_and_keeps_the_older_generations() -> None:
+    before = gc.get_threshold()
+    try:
+        Collector().tune(12_345)
+        assert gc.get_threshold() == (12_345, before[1], before[2])
+    finally:
+        gc.set_threshold(*before)
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_freeze_moves_what_lives_out_of_collections_and_later_cycles_are_still_collected() -> None:
+    ref_to_garbage = weakref.ref(_garbage_cycle())
+    try:
+        frozen = Collector().freeze()
+        assert ref_to_garbage() is None, "what is garbage at the freeze is collected first"
+        assert frozen > 1000 and gc.get_freeze_count() > 1000, "the modules and tests live on, frozen"
+        assert gc.collect() >= 0
+        later = weakref.ref(_garbage_cycle())
+        gc.collect()
+        assert later() is None, "a cycle made after the freeze is collected as before"
+    finally:
+        gc.unfreeze()
+
+
+def _garbage_cycle() -> _Cycle:
+    return _Cycle()
+
+
+def test_freeze_after_waits_then_freezes_once() -> None:
+    class FakeGc(types.ModuleType):
+        def __init__(self) -> None:
+            super().__init__("fake_gc")
+            self.calls: list[str] = []
+
+        def collect(self) -> int:
+            self.calls.append("collect")
+            return 0
+
+        def freeze(self) -> None:
+            self.calls.append("freeze")
+
+        def get_freeze_count(self) -> int:
+            return 42
+
+    fake = FakeGc()
+    collector = Collector(fake)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(collector.freeze_after(0.05))
+        await asyncio.sleep(0.01)
+        assert fake.calls == [], "nothing before the delay"
+        await asyncio.wait_for(task, timeout=2)
+
+    asyncio.run(scenario())
+    assert fake.calls == ["collect", "freeze"] and collector.frozen == 42

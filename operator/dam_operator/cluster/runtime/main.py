@@ -29,7 +29,7 @@ from dam_operator.cluster.adapters.kube import ApiError, KubeClient, default_log
 from dam_operator.cluster.adapters.podwatch import PodWatcher
 from dam_operator.cluster.adapters.sources import SourceFactory, query_connector, scrape_connector
 from dam_operator.cluster.runtime.handlers import build_registry
-from dam_operator.cluster.runtime.heap import Trimmer
+from dam_operator.cluster.runtime.heap import Collector, Trimmer
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics, make_metrics_app
 from dam_operator.cluster.runtime.readiness import Readiness
 from dam_operator.cluster.runtime.scheduler import Evaluator, Scheduler
@@ -228,6 +228,7 @@ class Running:
     webhook: WebhookLifecycle | None = None
     metrics_runner: web.AppRunner | None = None
     trim_task: asyncio.Task[None] | None = None
+    freeze_task: asyncio.Task[None] | None = None
     readiness: Readiness | None = None
     """``/readyz`` on the metrics server (readiness.py)."""
     url_policy: UrlPolicy | None = None
@@ -262,7 +263,9 @@ class Running:
             )
 
     async def stop(self) -> None:
-        tasks = [t for t in (self.scheduler_task, self.pod_task, self.trim_task) if t is not None]
+        tasks = [
+            t for t in (self.scheduler_task, self.pod_task, self.trim_task, self.freeze_task) if t is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -273,6 +276,20 @@ class Running:
         await self.session.close()
         await self.query_session.close()
         await self.kube.close()
+
+
+def _start_memory_tasks(settings: OperatorSettings, running: Running) -> None:
+    """The C heap's trimmer and the garbage collector's settings (``heap``)."""
+    if settings.heap_trim_interval_seconds > 0:
+        running.trim_task = asyncio.create_task(
+            Trimmer.for_this_process().run(settings.heap_trim_interval_seconds), name="dam-heap-trim"
+        )
+    collector = Collector()
+    collector.tune(settings.gc_young_threshold)
+    if settings.gc_freeze_after_seconds > 0:
+        running.freeze_task = asyncio.create_task(
+            collector.freeze_after(settings.gc_freeze_after_seconds), name="dam-gc-freeze"
+        )
 
 
 async def start_components(
@@ -327,10 +344,7 @@ async def start_components(
         pod_watcher=pod_watcher,
         pod_task=asyncio.create_task(pod_watcher.run(), name="dam-pod-watch"),
     )
-    if settings.heap_trim_interval_seconds > 0:
-        running.trim_task = asyncio.create_task(
-            Trimmer.for_this_process().run(settings.heap_trim_interval_seconds), name="dam-heap-trim"
-        )
+    _start_memory_tasks(settings, running)
     running.readiness = Readiness(
         kube, pod_watcher.synced.is_set, running.webhook_problem if settings.webhook_enabled else None
     )
