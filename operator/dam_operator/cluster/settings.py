@@ -247,7 +247,29 @@ class OperatorSettings(BaseSettings):
 
     # --- injection defaults ------------------------------------------------------
     default_sidecar_image: str = Field(
-        default=DEFAULT_SIDECAR_IMAGE, description="Sidecar image when a profile names none."
+        default=DEFAULT_SIDECAR_IMAGE,
+        description=(
+            "Image of the injected sidecar and probe installer (the chart's sidecar.image, by default "
+            "the operator's own): the code that runs in, and is installed into, the training pods."
+        ),
+    )
+    sidecar_allowed_images: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Other images (comma-separated, matched exactly) a DAMProfile may name in "
+            "spec.sidecar.image. Empty: none; a profile naming another image is refused "
+            "(SpecValid=False) and its pods are not instrumented. Whoever may write a DAMProfile "
+            "chooses among these the code that runs in the selected pods."
+        ),
+    )
+    sidecar_allow_share_process_namespace: bool = Field(
+        default=False,
+        description=(
+            "Let a DAMProfile ask for shareProcessNamespace: true in its pods "
+            "(spec.sidecar.shareProcessNamespace); off: such a profile is refused. A shared process "
+            "namespace shows every container's processes, environment and root file system to the "
+            "others (a root training container reads the other sidecars' credentials)."
+        ),
     )
     sidecar_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="imagePullPolicy of the injected containers when a profile names none."
@@ -266,7 +288,11 @@ class OperatorSettings(BaseSettings):
     quiet: bool = Field(default=False, description="Warnings and errors only.")
 
     @field_validator(
-        "excluded_namespaces", "prometheus_allowed_url_prefixes", "prometheus_allowed_networks", mode="before"
+        "excluded_namespaces",
+        "prometheus_allowed_url_prefixes",
+        "prometheus_allowed_networks",
+        "sidecar_allowed_images",
+        mode="before",
     )
     @classmethod
     def _split(cls, value: object) -> object:

@@ -70,7 +70,7 @@ def test_sidecar_is_a_native_sidecar_after_the_probe_installer() -> None:
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert _env(sidecar)["DAM_PROBE_DIR"] == PROBE_DIR
     assert [c["name"] for c in pod["spec"]["containers"]] == ["train"]  # a Job can still complete
-    assert pod["spec"]["shareProcessNamespace"] is True
+    assert "shareProcessNamespace" not in pod["spec"]  # not asked for: not shared
     assert pod["metadata"]["annotations"] == {
         ANNOTATION_INJECTED: "true",
         ANNOTATION_PROFILE: "train-profile",
@@ -161,6 +161,7 @@ def test_fallback_adds_a_plain_sidecar_container_for_old_clusters() -> None:
 
 
 def test_spec_sidecar_settings_reach_the_container() -> None:
+    settings = SETTINGS.model_copy(update={"allowed_images": ("registry.local/dam:dev",)})
     spec = _spec(
         sampling={"intervalSeconds": 2},
         sidecar={
@@ -170,8 +171,8 @@ def test_spec_sidecar_settings_reach_the_container() -> None:
             "resources": {"requests": {"cpu": "50m"}, "limits": {"memory": "256Mi"}},
         },
     )
-    sidecar = _inject(_pod(), spec)["spec"]["initContainers"][1]
-    assert sidecar["image"] == "registry.local/dam:dev"
+    installer, sidecar = _inject(_pod(), spec, settings=settings)["spec"]["initContainers"]
+    assert sidecar["image"] == installer["image"] == "registry.local/dam:dev"  # one the admin listed
     assert sidecar["imagePullPolicy"] == "Always"
     assert sidecar["command"] == [
         "dam",
@@ -205,7 +206,8 @@ def test_pod_using_the_sidecar_port_is_refused_with_the_fix() -> None:
 
 def test_host_pid_pod_does_not_get_share_process_namespace() -> None:
     # The API server rejects hostPID together with shareProcessNamespace.
-    out = _inject(_pod(hostPID=True))
+    settings = SETTINGS.model_copy(update={"allow_share_process_namespace": True})
+    out = _inject(_pod(hostPID=True), _spec(sidecar={"shareProcessNamespace": True}), settings=settings)
     assert "shareProcessNamespace" not in out["spec"]
 
 

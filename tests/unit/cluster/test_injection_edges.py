@@ -19,6 +19,7 @@ from dam_operator.cluster.steps.injection import (
     NOTE_PYTHONPATH_ENV_FROM,
     NOTE_PYTHONPATH_REF,
     NOTE_SKIP_HOST_NETWORK,
+    NOTE_SKIP_POLICY,
     NOTE_SKIP_PROBE_PATH,
     OPTED_OUT,
     PROBE_DIR,
@@ -29,11 +30,21 @@ from dam_operator.cluster.steps.injection import (
     InjectionSettings,
     build_injection,
     pod_notes,
+    sidecar_refusals,
 )
 from dam_operator.cluster.steps.spec import parse_spec
 
 SETTINGS = InjectionSettings(image="ghcr.io/mlsys/dam-operator:0.1.0")
 SPEC = parse_spec({"selector": {"matchLabels": {"app": "trainer"}}})
+SHARING = parse_spec(
+    {"selector": {"matchLabels": {"app": "trainer"}}, "sidecar": {"shareProcessNamespace": True}}
+)
+SHARE_ALLOWED = SETTINGS.model_copy(update={"allow_share_process_namespace": True})
+TENANT_IMAGE = "evil.example/dam:latest"
+
+
+def _with_image(image: str) -> Any:
+    return parse_spec({"selector": {"matchLabels": {"app": "trainer"}}, "sidecar": {"image": image}})
 
 
 def _pod(**spec: Any) -> dict[str, Any]:
@@ -62,13 +73,102 @@ def test_injected_containers_hide_the_api_token_path_and_training_containers_do_
     assert all(m["mountPath"] != TOKEN_PATH for m in out["spec"]["containers"][0]["volumeMounts"])
 
 
-def test_explicit_share_process_namespace_false_is_kept_and_said() -> None:
-    out, warnings, notes = _inject(_pod(shareProcessNamespace=False))
+def test_a_pod_gets_no_shared_process_namespace_unless_its_profile_asks() -> None:
+    out, warnings, notes = _inject(_pod())
+    assert "shareProcessNamespace" not in out["spec"]
+    assert notes == [] and not any("shareProcessNamespace" in w for w in warnings)
+    # A pod that shares on its own keeps it: the pod's creator chose it, not the profile's writer.
+    assert _inject(_pod(shareProcessNamespace=True))[0]["spec"]["shareProcessNamespace"] is True
+    asked = build_injection(_pod(), "p", SHARING, SHARE_ALLOWED)
+    assert jsonpatch.apply_patch(_pod(), asked.patch)["spec"]["shareProcessNamespace"] is True
+
+
+def test_explicit_share_process_namespace_false_is_kept_and_said_when_the_profile_asks() -> None:
+    pod = _pod(shareProcessNamespace=False)
+    made = build_injection(pod, "p", SHARING, SHARE_ALLOWED)
+    out, warnings, notes = jsonpatch.apply_patch(pod, made.patch), made.warnings, made.notes
     assert out["spec"]["shareProcessNamespace"] is False
     assert notes == [NOTE_NO_SHARED_PROCESS_NAMESPACE]
     assert out["metadata"]["annotations"][ANNOTATION_NOTES] == NOTE_NO_SHARED_PROCESS_NAMESPACE
     assert any("shareProcessNamespace: false" in w and "probe" in w for w in warnings)
-    assert _inject(_pod())[0]["spec"]["shareProcessNamespace"] is True  # unset: shared, as before
+    # Not asked: nothing to say (not sharing is the default).
+    assert _inject(_pod(shareProcessNamespace=False))[2] == []
+
+
+def test_a_profile_asking_for_a_shared_namespace_the_admin_does_not_allow_instruments_nothing() -> None:
+    (refusal,) = sidecar_refusals(SHARING, SETTINGS)
+    assert "spec.sidecar.shareProcessNamespace" in refusal
+    assert (
+        "sidecar.allowShareProcessNamespace" in refusal
+        and "DAM_SIDECAR_ALLOW_SHARE_PROCESS_NAMESPACE" in refusal
+    )
+    with pytest.raises(InjectionError) as raised:
+        build_injection(_pod(), "p", SHARING, SETTINGS)
+    assert raised.value.note == NOTE_SKIP_POLICY
+    assert "spec.sidecar.shareProcessNamespace" in str(raised.value)
+    assert sidecar_refusals(SHARING, SHARE_ALLOWED) == ()
+
+
+def test_a_tenant_image_is_refused_and_never_reaches_a_pod() -> None:
+    spec = _with_image(TENANT_IMAGE)
+    (refusal,) = sidecar_refusals(spec, SETTINGS)
+    assert "spec.sidecar.image" in refusal and TENANT_IMAGE in refusal
+    assert "sidecar.allowedImages" in refusal and "DAM_SIDECAR_ALLOWED_IMAGES" in refusal
+    with pytest.raises(InjectionError) as raised:
+        build_injection(_pod(), "p", spec, SETTINGS)
+    assert raised.value.note == NOTE_SKIP_POLICY
+    # A tag or digest of its own is another image: the list is matched exactly.
+    listed = SETTINGS.model_copy(update={"allowed_images": ("evil.example/dam:1.0",)})
+    assert sidecar_refusals(spec, listed)
+    # Naming the admin's own image is no choice at all; an image the admin listed is used.
+    assert sidecar_refusals(_with_image(SETTINGS.image), SETTINGS) == ()
+    allowed = SETTINGS.model_copy(update={"allowed_images": (TENANT_IMAGE,)})
+    assert sidecar_refusals(spec, allowed) == ()
+    out = jsonpatch.apply_patch(_pod(), build_injection(_pod(), "p", spec, allowed).patch)
+    assert {c["image"] for c in _ours(out)} == {TENANT_IMAGE}
+    # A profile that injects nothing chooses nothing.
+    off = parse_spec(
+        {"selector": {"matchLabels": {"app": "trainer"}}, "sidecar": {"inject": False, "image": TENANT_IMAGE}}
+    )
+    assert sidecar_refusals(off, SETTINGS) == ()
+
+
+def test_every_string_the_injection_writes_into_a_pod_is_the_admins_or_a_bounded_number() -> None:
+    """Each field of spec.sidecar that reaches the pod, with a tenant's values: no tenant text in a
+    command, an environment value, an image or a security context (docs/security.md)."""
+    spec = parse_spec(
+        {
+            "selector": {"matchLabels": {"app": "trainer"}},
+            "sampling": {"intervalSeconds": 0.5},
+            "sidecar": {
+                "imagePullPolicy": "Never",
+                "port": 40000,
+                "resources": {"requests": {"cpu": "10m"}, "limits": {"memory": "64Mi"}},
+            },
+        }
+    )
+    out = jsonpatch.apply_patch(_pod(), build_injection(_pod(), "p", spec, SETTINGS).patch)
+    installer, sidecar = _ours(out)
+    assert {installer["image"], sidecar["image"]} == {SETTINGS.image}
+    assert installer["command"] == ["dam", "probe-install", PROBE_DIR]
+    assert sidecar["command"] == [
+        "dam",
+        "sidecar",
+        "--port",
+        "40000",
+        "--interval",
+        "0.5",
+        "--probe-dir",
+        PROBE_DIR,
+    ]
+    for container in (installer, sidecar):
+        ctx = container["securityContext"]
+        assert (
+            ctx["runAsNonRoot"]
+            and not ctx["allowPrivilegeEscalation"]
+            and ctx["capabilities"] == {"drop": ["ALL"]}
+        )
+    assert "shareProcessNamespace" not in out["spec"] and "hostPID" not in out["spec"]
 
 
 @pytest.mark.parametrize(

@@ -132,6 +132,75 @@ def test_invalid_spec_event_once_per_generation() -> None:
     assert [e.reason for e in newer.events] == [st.REASON_INVALID]
 
 
+def test_a_refused_spec_lists_its_uninstrumented_pods_and_says_why_once_per_generation() -> None:
+    refused = "spec.sidecar.image: 'evil:1' is not an image the cluster admin allows (sidecar.allowedImages)"
+    pods = [dataclasses.replace(_pod("a", False), notes=("not-injected:sidecar-not-allowed",))]
+    spec = parse_spec({"selector": SELECTOR, "sidecar": {"image": "evil:1"}})
+    first = initial_step(
+        spec=spec,
+        status={},
+        generation=2,
+        pods=pods,
+        results={},
+        now="t",
+        webhook_enabled=True,
+        refused=refused,
+    )
+    valid = _condition(first, st.SPEC_VALID)
+    assert (valid["status"], valid["reason"]) == ("False", st.REASON_REFUSED)
+    assert refused in valid["message"] and "no pod is instrumented" in valid["message"]
+    assert [e.reason for e in first.events] == [st.REASON_REFUSED]
+    assert first.events[0].type == "Warning" and "sidecar.allowedImages" in first.events[0].message
+    assert first.patch["status"]["pods"]["notInstrumented"] == ["a"]
+    instrumented = _condition(first, st.INSTRUMENTED)
+    assert (
+        instrumented["status"] == "False"
+        and "a: were admitted without the sidecar" in instrumented["message"]
+    )
+    written = first.patch["status"]
+    again = initial_step(
+        spec=spec,
+        status=written,
+        generation=2,
+        pods=pods,
+        results={},
+        now="t2",
+        webhook_enabled=True,
+        refused=refused,
+    )
+    assert again.events == []  # a restart or resume does not say it twice
+    newer = initial_step(
+        spec=spec,
+        status=written,
+        generation=3,
+        pods=pods,
+        results={},
+        now="t3",
+        webhook_enabled=True,
+        refused=refused,
+    )
+    assert [e.reason for e in newer.events] == [st.REASON_REFUSED]
+    window = window_step(
+        spec=spec,
+        status=written,
+        generation=2,
+        pods=pods,
+        results={},
+        baselines={},
+        stabilizer=Stabilizer(confirm_windows=1),
+        published=None,
+        when=WHEN,
+        webhook_enabled=True,
+        max_baseline_seconds=600.0,
+        refused=refused,
+    )
+    assert _condition(window, st.SPEC_VALID)["reason"] == st.REASON_REFUSED
+    fine = initial_step(
+        spec=spec, status=written, generation=2, pods=pods, results={}, now="t", webhook_enabled=True
+    )
+    assert _condition(fine, st.SPEC_VALID)["status"] == "True" and fine.events == []
+
+
 def _rank_pod_pair(rank: int, wait: float, collective: float) -> tuple[Snapshot, Snapshot]:
     job = Job(
         seconds=30.0,

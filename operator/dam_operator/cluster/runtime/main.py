@@ -204,6 +204,8 @@ def injection_settings(settings: OperatorSettings) -> InjectionSettings:
     return InjectionSettings(
         image=settings.default_sidecar_image,
         image_pull_policy=settings.sidecar_image_pull_policy,
+        allowed_images=tuple(settings.sidecar_allowed_images),
+        allow_share_process_namespace=settings.sidecar_allow_share_process_namespace,
         operator_namespace=settings.operator_namespace,
         excluded_namespaces=tuple(settings.excluded_namespaces),
         native_sidecar=settings.native_sidecar,
@@ -322,6 +324,7 @@ async def start_components(
         max_baseline_windows=settings.max_baseline_windows,
         webhook_enabled=settings.webhook_enabled,
         instance=os.environ.get("HOSTNAME", "dam-operator"),
+        injection=injection_settings(settings),
     )
     scheduler = Scheduler(
         registry,

@@ -59,7 +59,7 @@ from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.actions import EVENT_OUTCOMES, record_resizes
 from dam_operator.cluster.steps.goodput import GoodputLedger
-from dam_operator.cluster.steps.injection import resize_patch
+from dam_operator.cluster.steps.injection import InjectionSettings, resize_patch, sidecar_refusals
 from dam_operator.cluster.steps.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
 from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.cluster.steps.window_step import StepResult, initial_step, invalid_step, window_step
@@ -137,7 +137,10 @@ class Evaluator:
         webhook_enabled: bool = True,
         instance: str = "dam-operator",
         now: Callable[[], dt.datetime] = _utcnow,
+        injection: InjectionSettings | None = None,
     ) -> None:
+        """``injection``: the admin's rules on ``spec.sidecar`` (``injection.sidecar_refusals``), which
+        a profile's ``SpecValid`` reports; None: nothing refused (the webhook's own check stands)."""
         self._registry = registry
         self._api = api
         self._source_for = source_for
@@ -145,6 +148,7 @@ class Evaluator:
         self._scrape_limit = asyncio.Semaphore(scrape_concurrency)
         self._max_baseline_windows = max_baseline_windows
         self._webhook_enabled = webhook_enabled
+        self._injection = injection
         self._instance = instance
         self._now = now
         self._state: dict[ProfileKey, _ProfileState] = {}
@@ -186,6 +190,13 @@ class Evaluator:
             del self._pending_events[entry.key]
         self._metrics.forget_profile(entry.namespace, entry.name)
 
+    def _refused(self, spec: DAMProfileSpec) -> str | None:
+        """What of the spec the admin's settings refuse, one message; None when nothing is."""
+        if self._injection is None:
+            return None
+        refusals = sidecar_refusals(spec, self._injection)
+        return "; ".join(refusals) if refusals else None
+
     # ------------------------------------------------------------ jobs
 
     async def initialize(self, entry: ProfileEntry) -> bool:
@@ -212,11 +223,14 @@ class Evaluator:
             results=await self._scrape(spec, pods),
             now=now,
             webhook_enabled=self._webhook_enabled,
+            refused=self._refused(spec),
         )
         state.snapshots.update(result.baselines)
         state.marks.update(result.marks)
         self._record(entry, result)
         await self._write(entry, result.patch)
+        for event in result.events:
+            await self._post(entry, event, now)
         return True
 
     async def evaluate(self, entry: ProfileEntry) -> None:
@@ -258,6 +272,7 @@ class Evaluator:
             marks=state.marks,
             goodput=state.goodput,
             finished=self._registry.finished_pods_for(entry),
+            refused=self._refused(spec),
         )
         state.snapshots = result.baselines
         state.marks = result.marks

@@ -17,9 +17,12 @@ The patch adds to a matched training pod:
 - on every training container ``DAM_PROBE_DIR`` and ``PYTHONPATH`` (``/dam/probe``
   prepended to a literal value already in the pod spec; ``/dam/probe:$(PYTHONPATH)`` where
   ``envFrom`` may set it; left alone, with a warning, where it comes from ``valueFrom``);
-- ``shareProcessNamespace: true`` (the sidecar reads the training process's CPU), unless the
-  pod says ``false``: that is kept, with a warning, and the probe publishes the CPU and memory
-  figures instead;
+- ``shareProcessNamespace: true`` only where the profile asks for it
+  (``spec.sidecar.shareProcessNamespace``) and the cluster admin allows it
+  (``InjectionSettings.allow_share_process_namespace``, the chart's
+  ``sidecar.allowShareProcessNamespace``); never by default: the probe publishes the CPU, memory and
+  run-queue figures the sidecar would read in ``/proc``. A pod that says ``false`` keeps it (with a
+  warning and a note, when the profile asked);
 - annotations ``dam.mlsys.dev/injected``, ``dam.mlsys.dev/profile`` and, when there is a
   caveat, ``dam.mlsys.dev/injection-notes`` (what the profile's status reports);
 - with ``spec.actions.mode`` Apply or InPlace (``ActionOverrides``, derived from the profile's
@@ -27,6 +30,14 @@ The patch adds to a matched training pod:
   container that gets the probe, a higher CPU limit on the training container, and the
   annotation ``dam.mlsys.dev/action`` saying which action the pod carries. Nothing of it goes to
   a pod (or container) the probe cannot reach.
+
+What runs in the pod is the cluster admin's (``sidecar_refusals``): the image of both added
+containers is ``InjectionSettings.image`` (the chart's ``sidecar.image``), or one the admin listed
+in ``allowed_images`` (``sidecar.allowedImages``); a profile that names another image, or asks for
+a shared process namespace the admin does not allow, gets no container in any pod: the pod is
+admitted as it is but for the note ``not-injected:sidecar-not-allowed`` (``InjectionError``), and
+the profile's ``SpecValid`` says why. No other string of the profile reaches a command, an
+environment value or a security context (docs/security.md lists each field).
 
 A hostNetwork pod is injected only when its ``dam.mlsys.dev/host-network-port`` annotation
 names the profile's sidecar port (the sidecar listens on the node itself); otherwise, like a
@@ -62,6 +73,7 @@ __all__ = [
     "NOTE_PYTHONPATH_ENV_FROM",
     "NOTE_PYTHONPATH_REF",
     "NOTE_SKIP_HOST_NETWORK",
+    "NOTE_SKIP_POLICY",
     "NOTE_SKIP_PORT",
     "NOTE_SKIP_PROBE_PATH",
     "OPTED_OUT",
@@ -84,6 +96,7 @@ __all__ = [
     "resize_patch",
     "restricted_security_context",
     "should_inject",
+    "sidecar_refusals",
     "skip_patch",
     "training_container_index",
 ]
@@ -115,6 +128,14 @@ NOTE_PYTHONPATH_ENV_FROM = "pythonpath-from-env-from"  # extended through $(PYTH
 NOTE_SKIP_PORT = "not-injected:port-taken"
 NOTE_SKIP_HOST_NETWORK = "not-injected:host-network"
 NOTE_SKIP_PROBE_PATH = "not-injected:probe-path-taken"
+NOTE_SKIP_POLICY = "not-injected:sidecar-not-allowed"  # the profile asks for what the admin does not allow
+
+# The chart values (and operator settings) of the admin's rules, as the refusals name them.
+CHART_IMAGE = "sidecar.image"
+CHART_ALLOWED_IMAGES = "sidecar.allowedImages"
+SETTING_ALLOWED_IMAGES = "DAM_SIDECAR_ALLOWED_IMAGES"
+CHART_ALLOW_SHARE = "sidecar.allowShareProcessNamespace"
+SETTING_ALLOW_SHARE = "DAM_SIDECAR_ALLOW_SHARE_PROCESS_NAMESPACE"
 OPTED_OUT = "opted-out"  # not a webhook note: what ``pod_notes`` adds for an opted-out pod
 
 _OPT_OUT_VALUES = frozenset({"false", "no", "off", "0", "disabled"})
@@ -162,7 +183,13 @@ class InjectionSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     image: Annotated[str, Field(min_length=1, max_length=512)]
+    """The image of the sidecar and the probe installer (the chart's ``sidecar.image``)."""
     image_pull_policy: str | None = None
+    allowed_images: tuple[str, ...] = ()
+    """Other images a profile may name in ``spec.sidecar.image``, exactly as written (the chart's
+    ``sidecar.allowedImages``); empty: none but ``image``."""
+    allow_share_process_namespace: bool = False
+    """Whether a profile may ask for ``shareProcessNamespace: true`` in its pods."""
     operator_namespace: Annotated[str, Field(min_length=1, max_length=63)] = "dam-system"
     excluded_namespaces: tuple[str, ...] = ("kube-system",)
     run_as_user: Annotated[int, Field(ge=1, le=2**31 - 1)] = 65532
@@ -227,6 +254,36 @@ def should_inject(pod: Mapping[str, Any], namespace: str, settings: InjectionSet
     if os_name == "windows":
         return False, "windows-pod"
     return True, "eligible"
+
+
+def sidecar_refusals(spec: DAMProfileSpec, settings: InjectionSettings) -> tuple[str, ...]:
+    """What of ``spec.sidecar`` the cluster admin's settings do not allow, one sentence each naming
+    the field, the chart value (and setting) that would allow it, and the fix; empty when nothing.
+
+    The image becomes code in other people's pods (the installer copies the probe onto their
+    training containers' ``PYTHONPATH``; the sidecar runs beside them), so it is the admin's; a
+    shared process namespace exposes every container's processes and root file system
+    (``/proc/PID/root``) to the others. A profile with a refusal instruments no pod."""
+    out: list[str] = []
+    if not spec.sidecar.inject:
+        return ()  # nothing of spec.sidecar goes into a pod
+    image = spec.sidecar.image
+    if image is not None and image != settings.image and image not in settings.allowed_images:
+        out.append(
+            f"spec.sidecar.image: {image!r} is not an image the cluster admin allows: it would run in, and "
+            "install code into, every pod this profile selects. Remove spec.sidecar.image to use the "
+            f"cluster's sidecar image (chart value {CHART_IMAGE}), or ask the cluster admin to list it in "
+            f"the chart value {CHART_ALLOWED_IMAGES} ({SETTING_ALLOWED_IMAGES})"
+        )
+    if spec.sidecar.share_process_namespace and not settings.allow_share_process_namespace:
+        out.append(
+            "spec.sidecar.shareProcessNamespace: the cluster admin does not allow a shared process "
+            "namespace (it shows every container's processes, environment and files to the others). "
+            "Remove it: the probe publishes the training processes' CPU time, memory and run-queue wait "
+            f"without it; or ask the cluster admin to set the chart value {CHART_ALLOW_SHARE}: true "
+            f"({SETTING_ALLOW_SHARE})"
+        )
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- containers
@@ -303,6 +360,13 @@ def _token_mount(names: Names) -> dict[str, Any]:
     return {"name": names.token_volume, "mountPath": TOKEN_PATH, "readOnly": True}
 
 
+def _image(spec: DAMProfileSpec, settings: InjectionSettings) -> str:
+    """The profile's image where the admin allows it, else the admin's (``build_injection`` has
+    refused the pod already then; this keeps a builder called alone from using it either)."""
+    chosen = spec.sidecar.image
+    return chosen if chosen is not None and chosen in settings.allowed_images else settings.image
+
+
 def _sidecar(
     pod: Mapping[str, Any], spec: DAMProfileSpec, settings: InjectionSettings, native: bool, names: Names
 ) -> dict[str, Any]:
@@ -311,7 +375,7 @@ def _sidecar(
     probe = {"httpGet": {"path": "/healthz", "port": port}, "timeoutSeconds": 2}
     container: dict[str, Any] = {
         "name": SIDECAR_CONTAINER,
-        "image": spec.sidecar.image or settings.image,
+        "image": _image(spec, settings),
         "command": [
             "dam",
             "sidecar",
@@ -347,7 +411,7 @@ def _installer(
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": names.installer,
-        "image": spec.sidecar.image or settings.image,
+        "image": _image(spec, settings),
         "command": ["dam", "probe-install", names.probe_dir],
         "resources": _resources(pod, spec, settings),
         "volumeMounts": [_probe_mount(names, read_only=False), _token_mount(names)],
@@ -621,14 +685,20 @@ def _check_admissible(pod: Mapping[str, Any], spec: DAMProfileSpec) -> None:
     _host_network(pod, spec)
 
 
-def _process_namespace(pod_spec: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
-    """(ops, warnings, notes): the sidecar sees the training processes through a shared process
-    namespace, unless the pod said no (kept, and noted) or sees every process already (hostPID)."""
+def _process_namespace(
+    pod_spec: Mapping[str, Any], asked: bool
+) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """(ops, warnings, notes): a shared process namespace only where the profile ``asked`` (and the
+    admin allowed it: ``sidecar_refusals``); then not when the pod said no (kept, and noted) or sees
+    every process already (hostPID). Without it the probe publishes what the sidecar would read."""
+    if not asked:
+        return [], [], []
     if pod_spec.get("shareProcessNamespace") is False:
-        # The user's explicit choice wins: a shared namespace lets same-uid processes read each other's
+        # The pod's explicit choice wins: a shared namespace lets same-uid processes read each other's
         # environment and root file system. The probe publishes what the sidecar would read in /proc.
         warning = (
-            "the pod sets shareProcessNamespace: false, which is kept: the sidecar cannot see the training "
+            "the pod sets shareProcessNamespace: false, which is kept although the DAMProfile asks for a "
+            "shared one (spec.sidecar.shareProcessNamespace): the sidecar cannot see the training "
             "processes, so their CPU time and memory come from the probe (processes without the probe, "
             "e.g. a non-Python launcher, are not counted)"
         )
@@ -724,19 +794,24 @@ def build_injection(
     to the containers the probe reaches, and the ``dam.mlsys.dev/action`` annotation.
 
     Raises ``InjectionError`` when the pod cannot take the sidecar (a container already declares
-    the sidecar's port, a hostNetwork pod without consent, no free probe directory); its ``note``
-    says why. The webhook then admits the pod unchanged but for the
-    ``dam.mlsys.dev/injection-notes`` annotation, with a warning, and the profile's status reports
-    it as not instrumented and why.
+    the sidecar's port, a hostNetwork pod without consent, no free probe directory) or the profile
+    asks for what the cluster admin does not allow (``sidecar_refusals``); its ``note`` says why.
+    The webhook then admits the pod unchanged but for the ``dam.mlsys.dev/injection-notes``
+    annotation, with a warning, and the profile's status reports it as not instrumented and why.
     """
     done = _already_instrumented(pod)
     if done is not None:
         return done
+    refused = sidecar_refusals(spec, settings)
+    if refused:
+        raise InjectionError("; ".join(refused), NOTE_SKIP_POLICY)
     _check_admissible(pod, spec)
     names, warnings = choose_names(pod)
     containers = _containers(pod, "containers")
     more, notes = _pythonpath_notes(containers)
-    namespace_ops, namespace_warnings, namespace_notes = _process_namespace(_spec(pod))
+    namespace_ops, namespace_warnings, namespace_notes = _process_namespace(
+        _spec(pod), spec.sidecar.share_process_namespace
+    )
     warnings += more + namespace_warnings
     notes += namespace_notes
     wanted_annotations = {ANNOTATION_INJECTED: "true", ANNOTATION_PROFILE: profile_name}

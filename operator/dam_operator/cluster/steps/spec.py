@@ -277,6 +277,9 @@ class SidecarSpec(_Spec):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     port: Annotated[int, Field(ge=1024, le=65535)] = 9450
     resources: ResourceRequirements | None = None
+    share_process_namespace: bool = False
+    """Ask for ``shareProcessNamespace: true`` in the pods (only where the chart allows it:
+    ``injection.sidecar_refusals``); off, the probe publishes what the sidecar would read."""
 
 
 class PrometheusSourceSpec(_Spec):

@@ -17,6 +17,7 @@ from dam_operator.cluster.steps.injection import (
     NOTE_NO_SHARED_PROCESS_NAMESPACE,
     NOTE_PYTHONPATH_REF,
     NOTE_SKIP_HOST_NETWORK,
+    NOTE_SKIP_POLICY,
     NOTE_SKIP_PORT,
     NOTE_SKIP_PROBE_PATH,
     OPTED_OUT,
@@ -43,6 +44,9 @@ MANAGED_CONDITIONS = (SPEC_VALID, INSTRUMENTED, REPORTING, DIAGNOSED)
 # Reasons (CamelCase, stable: automation may match on them).
 REASON_VALID = "SpecValid"
 REASON_INVALID = "InvalidSpec"
+REASON_REFUSED = "RefusedByClusterPolicy"
+"""SpecValid=False: the spec parses, but asks for what the cluster admin does not allow (a sidecar
+image not listed, a shared process namespace): no pod is instrumented, the pods are still listed."""
 REASON_DIAGNOSED = "BottleneckFound"
 REASON_INSUFFICIENT = "InsufficientData"
 REASON_PENDING = "AwaitingWindow"
@@ -145,7 +149,16 @@ def _names(names: Sequence[str]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-def spec_condition(error: str | None, generation: int | None) -> dict[str, Any]:
+def spec_condition(error: str | None, generation: int | None, refused: str | None = None) -> dict[str, Any]:
+    """``SpecValid``: False for an invalid spec (``error``) or one the admin's rules refuse (``refused``)."""
+    if refused is not None and error is None:
+        return condition(
+            SPEC_VALID,
+            False,
+            REASON_REFUSED,
+            f"Refused by the cluster admin's settings; no pod is instrumented: {refused}",
+            generation,
+        )
     if error is None:
         return condition(SPEC_VALID, True, REASON_VALID, "The spec is valid.", generation)
     return condition(SPEC_VALID, False, REASON_INVALID, f"Invalid spec: {error}", generation)
@@ -155,6 +168,12 @@ def spec_condition(error: str | None, generation: int | None) -> dict[str, Any]:
 # opt-out, and what to do about it. Pods with neither were created while the webhook was down or
 # before the profile existed.
 _NOT_INJECTED_FIXES = (
+    (
+        NOTE_SKIP_POLICY,
+        "were admitted without the sidecar because this DAMProfile asks for what the cluster admin does "
+        "not allow (SpecValid says what): change the profile, then delete these pods so that new ones "
+        "are created",
+    ),
     (
         OPTED_OUT,
         "opted out with dam.mlsys.dev/inject=false (label or annotation): remove it from the pod template, "
@@ -202,8 +221,9 @@ def instrumented_condition(
     instrumented = [n for n in notes if n not in set(uninstrumented)]
     unshared = _by_note(instrumented, notes, NOTE_NO_SHARED_PROCESS_NAMESPACE)
     caveat = (
-        f" {len(unshared)} of them keep shareProcessNamespace: false ({_names(unshared)}): their CPU time "
-        "and memory come from the probe, processes without the probe are not counted."
+        f" {len(unshared)} of them keep shareProcessNamespace: false although the profile asks for a shared "
+        f"one (spec.sidecar.shareProcessNamespace) ({_names(unshared)}): their CPU time and memory come "
+        "from the probe, as in a pod that did not ask, and processes without the probe are not counted."
         if unshared
         else ""
     )
@@ -609,6 +629,16 @@ def straggler_event(previous: Mapping[str, Any] | None, new: Straggler | None) -
     because = f": {new.evidence[0]}" if new.evidence else ""
     message = f"Straggler: {who} holds the job back, cause {new.cause.value}{because}"
     return EventSpec(reason=REASON_STRAGGLER, message=_clip(message), type="Warning")
+
+
+def refused_spec_event(refused: str) -> EventSpec:
+    """A Warning Event for a spec the admin's rules refuse (once per generation): the field, the
+    chart value and the fix."""
+    return EventSpec(
+        reason=REASON_REFUSED,
+        message=_clip(f"Refused by the cluster admin's settings; no pod is instrumented: {refused}"),
+        type="Warning",
+    )
 
 
 def invalid_spec_event(error: str) -> EventSpec:

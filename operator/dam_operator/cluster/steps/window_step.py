@@ -186,9 +186,11 @@ def count_pods(pods: Sequence[PodInfo], scrape: Scrape) -> PodCounts:
     )
 
 
-def _common_conditions(counts: PodCounts, scrape: Scrape, generation: int | None, webhook: bool) -> list[Any]:
+def _common_conditions(
+    counts: PodCounts, scrape: Scrape, generation: int | None, webhook: bool, refused: str | None = None
+) -> list[Any]:
     return [
-        st.spec_condition(None, generation),
+        st.spec_condition(None, generation, refused),
         st.instrumented_condition(
             counts.matched,
             counts.uninstrumented,
@@ -221,6 +223,21 @@ def invalid_step(status: Mapping[str, Any], error: str, generation: int | None, 
     )
 
 
+def _refused_events(
+    status: Mapping[str, Any], refused: str | None, generation: int | None
+) -> list[st.EventSpec]:
+    """The Warning Event of a refused spec, unless the status says so for this generation already."""
+    if refused is None:
+        return []
+    previous = _conditions(status).get(st.SPEC_VALID)
+    already = (
+        previous is not None
+        and previous.get("reason") == st.REASON_REFUSED
+        and previous.get("observedGeneration") == generation
+    )
+    return [] if already else [st.refused_spec_event(refused)]
+
+
 def _conditions(status: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
     return {c.get("type"): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
 
@@ -234,10 +251,13 @@ def initial_step(
     results: Results,
     now: str,
     webhook_enabled: bool,
+    refused: str | None = None,
 ) -> StepResult:
     """The first write after (re)registration: validity, pods, conditions and a baseline.
 
     The verdict already in the status stays (``Diagnosed`` too, when it is for this generation).
+    ``refused``: what of the spec the cluster admin's settings refuse (``injection.sidecar_refusals``):
+    ``SpecValid=False`` says it, and a Warning Event once per generation (as ``invalid_step``).
     """
     scrape = classify(pods, results)
     counts = count_pods(pods, scrape)
@@ -250,7 +270,7 @@ def initial_step(
         status,
         verdict_status=None,
         pods=st.pods_status(counts.matched, counts.instrumented, counts.reporting, counts.uninstrumented),
-        conditions=[*_common_conditions(counts, scrape, generation, webhook_enabled), diagnosed],
+        conditions=[*_common_conditions(counts, scrape, generation, webhook_enabled, refused), diagnosed],
         generation=generation,
         now=now,
         evaluated=False,
@@ -258,6 +278,7 @@ def initial_step(
     return StepResult(
         patch=patch,
         counts=counts,
+        events=_refused_events(status, refused, generation),
         baselines={name: baseline(snap) for name, snap in scrape.answered.items()},
         error_reasons=scrape.error_reasons,
         marks={name: memory_mark(snap) for name, snap in scrape.answered.items()},
@@ -294,6 +315,7 @@ def window_step(
     marks: Mapping[str, Snapshot] | None = None,
     goodput: GoodputLedger | None = None,
     finished: Sequence[PodInfo] = (),
+    refused: str | None = None,
 ) -> StepResult:
     """One window: difference each pod against its baseline, aggregate, diagnose, stabilize.
 
@@ -305,6 +327,7 @@ def window_step(
 
     ``goodput``: the profile's ledger (``cluster.goodput``), updated in place from the pods'
     latest scrapes and the profile's ``finished`` pods; the patch carries ``status.goodput``.
+    ``refused``: as in ``initial_step`` (``SpecValid=False``; the Event went out there).
     """
     window_seconds = spec.evaluation.window_seconds
     scrape = _classify_with_gaps(pods, results, when, window_seconds)
@@ -327,6 +350,7 @@ def window_step(
         generation=generation,
         when=when,
         webhook_enabled=webhook_enabled,
+        refused=refused,
     )
     acted = window_actions(
         spec=spec,
@@ -368,13 +392,20 @@ def _patch_and_verdict(
     generation: int | None,
     when: dt.datetime,
     webhook_enabled: bool,
+    refused: str | None = None,
 ) -> tuple[dict[str, Any], Verdict | None, Mapping[str, Observation]]:
     """The window's status patch, its verdict and the pods' observations; with no pod of the
     profile active and no window, the kept verdict's patch (no verdict, no observation), when
     the status has a verdict to keep."""
     if not active and not windows:
         kept = _kept_patch(
-            status, counts, scrape, generation=generation, webhook_enabled=webhook_enabled, when=when
+            status,
+            counts,
+            scrape,
+            generation=generation,
+            webhook_enabled=webhook_enabled,
+            when=when,
+            refused=refused,
         )
         if kept is not None:  # the stabilizer is left as it is: the Job's next pod resumes from it
             return kept, None, {}
@@ -388,6 +419,7 @@ def _patch_and_verdict(
         verdict=verdict,
         when=when,
         webhook_enabled=webhook_enabled,
+        refused=refused,
     )
     return patch, verdict, job.pods
 
@@ -400,6 +432,7 @@ def _kept_patch(
     generation: int | None,
     webhook_enabled: bool,
     when: dt.datetime,
+    refused: str | None = None,
 ) -> dict[str, Any] | None:
     """No pod of the profile is active any more (its Job finished, its Pods Succeeded or deleted)
     and none died OOM-killed before a window: the status keeps the last verdict (``bottleneck``,
@@ -411,7 +444,7 @@ def _kept_patch(
         return None
     kept_from = str(status.get("lastEvaluationTime") or bottleneck.get("since") or "?")
     conditions = [
-        *_common_conditions(counts, scrape, generation, webhook_enabled)[:2],
+        *_common_conditions(counts, scrape, generation, webhook_enabled, refused)[:2],
         *st.kept_conditions(bottleneck, kept_from, generation),
     ]
     return st.evaluation_patch(
@@ -559,10 +592,11 @@ def _window_patch(
     verdict: Verdict,
     when: dt.datetime,
     webhook_enabled: bool,
+    refused: str | None = None,
 ) -> dict[str, Any]:
     """The status patch of a window: the verdict, the pods and the conditions."""
     conditions = [
-        *_common_conditions(counts, scrape, generation, webhook_enabled),
+        *_common_conditions(counts, scrape, generation, webhook_enabled, refused),
         st.diagnosed_condition(
             bottleneck=verdict.bottleneck,
             matched=counts.matched,
