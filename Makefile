@@ -10,14 +10,20 @@ TORCH_VERSION ?= 2.13.0
 
 setup: $(STAMP)
 
+# Quiet but not silent: one line a stage (pip -q prints only warnings and errors); what each
+# stage costs is in the README. PyPI's torch for Linux is the CUDA build (~3 GB with its nvidia-*
+# wheels); it runs on a CPU. pip's cache (where the machine keeps one) makes a second set-up fast.
+PIP_QUIET := $(BIN)/python -m pip install -q --disable-pip-version-check
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# PyPI's torch for Linux is the CUDA build (~3 GB with its nvidia-* wheels); it runs on a CPU.
-	# pip's cache (where the machine keeps one) makes a second set-up fast.
-	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION) numpy
-	$(BIN)/python -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	@test -x $(BIN)/python || { echo "setup: creating $(VENV) ($(PYTHON) -m venv)"; $(PYTHON) -m venv $(VENV); }
+	@echo "setup: pip"; $(PIP_QUIET) --upgrade pip
+	@echo "setup: torch==$(TORCH_VERSION) and numpy (the first time about 3 GB from PyPI; minutes)"
+	@$(PIP_QUIET) torch==$(TORCH_VERSION) numpy
+	@echo "setup: this package and its development tools (pip install -e '.[dev]')"
+	@# -qq: errors only. At -q pip 26 relays setuptools' notice on every editable install
+	@# ("Editable installation ... folders with the same name as your package": ten lines).
+	@$(PIP_QUIET) -q -e '.[dev]'
+	@touch $(STAMP); echo "setup: done ($(VENV))"
 
 # From Debian, each only where it is missing: prometheus (promtool, prometheus) for the metric tests;
 # containerd, runc and the CNI plugins for the node (tools/node); buildah to build the image from the
