@@ -32,6 +32,30 @@ def positive(x: float | None) -> float | None:
     return x if x is not None and x > 0 and math.isfinite(x) else None
 
 
+def model_flops_per_second(obs: Observation, steps_per_second: float | None) -> float | None:
+    """The job's model FLOP/s: FLOPs of a step of each process at the rate it steps.
+
+    ``flops_per_step`` is one process's step (the mean over the processes that counted or
+    declared one); ``steps_per_second`` is the job's rate: for the ranks of one distributed job
+    (``job_steps`` known) the rate every rank steps at, so the job does ``ranks`` processes' work
+    per step; otherwise the processes' rates added up, each step one process's work. Layout-free:
+    8 Pods of one rank and 1 Pod of 8 ranks doing the same work give the same figure."""
+    if obs.flops_per_step is None or steps_per_second is None:
+        return None
+    per_rank_rate = obs.steps_per_second is not None and obs.job_steps is not None
+    processes = max(1, obs.ranks or 1) if per_rank_rate else 1
+    return obs.flops_per_step * steps_per_second * processes
+
+
+def accelerator_count(obs: Observation) -> int:
+    """What MFU divides the job's FLOP/s by (``mfu`` is per accelerator, DESIGN.md §3): the job's
+    GPUs; a job without a known GPU (CPU-only, against a declared peak) counts each rank as one
+    accelerator, so its MFU is per process, like one GPU per rank."""
+    if obs.gpu_count:
+        return obs.gpu_count
+    return max(1, obs.ranks or 1)
+
+
 def derive(obs: Observation, hardware: Hardware | None) -> Derived:
     sps = obs.steps_per_second
     if sps is None and obs.steps is not None and positive(obs.window_seconds):
@@ -59,17 +83,13 @@ def derive(obs: Observation, hardware: Hardware | None) -> Derived:
 
     peak = hardware.peak_flops if hardware else None
     bw = hardware.memory_bandwidth_bytes_per_second if hardware else None
-    gpus = max(1, obs.gpu_count or 1)
+    achieved = model_flops_per_second(obs, sps)
+    accelerators = accelerator_count(obs)
     mfu = None
     # A CPU-only job has a peak only when the user gave one (``--peak-flops``, spec.hardware): the
     # GPU table has no entry without a GPU model. Its MFU is then against that peak.
-    if (
-        obs.flops_per_step is not None
-        and sps is not None
-        and peak
-        and (not cpu_only or obs.gpu_model is None)
-    ):
-        mfu = obs.flops_per_step * sps / (peak * gpus)
+    if achieved is not None and peak and (not cpu_only or obs.gpu_model is None):
+        mfu = achieved / (peak * accelerators)
 
     intensity = None
     if positive(obs.flops_per_step) and positive(obs.bytes_per_step):
@@ -81,7 +101,7 @@ def derive(obs: Observation, hardware: Hardware | None) -> Derived:
         and positive(obs.dram_bandwidth_utilization)
         and not cpu_only
     ):
-        achieved_flops = obs.flops_per_step * sps / gpus  # type: ignore[operator]
+        achieved_flops = (achieved or 0.0) / accelerators
         achieved_bytes = obs.dram_bandwidth_utilization * bw  # type: ignore[operator]
         intensity = achieved_flops / achieved_bytes
 
