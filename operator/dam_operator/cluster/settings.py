@@ -6,16 +6,53 @@ arguments, which take precedence over the environment).
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-
-from dam_operator.cluster.steps.urlpolicy import parse_networks, parse_prefixes
+from yarl import URL
 
 CertMode = Literal["self-signed", "files"]
 
 DEFAULT_SIDECAR_IMAGE = "ghcr.io/mlsys/dam-operator:0.1.0"
+
+
+def parse_networks(values: Iterable[str]) -> list[str]:
+    """Each entry as a network (``127.0.0.1`` becomes ``127.0.0.1/32``); ValueError names a bad one."""
+    out = []
+    for value in values:
+        try:
+            out.append(str(ipaddress.ip_network(value.strip(), strict=False)))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP network (e.g. 127.0.0.0/8 or fd00::/8)") from None
+    return out
+
+
+def parse_prefixes(values: Sequence[str]) -> list[str]:
+    """Each entry must be an http(s) URL with a host; ValueError names a bad one."""
+    for value in values:
+        try:
+            url = URL(value)
+        except ValueError:
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(
+                f"{value!r} is not an http(s) URL prefix (e.g. http://prometheus.monitoring.svc:9090/)"
+            )
+    return list(values)
+
+
+def parse_addresses(values: Iterable[str]) -> list[str]:
+    """Each entry an IP address (``10.1.2.3``, ``fd00::5``); ValueError names a bad one."""
+    out = []
+    for value in values:
+        try:
+            out.append(str(ipaddress.ip_address(value.strip())))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (e.g. 10.244.0.7)") from None
+    return out
 
 
 class OperatorSettings(BaseSettings):
@@ -81,8 +118,8 @@ class OperatorSettings(BaseSettings):
         default=None,
         description=(
             "The cluster's Prometheus (base URL). Profiles without spec.source read their pods "
-            "through it; with it set (or prefixes below), a profile may name only what the admin "
-            "named. Allowed as named, whatever its address."
+            "through it, and a profile may name it. Neither it nor prefixes below set (the "
+            "default): no profile may name a Prometheus. Allowed as named (see the prefixes)."
         ),
     )
     prometheus_allowed_url_prefixes: Annotated[list[str], NoDecode] = Field(
@@ -90,15 +127,17 @@ class OperatorSettings(BaseSettings):
         description=(
             "Prometheus URLs a profile may name in spec.source.prometheus.url (comma-separated "
             "prefixes: scheme, host, port, then a path prefix). Empty (and no prometheus_url): "
-            "any URL not refused by the address rules."
+            "none. Allowed as named: a literal address is allowed as written, a DNS name may "
+            "resolve to a private address but not to a sensitive one (prometheus_allowed_networks)."
         ),
     )
     prometheus_allowed_networks: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description=(
-            "Networks (comma-separated CIDRs, e.g. 127.0.0.0/8) a profile's Prometheus may be in "
-            "although loopback, link-local (169.254.0.0/16, fe80::/10) or a cloud metadata address, "
-            "refused otherwise. Never lifts the API-server rule."
+            "Networks (comma-separated CIDRs, e.g. 127.0.0.0/8) a named Prometheus DNS name may "
+            "resolve to although loopback, link-local (169.254.0.0/16, fe80::/10), a cloud metadata "
+            "address or the operator's own Pod or Services, refused otherwise. Never lifts the "
+            "API-server rule."
         ),
     )
     prometheus_timeout_seconds: float = Field(
@@ -133,6 +172,13 @@ class OperatorSettings(BaseSettings):
         description=(
             "Address of the API server's Service (Kubernetes sets KUBERNETES_SERVICE_HOST in every "
             "pod): a profile's Prometheus URL may not point there."
+        ),
+    )
+    pod_ips: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "The operator's own Pod IPs (comma-separated; the chart sets them from the downward "
+            "API, status.podIPs): a profile's Prometheus may not resolve to them."
         ),
     )
     prometheus_namespace_label: str = Field(
@@ -291,6 +337,7 @@ class OperatorSettings(BaseSettings):
         "excluded_namespaces",
         "prometheus_allowed_url_prefixes",
         "prometheus_allowed_networks",
+        "pod_ips",
         "sidecar_allowed_images",
         mode="before",
     )
@@ -304,6 +351,11 @@ class OperatorSettings(BaseSettings):
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:
         return parse_networks(value)
+
+    @field_validator("pod_ips")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        return parse_addresses(value)
 
     @field_validator("prometheus_allowed_url_prefixes")
     @classmethod

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import tracemalloc
+import zlib
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -20,12 +23,14 @@ from dam_contract import names
 from dam_contract.snapshot import parse_snapshot
 from dam_operator.cluster.adapters import sources as src
 from dam_operator.cluster.adapters.sources import PodTarget, PrometheusSource, ScrapeSource, SourceFactory
+from dam_operator.cluster.runtime.main import url_policy
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps import metric_names as n
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import parse_spec
+from tests.support.bombs import bomb
 from tests.support.fake_sidecar import FakeJob, serve_handler
 
 MiB = 1024 * 1024
@@ -171,8 +176,10 @@ def test_prometheus_answers_are_read_at_most_prometheus_concurrency_at_a_time() 
 
     async def scenario() -> None:
         async with serve_handler(slow, "/{prefix}/api/v1/query") as port, aiohttp.ClientSession() as session:
-            settings = OperatorSettings(prometheus_concurrency=2, prometheus_allowed_networks="127.0.0.1")
-            factory = SourceFactory(session, settings)
+            settings = OperatorSettings(
+                prometheus_concurrency=2, prometheus_allowed_url_prefixes=f"http://127.0.0.1:{port}/"
+            )
+            factory = SourceFactory(session, settings, policy=url_policy(settings))
             limit = asyncio.Semaphore(64)
             sources = [
                 factory(
@@ -212,3 +219,147 @@ def test_an_answer_over_its_cap_makes_reporting_false_with_its_own_reason() -> N
     assert refused["reason"] == "SourceRefused"
     other = st.reporting_condition(1, 0, ["pod-a: timeout"], 3, [src.REASON_TIMEOUT])
     assert other["reason"] == st.REASON_NOT_REPORTING
+
+
+# ---------------------------------------------------------------- compressed bodies
+
+GB = 1024 * MiB
+
+
+class Bomb:
+    """Answers with a ``encoding`` stream that inflates to ``total`` bytes (tests/support/bombs.py),
+    counting the compressed bytes it got to send, and the Accept-Encoding it was asked with."""
+
+    def __init__(self, encoding: str, prefix: bytes, total: int = 2 * GB) -> None:
+        self.encoding, self.prefix, self.total = encoding, prefix, total
+        self.sent = 0
+        self.asked: list[str] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.asked.append(request.headers.get("Accept-Encoding", ""))
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain", "Content-Encoding": self.encoding})
+        await resp.prepare(request)
+        try:
+            for piece in bomb(self.encoding, self.prefix, self.total):
+                await resp.write(piece)
+                self.sent += len(piece)
+            await resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the operator hung up at its cap
+        return resp
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_scrape_that_inflates_to_2_gb_is_given_up_at_the_cap_in_bounded_memory(
+    encoding: str,
+) -> None:
+    """The cap counts decompressed bytes, decoded a piece at a time by the operator itself
+    (auto_decompress=False): what aiohttp's version does with a compressed chunk does not matter."""
+    answer = Bomb(encoding, b"# bomb\n")
+
+    async def scenario() -> tuple[SourceError | None, int]:
+        async with serve_handler(answer.handle, "/metrics") as port, aiohttp.ClientSession() as session:
+            tracemalloc.start()
+            try:
+                await ScrapeSource(session, max_bytes=MiB, timeout_seconds=30).fetch(_pod(port))
+            except SourceError as exc:
+                return exc, tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        return None, 0
+
+    err, peak = asyncio.run(scenario())
+    assert err is not None and err.reason == src.REASON_TOO_LARGE, err
+    assert "DAM_SCRAPE_MAX_BYTES" in err.message
+    assert peak < 8 * MiB, f"the read held {peak / MiB:.1f} MiB for a 1 MiB cap"
+    # (The 2 MB of compressed bytes fit in the sockets' buffers: what was sent says nothing here.)
+    assert answer.asked == ["gzip, deflate"]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_prometheus_answer_that_inflates_to_2_gb_is_given_up_at_the_cap(encoding: str) -> None:
+    answer = Bomb(encoding, b'{"status":"success","data":{"resultType":"vector","result":[')
+
+    async def scenario() -> tuple[SourceError | None, int]:
+        async with serve_handler(answer.handle, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+            source = PrometheusSource(
+                session, f"http://127.0.0.1:{port}", max_answer_bytes=MiB, timeout_seconds=30
+            )
+            tracemalloc.start()
+            try:
+                await source.fetch(_pod(1))
+            except SourceError as exc:
+                return exc, tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        return None, 0
+
+    err, peak = asyncio.run(scenario())
+    assert err is not None and err.reason == src.REASON_TOO_LARGE, err
+    assert "DAM_PROMETHEUS_MAX_ANSWER_BYTES" in err.message
+    assert peak < 8 * MiB, f"the read held {peak / MiB:.1f} MiB for a 1 MiB cap"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw-deflate"])
+def test_a_compressed_scrape_under_the_cap_is_read_whole(encoding: str) -> None:
+    text = FakeJob(clock=lambda: 1.0).exposition().encode()
+    if encoding == "gzip":  # two members one after the other: gzip allows it
+        half = len(text) // 2
+        body, header = gzip.compress(text[:half]) + gzip.compress(text[half:]), "gzip"
+    elif encoding == "deflate":
+        body, header = zlib.compress(text), "deflate"
+    else:  # a raw deflate stream, as some servers send for "deflate"
+        c = zlib.compressobj(6, zlib.DEFLATED, -15)
+        body, header = c.compress(text) + c.flush(), "deflate"
+
+    async def handle(_: web.Request) -> web.Response:
+        return web.Response(body=body, headers={"Content-Type": "text/plain", "Content-Encoding": header})
+
+    async def scenario() -> Any:
+        async with serve_handler(handle, "/metrics") as port, aiohttp.ClientSession() as session:
+            return await ScrapeSource(session).fetch(_pod(port))
+
+    snap = asyncio.run(scenario())
+    assert len(snap) == len(parse_snapshot(text.decode()))
+
+
+@pytest.mark.parametrize("encoding", ["br", "zstd", "gzip, br"])
+def test_an_answer_in_an_encoding_the_operator_does_not_read_is_refused_by_name(encoding: str) -> None:
+    """Neither brotli nor brotlicffi is a dependency: ``br`` is not asked for, and a server that
+    sends it anyway is refused naming the encoding (not "unreachable")."""
+
+    async def handle(_: web.Request) -> web.Response:
+        return web.Response(
+            body=b"\x0b\x02\x80hi\x03", headers={"Content-Type": "text/plain", "Content-Encoding": encoding}
+        )
+
+    async def scenario() -> SourceError:
+        async with serve_handler(handle, "/metrics") as port, aiohttp.ClientSession() as session:
+            try:
+                await ScrapeSource(session).fetch(_pod(port))
+            except SourceError as exc:
+                return exc
+        raise AssertionError("expected a SourceError")
+
+    err = asyncio.run(scenario())
+    assert err.reason == src.REASON_GARBAGE, err.message
+    assert f"Content-Encoding {encoding!r}" in err.message and "gzip, deflate" in err.message, err.message
+
+
+def test_a_failed_prometheus_query_shows_the_http_status_only_never_the_answers_text() -> None:
+    secret = "root:x:0:0:secret-of-an-internal-service"
+
+    async def handle(_: web.Request) -> web.Response:
+        return web.json_response({"status": "error", "errorType": "bad_data", "error": secret}, status=400)
+
+    async def scenario() -> SourceError:
+        async with serve_handler(handle, "/api/v1/query") as port, aiohttp.ClientSession() as session:
+            try:
+                await PrometheusSource(session, f"http://127.0.0.1:{port}").fetch(_pod(1))
+            except SourceError as exc:
+                return exc
+        raise AssertionError("expected a SourceError")
+
+    err = asyncio.run(scenario())
+    assert err.reason == src.REASON_HTTP and "HTTP 400" in err.message, err.message
+    assert "secret" not in err.message and "bad_data" not in err.message, err.message

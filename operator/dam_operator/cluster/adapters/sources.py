@@ -31,7 +31,8 @@ import math
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -95,6 +96,83 @@ class MetricSource(Protocol):
         ...
 
 
+ACCEPT_ENCODING = "gzip, deflate"
+"""What the operator asks for. Not ``br``: neither ``brotli`` nor ``brotlicffi`` is a dependency
+(a brotli answer, which a server may only send when asked, is refused by name); not ``zstd``."""
+_DECODE_PIECE = 256 * 1024
+"""Decompressed bytes made per step, at most: the memory a compressed body costs beyond its cap."""
+
+
+class UnreadableEncodingError(Exception):
+    """A body in a Content-Encoding the operator does not decode (it asked for ``ACCEPT_ENCODING``)."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__(
+            f"answered with Content-Encoding {encoding[:40]!r}, which the operator does not read "
+            f"(it asks for {ACCEPT_ENCODING}, or none)"
+        )
+
+
+class _Inflater:
+    """Incremental gzip or deflate decoding, ``max_length`` at a time (zlib.decompressobj): the
+    cap counts decompressed bytes and memory stays bounded whatever the aiohttp version does
+    (aiohttp before 3.13.3 inflated a chunk without bound, GHSA-6mq8-rvhq-8wgg; the operator
+    asks for raw bytes, ``auto_decompress=False``)."""
+
+    def __init__(self, encoding: str) -> None:
+        self._gzip = encoding == "gzip"
+        self._d: Any = None  # made at the first bytes (deflate: zlib-wrapped or raw, by its header)
+
+    def _new(self, first: bytes) -> Any:
+        if self._gzip:
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        # RFC 9110 "deflate" is the zlib format; some servers send a raw stream (as aiohttp accepts).
+        zlib_header = len(first) >= 2 and first[0] & 0x0F == 8 and (first[0] << 8 | first[1]) % 31 == 0
+        return zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
+
+    def feed(self, data: bytes, room: int) -> Iterator[bytes]:
+        """The decompressed bytes of ``data``, in pieces; stops making them once ``room`` is passed."""
+        made = 0
+        while data and made <= room:
+            if self._d is None:
+                self._d = self._new(data)
+            try:
+                out = self._d.decompress(data, min(_DECODE_PIECE, room - made + 1))
+            except zlib.error as exc:
+                raise ValueError(f"a broken compressed body ({exc})") from None
+            data = self._d.unconsumed_tail
+            if self._d.eof:
+                # gzip allows several members one after the other; anything after a deflate stream is junk.
+                data = self._d.unused_data if self._gzip else b""
+                self._d = None
+            made += len(out)
+            if out:
+                yield out
+            elif self._d is not None:
+                break  # no output and no progress: nothing more this call can make
+
+
+async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytearray:
+    """The whole body of ``resp`` decoded, or ``BodyTooLargeError`` once it passes ``max_bytes``.
+
+    The request must ask for raw bytes (``auto_decompress=False``, ``Accept-Encoding:
+    ACCEPT_ENCODING``): a gzip or deflate body is decompressed here, a piece at a time, and the
+    cap counts the decompressed bytes, so a 2 GB bomb in a few MB costs the cap, not 2 GB. An
+    encoding other than those is ``UnreadableEncodingError``. Otherwise as ``_read_capped``.
+    """
+    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return await _read_capped(resp, max_bytes, None)
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        resp.close()
+        raise UnreadableEncodingError(encoding)
+    return await _read_capped(resp, max_bytes, _Inflater("gzip" if encoding != "deflate" else "deflate"))
+
+
+RAW_BODY: dict[str, Any] = {"auto_decompress": False, "headers": {"Accept-Encoding": ACCEPT_ENCODING}}
+"""Request arguments of every body read with ``read_capped``."""
+
+
 class BodyTooLargeError(Exception):
     """A body passed its cap; ``read`` bytes had arrived when the read stopped."""
 
@@ -104,7 +182,7 @@ class BodyTooLargeError(Exception):
         self.read = read
 
 
-async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytearray:
+async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int, inflater: _Inflater | None) -> bytearray:
     """The whole body of ``resp``, or ``BodyTooLargeError`` once it passes ``max_bytes``.
 
     Never holds more than ``max_bytes`` plus one network chunk: a Content-Length over the cap
@@ -120,12 +198,14 @@ async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytearray
         raise BodyTooLargeError(max_bytes, 0)
     body = bytearray()
     async for chunk in resp.content.iter_any():
-        if len(body) + len(chunk) > max_bytes:
-            read = len(body) + len(chunk)
-            del body
-            resp.close()
-            raise BodyTooLargeError(max_bytes, read)
-        body += chunk
+        pieces = (chunk,) if inflater is None else inflater.feed(chunk, max_bytes - len(body))
+        for piece in pieces:
+            if len(body) + len(piece) > max_bytes:
+                read = len(body) + len(piece)
+                del body
+                resp.close()
+                raise BodyTooLargeError(max_bytes, read)
+            body += piece
     return body
 
 
@@ -190,10 +270,14 @@ class ScrapeSource:
     async def fetch(self, pod: PodTarget) -> Snapshot:
         url = pod.url
         try:
-            async with self._session.get(url, timeout=self._timeout, allow_redirects=False) as resp:
+            async with self._session.get(
+                url, timeout=self._timeout, allow_redirects=False, **RAW_BODY
+            ) as resp:
                 if resp.status != 200:
                     raise SourceError(REASON_HTTP, f"{url} answered HTTP {resp.status}")
                 body = await read_capped(resp, self._max_bytes)
+        except (UnreadableEncodingError, ValueError) as exc:
+            raise SourceError(REASON_GARBAGE, f"{url} {_short(exc)}") from None
         except BodyTooLargeError:
             raise _too_large(
                 self._on_too_large,
@@ -306,10 +390,15 @@ class PrometheusSource:
         query = self.query_for_pods(namespace, [p.name for p in pods])
         try:
             async with self._session.post(
-                url, data={"query": query}, timeout=self._timeout, allow_redirects=False
+                url, data={"query": query}, timeout=self._timeout, allow_redirects=False, **RAW_BODY
             ) as resp:
                 status = resp.status
-                body = await read_capped(resp, self._max_answer_bytes)
+                try:
+                    body = await read_capped(resp, self._max_answer_bytes)
+                except (UnreadableEncodingError, ValueError) as exc:
+                    raise SourceError(
+                        REASON_GARBAGE, f"Prometheus at {self._base} (HTTP {status}) {_short(exc)}"
+                    ) from None
             try:
                 payload: Any = json.loads(body)
             except ValueError:  # not JSON, or not UTF-8
@@ -344,8 +433,11 @@ class PrometheusSource:
                 REASON_GARBAGE, f"Prometheus at {self._base} answered HTTP {status} without JSON"
             )
         if status != 200 or payload.get("status") != "success":
-            error = str(payload.get("error") or "")[:200]
-            raise SourceError(REASON_HTTP, f"Prometheus query failed (HTTP {status}): {error}")
+            # The HTTP status only: the upstream's words would let a tenant read any internal
+            # service through the status (the operator never echoes an answer's text).
+            raise SourceError(
+                REASON_HTTP, f"Prometheus at {self._base} answered HTTP {status}, not a success"
+            )
         return self._snapshots(payload.get("data"), namespace, pods)
 
     def _snapshots(self, data: Any, namespace: str, pods: list[PodTarget]) -> PodResults:
@@ -501,7 +593,8 @@ class SourceFactory:
     ) -> None:
         self._session = query_session if query_session is not None else scrape_session
         self._settings = settings
-        self._policy = policy if policy is not None else UrlPolicy.from_settings(settings)
+        # The wired policy comes from runtime.main.url_policy; without it, only the admin's URL.
+        self._policy = policy if policy is not None else UrlPolicy(configured_url=settings.prometheus_url)
         self._on_too_large = on_too_large
         self._scrape = ScrapeSource(
             scrape_session,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import sys
@@ -25,6 +26,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from dam_operator.cluster.adapters.clusteraddrs import ClusterAddressWatch
 from dam_operator.cluster.adapters.kube import ApiError, KubeClient, default_login
 from dam_operator.cluster.adapters.podwatch import PodWatcher
 from dam_operator.cluster.adapters.sources import SourceFactory, query_connector, scrape_connector
@@ -37,7 +39,7 @@ from dam_operator.cluster.runtime.webhook_lifecycle import WebhookLifecycle
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps.injection import InjectionSettings
 from dam_operator.cluster.steps.registry import Registry
-from dam_operator.cluster.steps.urlpolicy import UrlPolicy
+from dam_operator.cluster.steps.urlpolicy import NO_CLUSTER_ADDRESSES, ClusterAddresses, UrlPolicy
 from dam_sidecar.envcheck import known_variables, unknown_variables
 from dam_sidecar.settings import SidecarSettings
 
@@ -47,6 +49,8 @@ WEBHOOK_RETRY_FIRST_SECONDS = 5.0
 WEBHOOK_RETRY_MAX_SECONDS = 300.0
 CERT_RENEW_CHECK_SECONDS = 6 * 3600.0
 CERT_FILES_CHECK_SECONDS = 60.0
+CLUSTER_ADDRESSES_REFRESH_SECONDS = 300.0
+"""How often the API server's endpoints and the operator's Services are read again (urlpolicy)."""
 POD_SYNC_WAIT_SECONDS = 120.0
 """How long kopf (and with it the first evaluations) waits for the first list of pods."""
 
@@ -231,6 +235,8 @@ class Running:
     metrics_runner: web.AppRunner | None = None
     trim_task: asyncio.Task[None] | None = None
     freeze_task: asyncio.Task[None] | None = None
+    addresses_task: asyncio.Task[None] | None = None
+    """Reads the API server's endpoints and the operator's Services (``ClusterAddressWatch``)."""
     readiness: Readiness | None = None
     """``/readyz`` on the metrics server (readiness.py)."""
     url_policy: UrlPolicy | None = None
@@ -266,7 +272,15 @@ class Running:
 
     async def stop(self) -> None:
         tasks = [
-            t for t in (self.scheduler_task, self.pod_task, self.trim_task, self.freeze_task) if t is not None
+            t
+            for t in (
+                self.scheduler_task,
+                self.pod_task,
+                self.trim_task,
+                self.freeze_task,
+                self.addresses_task,
+            )
+            if t is not None
         ]
         for task in tasks:
             task.cancel()
@@ -278,6 +292,26 @@ class Running:
         await self.session.close()
         await self.query_session.close()
         await self.kube.close()
+
+
+def url_policy(
+    settings: OperatorSettings,
+    api_server: Callable[[], str] = lambda: "",
+    cluster: Callable[[], ClusterAddresses] = lambda: NO_CLUSTER_ADDRESSES,
+) -> UrlPolicy:
+    """The admin's rules on ``spec.source.prometheus.url`` (urlpolicy.py) from the settings, the
+    API server the operator talks to and the addresses read from it (``ClusterAddressWatch``)."""
+    return UrlPolicy(
+        configured_url=settings.prometheus_url,
+        allowed_prefixes=tuple(settings.prometheus_allowed_url_prefixes),
+        allowed_networks=tuple(
+            ipaddress.ip_network(n, strict=False) for n in settings.prometheus_allowed_networks
+        ),
+        api_server_hosts=tuple(h for h in (settings.kubernetes_service_host,) if h),
+        own_addresses=tuple(settings.pod_ips),
+        api_server=api_server,
+        cluster=cluster,
+    )
 
 
 def _start_memory_tasks(settings: OperatorSettings, running: Running) -> None:
@@ -307,8 +341,9 @@ async def start_components(
     metrics = OperatorMetrics(CollectorRegistry())
     registry = Registry()
     session = aiohttp.ClientSession(connector=scrape_connector(settings.scrape_concurrency))
-    url_policy = UrlPolicy.from_settings(settings, api_server=lambda: kube.server)
-    query_session = aiohttp.ClientSession(connector=query_connector(settings.scrape_concurrency, url_policy))
+    addresses = ClusterAddressWatch(kube, settings.operator_namespace)
+    policy = url_policy(settings, api_server=lambda: kube.server, cluster=addresses.current)
+    query_session = aiohttp.ClientSession(connector=query_connector(settings.scrape_concurrency, policy))
     evaluator = Evaluator(
         registry,
         kube,
@@ -316,7 +351,7 @@ async def start_components(
             session,
             settings,
             query_session,
-            policy=url_policy,
+            policy=policy,
             on_too_large=metrics.source_body_too_large,
         ),
         metrics,
@@ -336,7 +371,7 @@ async def start_components(
     registry.subscribe(scheduler.on_change)
     pod_watcher = PodWatcher(kube, registry, namespace=settings.namespace, page_size=settings.list_chunk_size)
     running = Running(
-        url_policy=url_policy,
+        url_policy=policy,
         registry=registry,
         metrics=metrics,
         scheduler=scheduler,
@@ -348,6 +383,10 @@ async def start_components(
         pod_task=asyncio.create_task(pod_watcher.run(), name="dam-pod-watch"),
     )
     _start_memory_tasks(settings, running)
+    await addresses.refresh()  # before the first profile's connection (failures are logged, not raised)
+    running.addresses_task = asyncio.create_task(
+        addresses.run(CLUSTER_ADDRESSES_REFRESH_SECONDS), name="dam-cluster-addresses"
+    )
     running.readiness = Readiness(
         kube, pod_watcher.synced.is_set, running.webhook_problem if settings.webhook_enabled else None
     )
