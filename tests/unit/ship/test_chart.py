@@ -218,6 +218,10 @@ def test_default_render_has_the_operator_its_webhook_and_rbac(chart: Any) -> Non
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
+            "Role",  # default/kubernetes: the API server's addresses (urlpolicy)
+            "RoleBinding",
+            "Role",  # the operator's own Services (urlpolicy)
+            "RoleBinding",
             "Deployment",
             "Service",
             "Service",
@@ -334,6 +338,26 @@ def test_prometheus_allow_lists_reach_the_operator(chart: Any) -> None:
     assert settings.prometheus_allowed_networks == ["127.0.0.0/8"]
     defaults = env_of(one(render(chart), "Deployment"))
     assert "DAM_PROMETHEUS_URL" not in defaults and "DAM_PROMETHEUS_ALLOWED_NETWORKS" not in defaults
+
+
+def test_the_injected_image_and_a_shared_process_namespace_are_the_admins_choice(chart: Any) -> None:
+    def settings_of(values: dict[str, Any] | None = None) -> OperatorSettings:
+        env = env_of(one(render(chart, values), "Deployment"))
+        return OperatorSettings.model_validate(
+            {k[4:].lower(): v for k, v in env.items() if k.startswith("DAM_") and isinstance(v, str)}
+        )
+
+    defaults = settings_of()  # secure by default: no other image, no sharing
+    assert defaults.sidecar_allowed_images == [] and defaults.sidecar_allow_share_process_namespace is False
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert defaults.default_sidecar_image == f"ghcr.io/mlsys/dam-operator:{app_version}"
+    pinned = settings_of({"image": {"digest": "sha256:" + "b" * 64}})
+    assert pinned.default_sidecar_image == "ghcr.io/mlsys/dam-operator@sha256:" + "b" * 64  # by digest
+    loosened = settings_of(
+        {"sidecar": {"allowedImages": ["r.example/a:1", "r.example/b:2"], "allowShareProcessNamespace": True}}
+    )
+    assert loosened.sidecar_allowed_images == ["r.example/a:1", "r.example/b:2"]
+    assert loosened.sidecar_allow_share_process_namespace is True
 
 
 def test_operator_probes_and_ports_match_the_operator_settings(chart: Any) -> None:
