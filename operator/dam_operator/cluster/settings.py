@@ -10,7 +10,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AfterValidator, AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from yarl import URL
 
@@ -122,7 +122,7 @@ class OperatorSettings(BaseSettings):
             "default): no profile may name a Prometheus. Allowed as named (see the prefixes)."
         ),
     )
-    prometheus_allowed_url_prefixes: Annotated[list[str], NoDecode] = Field(
+    prometheus_allowed_url_prefixes: Annotated[list[str], NoDecode, AfterValidator(parse_prefixes)] = Field(
         default_factory=list,
         description=(
             "Prometheus URLs a profile may name in spec.source.prometheus.url (comma-separated "
@@ -131,7 +131,7 @@ class OperatorSettings(BaseSettings):
             "resolve to a private address but not to a sensitive one (prometheus_allowed_networks)."
         ),
     )
-    prometheus_allowed_networks: Annotated[list[str], NoDecode] = Field(
+    prometheus_allowed_networks: Annotated[list[str], NoDecode, AfterValidator(parse_networks)] = Field(
         default_factory=list,
         description=(
             "Networks (comma-separated CIDRs, e.g. 127.0.0.0/8) a named Prometheus DNS name may "
@@ -174,7 +174,7 @@ class OperatorSettings(BaseSettings):
             "pod): a profile's Prometheus URL may not point there."
         ),
     )
-    pod_ips: Annotated[list[str], NoDecode] = Field(
+    pod_ips: Annotated[list[str], NoDecode, AfterValidator(parse_addresses)] = Field(
         default_factory=list,
         description=(
             "The operator's own Pod IPs (comma-separated; the chart sets them from the downward "
@@ -346,21 +346,6 @@ class OperatorSettings(BaseSettings):
         if isinstance(value, str):
             return [p.strip() for p in value.split(",") if p.strip()]
         return value
-
-    @field_validator("prometheus_allowed_networks")
-    @classmethod
-    def _networks(cls, value: list[str]) -> list[str]:
-        return parse_networks(value)
-
-    @field_validator("pod_ips")
-    @classmethod
-    def _addresses(cls, value: list[str]) -> list[str]:
-        return parse_addresses(value)
-
-    @field_validator("prometheus_allowed_url_prefixes")
-    @classmethod
-    def _prefixes(cls, value: list[str]) -> list[str]:
-        return parse_prefixes(value)
 
     @field_validator("prometheus_url")
     @classmethod
