@@ -311,10 +311,35 @@ def test_a_sidecar_restarted_within_the_window_is_a_reported_gap_and_an_older_on
     gap = _condition(_window(spec, [pod], {"p": before}, {"p": after}), st.REPORTING)
     assert gap["status"] == "False" and gap["reason"] == st.REASON_SIDECAR_RESTARTED, gap
     assert gap["message"].startswith(
-        "All 1 instrumented pods reported, with a gap: p: its sidecar was restarted at"
-    )
+        "0 of 1 instrumented pods reported the whole window; 1 answered with a gap, their sidecar "
+        "restarted: p: its sidecar was restarted at"
+    ), gap["message"]
     old = dataclasses.replace(pod, sidecar_restarted_at="2026-11-30T11:58:00Z")  # before this window
     assert _condition(_window(spec, [old], {"p": before}, {"p": after}), st.REPORTING)["status"] == "True"
+
+
+def test_status_pods_reporting_agrees_with_the_reporting_condition_after_a_sidecar_restart() -> None:
+    # Two pods, one whose sidecar the kubelet restarted 10 s before the window's end: both answered,
+    # but one did not report the whole window. status.pods.reporting and the operator's
+    # dam_profile_pods{state="reporting"} (from the step's counts) say 1, the condition False;
+    # the verdict still comes from both pods' probe counters, which kept counting.
+    job = Job(seconds=30.0, steps=60.0, wait_ratio=0.5)
+    before, after = _pair(job)
+    spec = {"selector": SELECTOR, "evaluation": {"windowSeconds": 30}}
+    gapped = dataclasses.replace(_pod("a", True), sidecar_restarted_at="2026-11-30T11:59:50Z")
+    result = _window(spec, [gapped, _pod("b", True)], {"a": before, "b": before}, {"a": after, "b": after})
+    pods = result.patch["status"]["pods"]
+    reporting = _condition(result, st.REPORTING)
+    assert reporting["status"] == "False" and reporting["reason"] == st.REASON_SIDECAR_RESTARTED, reporting
+    assert (pods["instrumented"], pods["reporting"]) == (2, 1), pods
+    assert result.counts is not None and result.counts.reporting == 1
+    assert reporting["message"].startswith("1 of 2 instrumented pods reported the whole window"), reporting
+    assert _condition(result, st.DIAGNOSED)["status"] == "True", _condition(result, st.DIAGNOSED)
+    after_gap = _window(
+        spec, [_pod("a", True), _pod("b", True)], {"a": before, "b": before}, {"a": after, "b": after}
+    )
+    assert after_gap.patch["status"]["pods"]["reporting"] == 2
+    assert _condition(after_gap, st.REPORTING)["status"] == "True"
 
 
 def _condition(result: Any, kind: str) -> dict[str, Any]:

@@ -283,12 +283,16 @@ def reporting_condition(
     problems: Sequence[str],
     generation: int | None,
     reasons: Sequence[str] = (),
+    *,
+    restarted: int = 0,
 ) -> dict[str, Any]:
     """``Reporting``: True when every instrumented pod's sidecar answered this window.
 
     ``reasons``: the failed scrapes' ``SourceError.reason`` labels; an answer over its cap
     (``SourceAnswerTooLarge``) or a refused address (``SourceRefused``) names itself, since
-    the fix is the admin's setting, not the pods."""
+    the fix is the admin's setting, not the pods. ``restarted``: pods whose sidecar answered but
+    was restarted within the window; not in ``reporting`` (``status.pods.reporting`` says the
+    same), and when they are all that is missing the reason is ``SidecarRestarted``."""
     if instrumented == 0:
         return condition(
             REPORTING, False, REASON_NO_INSTRUMENTED, "No matched pod has the sidecar.", generation
@@ -304,12 +308,13 @@ def reporting_condition(
     shown = "; ".join(problems[:MAX_NAMES_LISTED])
     more = len(problems) - MAX_NAMES_LISTED
     detail = shown + (f"; and {more} more" if more > 0 else "")
-    if reporting >= instrumented:  # every sidecar answered, but one restarted in between
+    if restarted and reporting + restarted >= instrumented:  # all answered, some with a gap
         return condition(
             REPORTING,
             False,
             REASON_SIDECAR_RESTARTED,
-            f"All {instrumented} instrumented pods reported, with a gap: {detail}",
+            f"{reporting} of {instrumented} instrumented pods reported the whole window; {restarted} "
+            f"answered with a gap, their sidecar restarted: {detail}",
             generation,
         )
     reason = REASON_NOT_REPORTING

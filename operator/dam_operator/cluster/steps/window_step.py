@@ -44,6 +44,9 @@ class Scrape:
     """Why instrumented pods did not report (not running, no IP, a sidecar error)."""
     error_reasons: list[str]
     """One ``SourceError.reason`` per failed scrape of an instrumented pod (for the metrics)."""
+    gapped: frozenset[str] = frozenset()
+    """Answered pods whose sidecar the kubelet restarted within the window (``sidecar_gaps``):
+    their sidecar did not report the whole window, so they do not count as reporting."""
 
 
 @dataclass(frozen=True)
@@ -131,16 +134,16 @@ def oom_killed_within(last_oom_kill: str | None, when: dt.datetime, window_secon
     return at >= when - dt.timedelta(seconds=window_seconds + OOM_SLACK_SECONDS)
 
 
-def sidecar_gaps(pods: Sequence[PodInfo], when: dt.datetime, window_seconds: float) -> list[str]:
+def sidecar_gaps(pods: Sequence[PodInfo], when: dt.datetime, window_seconds: float) -> dict[str, str]:
     """The instrumented pods whose sidecar the kubelet restarted within the window ending at
-    ``when``: their scrapes may both have answered, but the sidecar's own samples (GPU, CPU
-    sampled at 1 Hz) have a hole there; the probe's counters in the pod kept counting."""
-    return [
-        f"{p.name}: its sidecar was restarted at {p.sidecar_restarted_at} (the kubelet's container "
+    ``when`` (name → why): their scrapes may both have answered, but the sidecar's own samples
+    (GPU, CPU sampled at 1 Hz) have a hole there; the probe's counters in the pod kept counting."""
+    return {
+        p.name: f"{p.name}: its sidecar was restarted at {p.sidecar_restarted_at} (the kubelet's container "
         "status): its own samples have a gap there, the probe's counters kept counting"
         for p in pods
         if p.instrumented and p.active and oom_killed_within(p.sidecar_restarted_at, when, window_seconds)
-    ]
+    }
 
 
 def _not_running(pods: Sequence[PodInfo]) -> list[str]:
@@ -175,12 +178,15 @@ def classify(pods: Sequence[PodInfo], results: Results) -> Scrape:
 
 
 def count_pods(pods: Sequence[PodInfo], scrape: Scrape) -> PodCounts:
-    """``status.pods``' figures; a pod whose sidecar answered counts as instrumented whoever added it."""
+    """``status.pods``' figures; a pod whose sidecar answered counts as instrumented whoever added it.
+
+    Reporting: the pods whose sidecar answered and was not restarted within the window, so that
+    ``status.pods.reporting`` and the ``Reporting`` condition (False, ``SidecarRestarted``) agree."""
     uninstrumented = [p.name for p in pods if not p.instrumented and p.name not in scrape.answered]
     return PodCounts(
         matched=len(pods),
         instrumented=len(pods) - len(uninstrumented),
-        reporting=len(scrape.answered),
+        reporting=sum(1 for name in scrape.answered if name not in scrape.gapped),
         uninstrumented=uninstrumented,
         notes={p.name: p.notes for p in pods if p.notes},
     )
@@ -199,7 +205,12 @@ def _common_conditions(
             notes=counts.notes,
         ),
         st.reporting_condition(
-            counts.instrumented, counts.reporting, scrape.problems, generation, scrape.error_reasons
+            counts.instrumented,
+            counts.reporting,
+            scrape.problems,
+            generation,
+            scrape.error_reasons,
+            restarted=len(scrape.gapped & scrape.answered.keys()),
         ),
     ]
 
@@ -461,11 +472,13 @@ def _kept_patch(
 def _classify_with_gaps(
     pods: Sequence[PodInfo], results: Results, when: dt.datetime, window_seconds: float
 ) -> Scrape:
-    """``classify``, and the pods whose sidecar restarted within the window as problems."""
+    """``classify``, and the pods whose sidecar restarted within the window as problems (``gapped``)."""
     scrape = classify(pods, results)
     gaps = sidecar_gaps(pods, when, window_seconds)
     if gaps:
-        scrape = Scrape(scrape.answered, [*scrape.problems, *gaps], scrape.error_reasons)
+        scrape = Scrape(
+            scrape.answered, [*scrape.problems, *gaps.values()], scrape.error_reasons, frozenset(gaps)
+        )
     return scrape
 
 
