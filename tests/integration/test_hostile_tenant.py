@@ -6,18 +6,30 @@ operator (run with exactly the chart's RBAC and settings) at
     generated on the fly: the operator reads its cap and no more, its RSS stays under the chart's
     memory limit while it reads, and the profile says why (Reporting=False, SourceAnswerTooLarge,
     naming the cap and the setting);
-(b) the cloud metadata address, the API server and the operator's own loopback: each profile is
-    refused (SpecValid=False naming spec.source.prometheus.url, the rule and the setting that
-    allows it), and no request is sent (a listener on the loopback address counts zero connections).
+(b) the cloud metadata addresses, private addresses, the API server and its endpoints and the
+    operator's own loopback: each profile is refused (SpecValid=False naming
+    spec.source.prometheus.url, the rule and the chart value that allows it), and no request is
+    sent (a listener on the loopback address counts zero connections);
+(c) compression bombs: a gzip or deflate answer that inflates to 2 GB, from a sidecar and from a
+    Prometheus, costs the operator its cap, not the answer (RSS sampled, under the chart's limit
+    and under 500 MiB);
+(d) with the chart's defaults, any Prometheus URL is refused naming the chart values, checked in
+    a network namespace that has only loopback (the internal addresses are put on its ``lo``,
+    each with a listener): nothing could leave even if the policy failed, and nothing arrives.
 
-The chart's values allow 127.0.0.1/32 only (the malicious Prometheus runs there; the API server,
-on 127.0.0.1 too, stays refused: the API-server rule is not lifted by a network).
+The chart's values name the malicious Prometheus only (allowedUrlPrefixes: the admin allows its
+address as named); everything else stays closed.
 """
 
 from __future__ import annotations
 
+import functools
 import http.server
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +40,7 @@ import psutil
 import pytest
 import yaml
 
+from tests.support.bombs import bomb
 from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,
@@ -227,7 +240,12 @@ def test_a_tenant_can_neither_exhaust_the_operators_memory_nor_aim_it_at_interna
     chart = install_chart(
         cp,
         system_namespace,
-        {"operator": {"watchNamespace": ns, "prometheus": {"allowedNetworks": ["127.0.0.1/32"]}}},
+        {
+            "operator": {
+                "watchNamespace": ns,
+                "prometheus": {"allowedUrlPrefixes": [huge_prometheus.url + "/"]},
+            }
+        },
     )
     (deployment,) = chart.of_kind("Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -250,9 +268,16 @@ def test_a_tenant_can_neither_exhaust_the_operators_memory_nor_aim_it_at_interna
         webhook=False,
         env=chart.env(),
     )
+    api_endpoint = _api_server_endpoint(cp)
     refused = {
-        "metadata": ("http://169.254.169.254/latest/meta-data", "link-local"),
+        "metadata": ("http://169.254.169.254/latest/meta-data", "metadata"),
+        "metadata-v4compat": ("http://[::169.254.169.254]/latest/meta-data", "metadata"),
+        "metadata-azure": ("http://168.63.129.16/", "metadata"),
+        "metadata-alibaba": ("http://100.100.100.200/latest/meta-data", "metadata"),
+        "metadata-aws-v6": ("http://[fd00:ec2::254]/latest/meta-data", "metadata"),
+        "private": ("http://10.1.2.3:9090/", "private"),
         "apiserver": (cp.url, "Kubernetes API server"),
+        "apiserver-endpoint": (f"https://{api_endpoint}/", "Kubernetes API server"),
         "loopback": (f"http://127.0.0.3:{loopback_listener.port}/", "loopback"),
         "localhost": (f"http://localhost:{loopback_listener.port}/", "loopback"),
     }
@@ -308,7 +333,7 @@ def test_a_tenant_can_neither_exhaust_the_operators_memory_nor_aim_it_at_interna
             cond = wait_for(invalid, 30, f"SpecValid=False on profile {name}")
             message = str(cond.get("message"))
             assert FIELD in message and rule in message, (name, dumps(profile_of(cp, ns, name)))
-            assert "DAM_PROMETHEUS_URL" in message or "DAM_PROMETHEUS_ALLOWED_NETWORKS" in message, message
+            assert "operator.prometheus.allowedUrlPrefixes" in message, message
         assert loopback_listener.connections == 0, "the operator connected to a refused address"
         op.assert_alive()
     finally:
@@ -320,3 +345,339 @@ def _sample(text: str, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.split()[-1])
     raise AssertionError(f"{series} not in the operator's /metrics")
+
+
+def _api_server_endpoint(cp: ControlPlane) -> str:
+    """host:port of the first endpoint of the ``default/kubernetes`` EndpointSlice (what the API
+    server itself writes)."""
+    slices = cp.api(
+        "GET",
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io/service-name=kubernetes",
+    )
+    (item,) = slices["items"]
+    address = item["endpoints"][0]["addresses"][0]
+    return f"{address}:{item['ports'][0]['port']}"
+
+
+# ---------------------------------------------------------------- (c) compression bombs
+
+GB = 1024 * MiB
+BOMB_BYTES = 2 * GB
+
+
+class BombServer:
+    """Answers ``GET /metrics`` and ``POST /api/v1/query`` with a ``encoding`` stream that inflates
+    to 2 GB (tests/support/bombs.py: about 2 MB sent), counting the answers."""
+
+    def __init__(self, encoding: str, prefix: bytes, host: str = "127.0.0.1") -> None:
+        self.answers = 0
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _bomb(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Encoding", encoding)
+                self.end_headers()
+                try:
+                    for piece in bomb(encoding, prefix, BOMB_BYTES):
+                        self.wfile.write(piece)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the operator hung up at its cap
+                owner.answers += 1
+
+            def do_GET(self) -> None:
+                self._bomb()
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._bomb()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def _pod(name: str, app: str) -> dict[str, Any]:
+    pod: dict[str, Any] = json.loads(json.dumps(POD))
+    pod["metadata"] = {"name": name, "labels": {"app": app}}
+    return pod
+
+
+def _bomb_profile(name: str, app: str, *, url: str | None = None, sidecar_port: int | None = None) -> str:
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": app}},
+        "evaluation": {"windowSeconds": 5, "hysteresisWindows": 1},
+    }
+    if url is not None:
+        spec["source"] = {"prometheus": {"url": url, "timeoutSeconds": 60}}
+    if sidecar_port is not None:
+        spec["sidecar"] = {"port": sidecar_port}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "dam.mlsys.dev/v1alpha1",
+            "kind": "DAMProfile",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+@pytest.mark.slow
+def test_compression_bombs_of_2_gb_leave_the_operators_memory_within_its_limit(
+    control_plane: ControlPlane, kube_namespace: str, system_namespace: str, tmp_path: Path
+) -> None:
+    """A sidecar (gzip) and two Prometheus (gzip, deflate) answer 2 GB in about 2 MB each: the
+    operator decompresses them itself, a piece at a time, and gives each up at its cap."""
+    cp, ns = control_plane, kube_namespace
+    servers = {
+        "scrape-gzip": BombServer("gzip", b"# bomb\\n"),
+        "prom-gzip": BombServer("gzip", b'{"status":"success","data":{"resultType":"vector","result":['),
+        "prom-deflate": BombServer(
+            "deflate", b'{"status":"success","data":{"resultType":"vector","result":['
+        ),
+    }
+    try:
+        prefixes = [servers["prom-gzip"].url + "/", servers["prom-deflate"].url + "/"]
+        chart = install_chart(
+            cp,
+            system_namespace,
+            {"operator": {"watchNamespace": ns, "prometheus": {"allowedUrlPrefixes": prefixes}}},
+        )
+        (deployment,) = chart.of_kind("Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        limit = _quantity_bytes(container["resources"]["limits"]["memory"])
+        tenant = _tenant_kubeconfig(cp, ns)
+        for name in servers:
+            cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(_pod(f"trainer-{name}", name)))
+            cp.mark_pod_running(ns, f"trainer-{name}")
+        op = OperatorProcess(
+            cp,
+            tmp_path,
+            namespace=ns,
+            operator_namespace=chart.namespace,
+            kubeconfig=chart.kubeconfig,
+            webhook=False,
+            env=chart.env(),
+        )
+        try:
+            op.start()
+            started_rss = psutil.Process(op.pid).memory_info().rss
+            rss = RssWatch(op.pid)
+            try:
+                cp.kubectl(
+                    "apply",
+                    "-n",
+                    ns,
+                    "-f",
+                    "-",
+                    kubeconfig=tenant,
+                    input=_bomb_profile(
+                        "scrape-gzip", "scrape-gzip", sidecar_port=servers["scrape-gzip"].port
+                    ),
+                )
+                for name in ("prom-gzip", "prom-deflate"):
+                    cp.kubectl(
+                        "apply",
+                        "-n",
+                        ns,
+                        "-f",
+                        "-",
+                        kubeconfig=tenant,
+                        input=_bomb_profile(name, name, url=servers[name].url),
+                    )
+
+                def too_large(name: str) -> dict[str, Any] | None:
+                    op.assert_alive()
+                    cond = condition(profile_of(cp, ns, name), "Reporting")
+                    return (
+                        cond
+                        if cond and cond.get("status") == "False" and "cap" in str(cond.get("message"))
+                        else None
+                    )
+
+                conds: dict[str, dict[str, Any]] = {}
+                for name in servers:
+                    conds[name] = wait_for(
+                        functools.partial(too_large, name), 90, f"Reporting=False at the cap on {name}"
+                    )
+                answers = {name: s.answers for name, s in servers.items()}
+                wait_for(
+                    lambda: all(s.answers >= answers[n] + 2 for n, s in servers.items()),
+                    60,
+                    "two more answers each",
+                )
+                op.assert_alive()
+            finally:
+                rss.close()
+            for name in ("prom-gzip", "prom-deflate"):
+                assert conds[name].get("reason") == "SourceAnswerTooLarge", conds[name]
+            assert "DAM_SCRAPE_MAX_BYTES" in str(conds["scrape-gzip"].get("message")), conds["scrape-gzip"]
+            metrics = op.metrics()
+            assert _sample(metrics, 'dam_operator_source_body_too_large_total{source="scrape"}') >= 3
+            assert _sample(metrics, 'dam_operator_source_body_too_large_total{source="prometheus"}') >= 6
+            counts = {n: s.answers for n, s in servers.items()}
+            figures = (
+                f"2 GB bombs: operator RSS at start {started_rss / MiB:.0f} MiB, peak {rss.peak / MiB:.0f} "
+                f"MiB ({rss.samples} samples), limit {limit / MiB:.0f} MiB, answers {counts}"
+            )
+            print(figures)
+            (tmp_path / "figures.txt").write_text(figures)
+            assert rss.samples > 50, "the RSS was not sampled while the operator read"
+            assert rss.peak < min(limit, 500 * MiB), figures
+        finally:
+            op.close()
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+# ---------------------------------------------------------------- (d) closed by default, in a netns
+
+NETNS_ENV = "DAM_TEST_INSIDE_LOOPBACK_ONLY_NETNS"
+# Internal addresses put on the namespace's lo, each with a listener: a connection would arrive here.
+NETNS_ADDRESSES = (
+    "10.1.2.3",
+    "169.254.169.254",
+    "168.63.129.16",
+    "100.100.100.200",
+    "192.0.0.192",
+    "fd00:ec2::254",
+)
+
+
+@pytest.mark.slow
+def test_with_the_charts_defaults_internal_urls_are_refused_with_zero_connections_in_a_loopback_only_netns(
+    tmp_path: Path,
+) -> None:
+    """Runs the test below in a new network namespace (``unshare -n``, we are root) whose only
+    interface is ``lo``, holding the internal addresses: the control plane, the operator and the
+    listeners all live there, so nothing could leave the machine even if the policy failed."""
+    setup = "; ".join(
+        ["ip link set lo up"] + [f"ip addr add {a}/{128 if ':' in a else 32} dev lo" for a in NETNS_ADDRESSES]
+    )
+    cmd = [
+        "unshare",
+        "-n",
+        "sh",
+        "-c",
+        f"{setup} && exec {sys.executable} -m pytest -q -p no:cacheprovider "
+        f"'{__file__}::test_inside_the_netns_internal_urls_are_refused_with_zero_connections'",
+    ]
+    result = subprocess.run(
+        cmd,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, NETNS_ENV: "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "1 passed" in out, out[-6000:]
+
+
+def test_inside_the_netns_internal_urls_are_refused_with_zero_connections(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    if os.environ.get(NETNS_ENV) != "1":
+        pytest.skip("run by the loopback-only netns test above")
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"], links
+    cp = request.getfixturevalue("control_plane")
+    ns = request.getfixturevalue("kube_namespace")
+    system_namespace = request.getfixturevalue("system_namespace")
+    listeners = [AddressListener(a) for a in NETNS_ADDRESSES]
+    local = AddressListener("127.0.0.1")
+    try:
+        chart = install_chart(cp, system_namespace, {"operator": {"watchNamespace": ns}})  # the defaults
+        tenant = _tenant_kubeconfig(cp, ns)
+        urls: dict[str, tuple[str, AddressListener | None]] = {
+            f"internal-{i}": (f"http://{_bracket(lst.host)}:{lst.port}/", lst)
+            for i, lst in enumerate(listeners)
+        }
+        urls["v4compat"] = (f"http://[::169.254.169.254]:{listeners[1].port}/", listeners[1])
+        urls["loopback"] = (f"http://127.0.0.1:{local.port}/", local)
+        urls["apiserver-endpoint"] = (f"https://{_api_server_endpoint(cp)}/", None)
+        urls["public"] = ("http://prometheus.example.com:9090/", None)
+        op = OperatorProcess(
+            cp,
+            tmp_path,
+            namespace=ns,
+            operator_namespace=chart.namespace,
+            kubeconfig=chart.kubeconfig,
+            webhook=False,
+            env=chart.env(),
+        )
+        try:
+            op.start()
+            for name, (url, _) in urls.items():
+                cp.kubectl("apply", "-n", ns, "-f", "-", input=_profile(name, url), kubeconfig=tenant)
+            for name in urls:
+
+                def invalid(name: str = name) -> dict[str, Any] | None:
+                    cond = condition(profile_of(cp, ns, name), "SpecValid")
+                    return cond if cond and cond.get("status") == "False" else None
+
+                message = str(wait_for(invalid, 60, f"SpecValid=False on {name}").get("message"))
+                assert FIELD in message and "operator.prometheus.url" in message, (name, message)
+                assert "operator.prometheus.allowedUrlPrefixes" in message, (name, message)
+            time.sleep(6)  # another window: still nothing
+            op.assert_alive()
+        finally:
+            op.close()
+        assert {lst.host: lst.connections for lst in [*listeners, local]} == dict.fromkeys(
+            [*NETNS_ADDRESSES, "127.0.0.1"], 0
+        )
+    finally:
+        for lst in [*listeners, local]:
+            lst.close()
+
+
+class AddressListener:
+    """A TCP listener on any address, IPv6 too, counting the connections it accepts."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, 0), family=family)
+        self.sock.settimeout(0.2)
+        self.port = int(self.sock.getsockname()[1])
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
