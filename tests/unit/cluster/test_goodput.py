@@ -18,7 +18,13 @@ from dam_contract.snapshot import Sample, Snapshot, parse_snapshot
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
 from dam_operator.cluster.steps import metric_names as mn
 from dam_operator.cluster.steps import status as st
-from dam_operator.cluster.steps.goodput import PROBE_CAUSES, STATUS_KEYS, GoodputLedger, read_pod
+from dam_operator.cluster.steps.goodput import (
+    PROBE_CAUSES,
+    STATUS_KEYS,
+    GoodputLedger,
+    job_steps_since_checkpoint,
+    read_pod,
+)
 from dam_operator.cluster.steps.registry import PodInfo, RestartRecord, restart_record
 from dam_operator.cluster.steps.spec import parse_spec
 from dam_operator.cluster.steps.window_step import window_step
@@ -547,3 +553,49 @@ def test_accelerator_seconds_are_a_counter_by_use_summed_over_the_fleet_and_gone
     metrics.forget_profile("ns", "a")
     assert {p for _, p, _ in _series(registry, mn.PROFILE_ACCELERATOR_SECONDS_TOTAL)} == {"b"}
     assert set(_series(registry, mn.PROFILE_GOODPUT_RATIO)) == {("ns", "b", "")}
+
+
+def test_a_restart_redoes_only_the_steps_since_the_jobs_newest_checkpoint_when_only_rank_0_saves() -> None:
+    # Two pods, one rank each, 0.5 productive seconds a step. Rank 0 saved 5 steps ago; rank 1 never
+    # saves (its own figure is every step it took). Rank 1's container restarts: it resumes, like
+    # rank 0 would, from rank 0's checkpoint, so 5 steps of its work are redone, not all 200.
+    ledger = GoodputLedger()
+    zero = RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=None)
+    ledger.update(
+        pods=[_pod("r0", restart=zero), _pod("r1", restart=zero)],
+        answered={
+            "r0": _snap(T0, {"0": {"productive": 100, "startup": 1, "steps": 200, "since": 5}}),
+            "r1": _snap(T0, {"1": {"productive": 100, "startup": 1, "steps": 200, "since": 200}}),
+        },
+    )
+    one = RestartRecord(count=1, finished_at=_iso(T0 + 2), started_at=_iso(T0 + 4), terminated_at=None)
+    ledger.update(
+        pods=[_pod("r0", restart=zero), _pod("r1", restart=one)],
+        answered={
+            "r0": _snap(T0 + 6, {"0": {"productive": 103, "startup": 1, "steps": 206, "since": 1}}),
+            "r1": _snap(T0 + 6, {"1": {"productive": 1, "startup": 1, "steps": 2, "since": 2}}),
+        },
+    )
+    out = ledger.status()
+    assert out is not None
+    # Rank 1: 2 s down + 1 s to its first batch + 5 steps x 0.5 s redone; halved over the 2 ranks.
+    assert out["badputSeconds"]["restart"] == pytest.approx((2.0 + 1.0 + 2.5) / 2, abs=0.05)
+    assert out["productiveSeconds"] == pytest.approx((103.0 + 100.0 + 1.0 - 2.5) / 2, abs=0.05)
+    assert out["ratio"] > 0.9  # was 0.505 when rank 1's every step counted as lost
+
+
+def test_the_jobs_checkpoint_is_the_oldest_latest_save_of_the_processes_that_saved() -> None:
+    r0 = read_pod(_snap(T0, {"0": {"productive": 100, "steps": 200, "since": 5}}))
+    r1 = read_pod(_snap(T0, {"1": {"productive": 100, "steps": 200, "since": 200}, "2": {"productive": 1}}))
+    r3 = read_pod(_snap(T0, {"3": {"productive": 100, "steps": 200, "since": 12}}))
+    assert r0 is not None and r1 is not None and r3 is not None
+    # Rank 0 saves for all, rank 1 never saved: rank 0's save is the job's.
+    assert job_steps_since_checkpoint({"a": r0, "b": r1}) == 5
+    # Every rank saves its shard: a checkpoint is whole once all wrote it, the older one.
+    assert job_steps_since_checkpoint({"a": r0, "c": r3}) == 12
+    # Nobody saved: no job figure, each keeps its own (every step).
+    assert job_steps_since_checkpoint({"b": r1}) is None
+    assert job_steps_since_checkpoint({}) is None
+    # Counted from the job's save: 5 steps x 0.5 s; a process with no gauge stays unknown.
+    assert r1.with_job_checkpoint(5).at_risk == {"1": pytest.approx(2.5)}
+    assert r0.with_job_checkpoint(12).at_risk == {"0": pytest.approx(6.0)}

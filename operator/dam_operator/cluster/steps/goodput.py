@@ -35,7 +35,10 @@ Progress lost. The dead process's work since its last checkpoint is redone by th
 was not productive after all: at each scrape the ledger keeps, per process, the productive time
 at risk, ``dam_steps_since_checkpoint`` (its steps since its latest save, every step when it
 saved none) times its rank's productive seconds per step (``dam_goodput_seconds_total`` over
-``dam_steps_total``), at most its productive time. A restart (or a Failed pod's replacement)
+``dam_steps_total``), at most its productive time, where the steps are counted from the job's
+checkpoint (``job_steps_since_checkpoint``: of the processes that saved, in any pod; the usual
+"rank 0 saves for everyone" leaves the other ranks' own figure at every step, and a restart
+resumes them all from rank 0's save). A restart (or a Failed pod's replacement)
 moves what the pod's last scrape before the failure held from ``productive`` to ``restart``:
 it was counted productive when it happened, and the new process's redoing counts once. The work
 between that scrape and the failure is not seen (at most one window's). A sidecar that exports
@@ -129,7 +132,47 @@ class PodReading:
     accelerators: int | None
     """The pod's GPUs as its sidecar attributes them; 0 for a CPU-only job; None: unknown."""
     at_risk: dict[str, float] = field(default_factory=dict)
-    """Process key → productive seconds since its latest checkpoint (absent: unknown)."""
+    """Process key → productive seconds since its own latest checkpoint (absent: unknown)."""
+    since: dict[str, float] = field(default_factory=dict)
+    """Process key → steps since its own latest checkpoint (``dam_steps_since_checkpoint``)."""
+    per_step: dict[str, float] = field(default_factory=dict)
+    """Process key → productive seconds per step (0 before its first step)."""
+    saved: frozenset[str] = frozenset()
+    """Process keys that saved a checkpoint (fewer steps since their latest save than steps)."""
+
+    def with_job_checkpoint(self, job_since: float) -> PodReading:
+        """This reading with each process's progress at risk counted from the job's checkpoint,
+        ``job_since`` steps ago: every rank resumes from the same step."""
+        at_risk = dict(self.at_risk)
+        for key in self.since:
+            productive = self.processes[key][USE_PRODUCTIVE]
+            at_risk[key] = min(productive, job_since * self.per_step.get(key, 0.0))
+        return PodReading(
+            self.at,
+            self.processes,
+            self.process_count,
+            self.accelerators,
+            at_risk,
+            self.since,
+            self.per_step,
+            self.saved,
+        )
+
+
+def job_steps_since_checkpoint(readings: Mapping[str, PodReading]) -> float | None:
+    """Steps since the checkpoint the whole job would resume from; None when no process has saved
+    (each process's own figure, every step it took, then stands).
+
+    Relies on the job being synchronous (data parallel: every rank takes the same steps). Only
+    processes that saved count (a process that never saved reports every step it took): when one
+    rank (rank 0) saves for all, the usual way, its latest save is the job's; when every rank saves
+    its own shard (``torch.distributed.checkpoint``), a checkpoint is whole only once all of them
+    wrote it, so the oldest of their latest saves (the most steps since) is the job's. A restart
+    resumes every rank from that step (issue 28: a 2-rank job whose rank 0 saved 5 steps earlier lost
+    all of rank 1's productive time at rank 1's restart, goodput 0.995 -> 0.505).
+    """
+    found = [r.since[key] for r in readings.values() for key in r.saved if key in r.since]
+    return max(found) if found else None
 
 
 def pod_accelerators(snapshot: Snapshot) -> int | None:
@@ -176,30 +219,44 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
     if set(processes) == {""}:
         live = [v for s in snapshot.samples(names.PROBE_PROCESSES) if (v := _valid(s.value)) is not None]
         count = max(1, min(MAX_PROCESSES_PER_POD, round(sum(live)))) if live else 1
+    at_risk, since, per_step, saved = _at_risk(snapshot, processes)
     return PodReading(
         snapshot.timestamp_seconds,
         processes,
         count,
         pod_accelerators(snapshot),
-        _at_risk(snapshot, processes),
+        at_risk,
+        since,
+        per_step,
+        saved,
     )
 
 
-def _at_risk(snapshot: Snapshot, processes: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Per process, the productive seconds since its latest checkpoint: its steps since that save
-    times its rank's productive seconds per step, at most its productive time."""
+def _at_risk(
+    snapshot: Snapshot, processes: Mapping[str, Mapping[str, float]]
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], frozenset[str]]:
+    """Per process, the productive seconds since its latest checkpoint (its steps since that save
+    times its rank's productive seconds per step, at most its productive time), its steps since
+    that save, its productive seconds per step; and the processes that saved at all."""
     steps = {
         s.label(names.RANK_LABEL): v for s in snapshot.samples(names.STEPS_TOTAL) if (v := _valid(s.value))
     }
     out: dict[str, float] = {}
+    since_by: dict[str, float] = {}
+    per_step: dict[str, float] = {}
+    saved: set[str] = set()
     for s in snapshot.samples(names.STEPS_SINCE_CHECKPOINT):
         key = s.label(names.RANK_LABEL)
         since, total, figures = _valid(s.value), steps.get(key), processes.get(key)
         if since is None or figures is None:
             continue
         productive = figures[USE_PRODUCTIVE]
-        out[key] = min(productive, since * productive / total) if total else 0.0
-    return out
+        per_step[key] = productive / total if total else 0.0
+        since_by[key] = since
+        if total and since < total:
+            saved.add(key)
+        out[key] = min(productive, since * per_step[key])
+    return out, since_by, per_step, frozenset(saved)
 
 
 # ---------------------------------------------------------------- the ledger
@@ -311,6 +368,9 @@ class GoodputLedger:
         failed = {p.name: p for p in finished if p.phase == "Failed"}
         self._retire(active, failed)
         readings = {name: r for name, snap in sorted(answered.items()) if (r := read_pod(snap)) is not None}
+        job_since = job_steps_since_checkpoint(readings)
+        if job_since is not None:
+            readings = {name: r.with_job_checkpoint(job_since) for name, r in readings.items()}
         if self.resume_pending and readings:
             self.resumed_at = min(r.at for r in readings.values())
             self.resume_pending = False
