@@ -466,6 +466,7 @@ class Probe:
             goodput=goodput,
             checkpoints=checkpoints,
             measured_flops=measured_flops,
+            flops_reason=self.goodput.flops.reason_figures(),
         )
 
     def close(self) -> None:

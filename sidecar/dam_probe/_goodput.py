@@ -23,9 +23,17 @@ times a second, at a batch boundary) and in the save wrappers (once per checkpoi
 
 The FLOPs of one training step are counted once, when the job declared none
 (``dam_probe.set_flops_per_step``): after ``FLOPS_AFTER_STEPS`` batches, at a batch boundary,
-PyTorch's own ``torch.utils.flop_counter.FlopCounterMode`` is entered, and it is left at the next
-batch boundary (the probe forces its slow path there), in the training thread only. Every step of
-this is guarded: any error leaves the mode, marks the count "not possible" and training goes on.
+a counting dispatch mode is entered, and it is left at the next batch boundary (the probe forces
+its slow path there), in the training thread only. The mode (``_counting_mode``) cannot change or
+break the user's step: it runs every op exactly as it would run without it (the op first, with the
+mode off the stack, as ``TorchDispatchMode`` does), and only then counts it with PyTorch's own FLOP
+formulas (``torch.utils.flop_counter.flop_registry``, what ``FlopCounterMode`` counts with). An
+error while counting leaves that op's result as it is, stops the count and records why
+(``FLOPS_REASON_*``, with the op and the exception's type); a higher-order op runs uncounted and
+stops the count the same way. ``FlopCounterMode`` itself is not used: its module tracker's hooks
+run in the user's forward and backward (they raise under ``torch.autograd.grad``, PyTorch 2.13:
+"A leaf node was passed to _will_engine_execute_node"), it decomposes ops it has no formula for,
+and its ``torch.cond`` handler runs both branches.
 
 Standard library only: torch is looked up in ``sys.modules``; ``torch.utils.flop_counter`` is
 imported only when torch is already loaded.
@@ -48,9 +56,19 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from dam_probe._counters import CounterGroup
 from dam_probe.layout import (
     FLOPS_DECLARED,
+    FLOPS_DETAIL_BYTES,
     FLOPS_MEASURED,
     FLOPS_OFF,
     FLOPS_PENDING,
+    FLOPS_REASON_COMPILED,
+    FLOPS_REASON_COUNTER_ERROR,
+    FLOPS_REASON_CUT_SHORT,
+    FLOPS_REASON_HIGHER_ORDER_OP,
+    FLOPS_REASON_LOW_MEMORY,
+    FLOPS_REASON_MODE_STACK,
+    FLOPS_REASON_NO_FORMULA,
+    FLOPS_REASON_NO_TORCH,
+    FLOPS_REASON_OFF,
     FLOPS_UNAVAILABLE,
 )
 
@@ -121,6 +139,61 @@ def _tight_memory(p: Probe) -> bool:
     return limit > 0 and limit - usage < FLOPS_MIN_HEADROOM_BYTES
 
 
+_MODE_CLASS: Any = None
+"""The counting dispatch mode's class, built once the job's torch is loaded (``_counting_mode``)."""
+
+
+def _detail(text: str) -> str:
+    return text.encode("ascii", "replace").decode("ascii")[:FLOPS_DETAIL_BYTES]
+
+
+def _counting_mode() -> Any:
+    """A new counting mode: a ``TorchDispatchMode`` that runs each op as it is, then counts it.
+
+    Built on first use from the job's own torch (already in ``sys.modules``): the probe never
+    imports torch itself. ``failure`` is ``(FLOPS_REASON_*, detail)`` once counting stopped."""
+    global _MODE_CLASS
+    if _MODE_CLASS is None:
+        dispatch: Any = importlib.import_module("torch.utils._python_dispatch")
+        registry: Any = importlib.import_module("torch.utils.flop_counter").flop_registry
+        higher_order: Any = importlib.import_module("torch._ops").HigherOrderOperator
+
+        class CountingMode(dispatch.TorchDispatchMode):  # type: ignore[misc]
+            # Higher-order ops come to __torch_dispatch__ (with the mode popped) instead of raising
+            # "no rule registered for HigherOrderOperator" (torch._ops.HigherOrderOperator.dispatch).
+            supports_higher_order_operators = True
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.total = 0
+                self.failure: tuple[int, str] | None = None
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                # The user's op, first and once, as without the counter: this mode is off the
+                # stack here, so the op runs its own kernels; its errors are the user's own.
+                out = func(*args, **(kwargs or {}))
+                if self.failure is None:
+                    try:
+                        if isinstance(func, higher_order):
+                            self.failure = (FLOPS_REASON_HIGHER_ORDER_OP, _detail(str(func.name())))
+                        else:
+                            formula = registry.get(func._overloadpacket)
+                            if formula is not None:
+                                self.total += int(formula(*args, **(kwargs or {}), out_val=out))
+                    except Exception as exc:  # the count's error, never the step's
+                        self.failure = (FLOPS_REASON_COUNTER_ERROR, _detail(f"{func}: {type(exc).__name__}"))
+                return out
+
+        _MODE_CLASS = CountingMode
+    return _MODE_CLASS()
+
+
+def _on_top(mode: Any) -> bool:
+    """Whether ``mode`` is the innermost dispatch mode (leaving it pops the innermost one)."""
+    dispatch: Any = sys.modules.get("torch.utils._python_dispatch")
+    return dispatch is not None and dispatch._get_current_dispatch_mode() is mode
+
+
 class FlopCount(CounterGroup):
     """The one-time FLOP count of a training step (see the module docstring)."""
 
@@ -130,6 +203,7 @@ class FlopCount(CounterGroup):
         "measured_ns",
         "measured_steps",
         "mode",
+        "reason",
         "start_ns",
         "start_steps",
         "state",
@@ -145,6 +219,7 @@ class FlopCount(CounterGroup):
         only thread, is left first)."""
         self._leave()
         self.state = FLOPS_PENDING
+        self.reason: tuple[int, str] | None = None  # why not counted: (FLOPS_REASON_*, detail)
         self.thread = 0
         self.start_steps = 0
         self.start_ns = 0
@@ -158,6 +233,10 @@ class FlopCount(CounterGroup):
             return None
         return self.measured, self.measured_ns, self.measured_steps
 
+    def reason_figures(self) -> tuple[int, str] | None:
+        """``(FLOPS_REASON_*, detail)`` once the probe knows it will not count; None otherwise."""
+        return self.reason
+
     def at_batch(self, p: Probe) -> None:
         """On the slow path, after the publish, in the thread that takes the batches. Never raises."""
         try:
@@ -165,8 +244,12 @@ class FlopCount(CounterGroup):
                 self._finish(p)
             elif self.state == FLOPS_PENDING:
                 self._maybe_start(p)
-        except Exception:
-            self._give_up()
+        except Exception as exc:
+            self._give_up((FLOPS_REASON_COUNTER_ERROR, _detail(f"counter: {type(exc).__name__}")))
+
+    def _unavailable(self, reason: int, detail: str = "") -> None:
+        self.state = FLOPS_UNAVAILABLE
+        self.reason = (reason, detail)
 
     def _maybe_start(self, p: Probe) -> None:
         if p.flops_per_step > 0:
@@ -176,16 +259,18 @@ class FlopCount(CounterGroup):
             return
         if flops_off_by_env():
             self.state = FLOPS_OFF
+            self.reason = (FLOPS_REASON_OFF, "")
             return
-        if sys.modules.get("torch") is None or _compiled():
-            self.state = FLOPS_UNAVAILABLE
+        if sys.modules.get("torch") is None:
+            self._unavailable(FLOPS_REASON_NO_TORCH)
+            return
+        if _compiled():
+            self._unavailable(FLOPS_REASON_COMPILED)
             return
         if _tight_memory(p):
-            self.state = FLOPS_UNAVAILABLE
+            self._unavailable(FLOPS_REASON_LOW_MEMORY)
             return
-        # The job's own torch, already loaded (never a dependency of the probe: imported by name).
-        counter: Any = importlib.import_module("torch.utils.flop_counter")
-        mode: Any = counter.FlopCounterMode(display=False)
+        mode = _counting_mode()
         mode.__enter__()
         self.mode = mode
         self.thread = threading.get_ident()
@@ -200,37 +285,50 @@ class FlopCount(CounterGroup):
         if steps <= 0:
             p.step.next_publish_ns = 0
             return
-        mode, self.mode = self.mode, None
+        mode = self.mode
+        if not _on_top(mode):
+            # The step left a mode of its own above the counter's (entered in the step, left in a
+            # later one): leaving ours now would pop the user's. Ours stays, counting nothing, and
+            # is left at the first batch boundary where it is the innermost again.
+            if mode.failure is None:
+                mode.failure = (FLOPS_REASON_MODE_STACK, "")
+            self.state = FLOPS_UNAVAILABLE
+            self.reason = mode.failure
+            return
+        self.mode = None
         mode.__exit__(None, None, None)
-        total = float(mode.get_total_flops())
-        if total > 0:
-            self.measured = total / steps
+        if mode.failure is not None:
+            self._unavailable(*mode.failure)
+        elif mode.total > 0:
+            self.measured = float(mode.total) / steps
             self.measured_ns = perf_counter_ns() - self.start_ns
             self.measured_steps = steps
             self.state = FLOPS_MEASURED
         else:
-            self.state = FLOPS_UNAVAILABLE  # no op with a FLOP formula ran (custom kernels only)
+            self._unavailable(FLOPS_REASON_NO_FORMULA)
 
     def cut_short(self) -> None:
         """The loader ran out while counting (training thread): leave the mode, retry later."""
         if self.mode is None or threading.get_ident() != self.thread:
             return
+        if not _on_top(self.mode):
+            return  # a mode of the user's is above ours: left at a later boundary (``_finish``)
         self.attempts += 1
         self._leave()
         if self.attempts >= FLOPS_MAX_ATTEMPTS:
-            self.state = FLOPS_UNAVAILABLE
+            self._unavailable(FLOPS_REASON_CUT_SHORT)
 
     def _leave(self) -> None:
         mode, self.mode = self.mode, None
-        if mode is not None:
+        if mode is not None and _on_top(mode):
             with contextlib.suppress(Exception):
                 mode.__exit__(None, None, None)
 
-    def _give_up(self) -> None:
+    def _give_up(self, reason: tuple[int, str]) -> None:
         if self.mode is not None and threading.get_ident() == self.thread:
             self._leave()
         self.mode = None
-        self.state = FLOPS_UNAVAILABLE
+        self._unavailable(*reason)
 
 
 class Accounting(CounterGroup):

@@ -30,7 +30,8 @@ offset size   type    field
                       bit 6: the DataLoader worker kills at 648..656 are valid (v2);
                       bit 7: the goodput accounting at 656..688 and 748 is valid (v2);
                       bit 8: the checkpoint counters at 688..728 are valid (v2);
-                      bit 9: the measured FLOPs at 728..748 are valid (v2))
+                      bit 9: the measured FLOPs at 728..748 are valid (v2);
+                      bit 10: why FLOPs are not counted, at 752..800, is valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
 104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
@@ -86,7 +87,10 @@ offset size   type    field
 748    4      u32     FLOP counting state (flag bit 7): 0 pending, 1 measured, 2 declared by
                       the job (not counted), 3 turned off (``DAM_PROBE_FLOPS=0``), 4 not possible
                       (no torch, a compiled model, an error)
-752    272    -       reserved, zero
+752    4      u32     why the FLOPs were not counted (flag bit 10): ``FLOPS_REASON_*``, 0 none
+756    44     44s     its detail, NUL-padded ASCII (the op whose FLOP formula raised and the
+                      exception's type, the higher-order op; empty when none)
+800    224    -       reserved, zero
 ====== ====== ======= ==========================================================
 
 Seqlock protocol: the writer increments ``sequence`` to an odd value, writes
@@ -136,12 +140,25 @@ FLAG_LOADER_KILLS: Final = 64  # the DataLoader worker kill fields are valid (ve
 FLAG_GOODPUT: Final = 128  # the goodput accounting is valid (version 2)
 FLAG_CHECKPOINTS: Final = 256  # the checkpoint counters are valid (version 2)
 FLAG_FLOPS_MEASURED: Final = 512  # the measured FLOPs per step are valid (version 2)
+FLAG_FLOPS_REASON: Final = 1024  # why the FLOPs were not counted is valid (version 2)
 FLOPS_PENDING: Final = 0
 FLOPS_MEASURED: Final = 1
 FLOPS_DECLARED: Final = 2
 FLOPS_OFF: Final = 3
 FLOPS_UNAVAILABLE: Final = 4
 FLOPS_STATES: Final = (FLOPS_PENDING, FLOPS_MEASURED, FLOPS_DECLARED, FLOPS_OFF, FLOPS_UNAVAILABLE)
+# Why the probe did not count FLOPs (offset 752; the sidecar's dam_model_flops_unavailable{reason}).
+FLOPS_REASON_OFF: Final = 1  # DAM_PROBE_FLOPS=0
+FLOPS_REASON_NO_TORCH: Final = 2  # torch never loaded in the process
+FLOPS_REASON_COMPILED: Final = 3  # torch.compile ran: the counter sees no op of a compiled region
+FLOPS_REASON_LOW_MEMORY: Final = 4  # the container's memory limit leaves under 512 MiB free
+FLOPS_REASON_COUNTER_ERROR: Final = 5  # the counter raised (an op's FLOP formula, entering the mode)
+FLOPS_REASON_HIGHER_ORDER_OP: Final = 6  # a higher-order op ran: it runs uncounted
+FLOPS_REASON_NO_FORMULA: Final = 7  # no op of the step has a FLOP formula (custom kernels only)
+FLOPS_REASON_CUT_SHORT: Final = 8  # the loader ran out while counting, three times
+FLOPS_REASON_MODE_STACK: Final = 9  # the step left another dispatch mode above the counter's
+FLOPS_REASONS: Final = tuple(range(1, 10))
+FLOPS_DETAIL_BYTES: Final = 44
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
 UNKNOWN_RANK: Final = -1
@@ -166,6 +183,8 @@ _CHECKPOINTS = struct.Struct("<QQQQQ")  # blocked, inside steps, saves, last end
 _CHECKPOINTS_OFFSET: Final = 688
 _FLOPS = struct.Struct("<dQII")  # measured FLOPs, wall ns, steps, state (728..752; state under bit 7)
 _FLOPS_OFFSET: Final = 728
+_FLOPS_REASON = struct.Struct("<I44s")  # reason, detail (752..800, flag bit 10)
+_FLOPS_REASON_OFFSET: Final = 752
 _I32_MAX: Final = 2**31 - 1
 _U32_MAX: Final = 2**32 - 1
 
@@ -288,6 +307,9 @@ class ProbeRecord:
     measured_flops_per_step: float | None = None
     flops_measured_ns: int | None = None  # wall time of the counted steps, counter on
     flops_measured_steps: int | None = None
+    # Version 2, flag bit 10: why FLOPs were not counted (FLOPS_REASON_*), its detail; None: unknown.
+    flops_reason: int | None = None
+    flops_detail: str | None = None
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
@@ -345,6 +367,7 @@ class ProbeRecord:
             (self.measured_flops_per_step, self.flops_measured_ns, self.flops_measured_steps),
             "measured_flops_per_step, flops_measured_ns, flops_measured_steps go together",
         )
+        _together((self.flops_reason, self.flops_detail), "flops_reason and flops_detail go together")
         if self.measured_flops_per_step is not None and not (
             math.isfinite(self.measured_flops_per_step) and self.measured_flops_per_step >= 0
         ):
@@ -435,6 +458,7 @@ _V2_FLAGS: Final = (  # a version-2 flag bit, set when its field is known (not N
     (FLAG_GOODPUT, "productive_ns"),
     (FLAG_CHECKPOINTS, "checkpoint_ns"),
     (FLAG_FLOPS_MEASURED, "measured_flops_per_step"),
+    (FLAG_FLOPS_REASON, "flops_reason"),
 )
 
 
@@ -534,6 +558,12 @@ def _pack_v2(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         min(record.flops_measured_steps or 0, _U32_MAX),
         min(record.flops_state or 0, _U32_MAX),
     )
+    _FLOPS_REASON.pack_into(
+        buf,
+        _FLOPS_REASON_OFFSET,
+        min(record.flops_reason or 0, _U32_MAX),
+        (record.flops_detail or "").encode("ascii", "replace")[:FLOPS_DETAIL_BYTES],
+    )
 
 
 def _goodput_kwargs(
@@ -611,7 +641,7 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         raw = bytes(data[off : off + UUID_BYTES]).split(b"\0", 1)[0]
         uuids.append(raw.decode("ascii", "replace"))
     cgroup = bool(flags & FLAG_CGROUP)  # clear in files written before the cgroup fields existed
-    extra: dict[str, int | float | None] = {}
+    extra: dict[str, int | float | str | None] = {}
     if version >= 2:
         (rank, local_rank, world, _, colls, coll_ns, exposed_ns, coll_bytes, mem, mem_limit, ooms, mem_id) = (
             _PAYLOAD_V2.unpack_from(data, _V2_OFFSET)
@@ -653,9 +683,9 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
     )
 
 
-def _goodput_fields(data: bytes, flags: int) -> dict[str, int | float]:
+def _goodput_fields(data: bytes, flags: int) -> dict[str, int | float | str]:
     """The goodput and measured-FLOP fields of a version-2 image, by their flag bits."""
-    out: dict[str, int | float] = {}
+    out: dict[str, int | float | str] = {}
     measured, measured_ns, measured_steps, state = _FLOPS.unpack_from(data, _FLOPS_OFFSET)
     if flags & FLAG_GOODPUT:
         start, startup, productive, other = _GOODPUT.unpack_from(data, _GOODPUT_OFFSET)
@@ -674,7 +704,16 @@ def _goodput_fields(data: bytes, flags: int) -> dict[str, int | float]:
             flops_measured_ns=measured_ns,
             flops_measured_steps=measured_steps,
         )
+    if flags & FLAG_FLOPS_REASON:
+        reason, detail = _FLOPS_REASON.unpack_from(data, _FLOPS_REASON_OFFSET)
+        out.update(flops_reason=reason, flops_detail=_ascii_field(detail))
     return out
+
+
+def _ascii_field(raw: bytes) -> str:
+    """A NUL-padded text field, printable ASCII only (anything else, e.g. a torn write, is ``?``)."""
+    text = raw.split(b"\0", 1)[0].decode("ascii", "replace")
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
 
 
 def _check_header(data: bytes) -> int:
@@ -843,6 +882,7 @@ class ProbeWriter:
         goodput: tuple[int, int, int, int, int] | None = None,
         checkpoints: tuple[int, int, int, int, int] | None = None,
         measured_flops: tuple[float, int, int] | None = None,
+        flops_reason: tuple[int, str] | None = None,
     ) -> None:
         """Publishes one update; ``collectives`` is ``(count, ns, exposed ns, bytes)``,
         ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``, ``process`` is
@@ -851,7 +891,8 @@ class ProbeWriter:
         ``(main thread's run-queue delay ns, the workers' ns)``, ``goodput`` is ``(process start Unix
         ns, startup ns, productive ns, other ns, FLOP counting state)``, ``checkpoints`` is ``(blocked
         ns, of it inside steps ns, saves, latest end Unix ns, steps then)``, ``measured_flops`` is
-        ``(FLOPs per step, wall ns of the counted steps, steps counted)``; None = unknown."""
+        ``(FLOPs per step, wall ns of the counted steps, steps counted)``, ``flops_reason`` is
+        ``(FLOPS_REASON_*, detail)``: why they were not counted; None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy)
         # window covers one memory copy only.
         scratch = self._scratch
@@ -891,6 +932,8 @@ class ProbeWriter:
                 run_queue_ns=None if run_queue is None else run_queue[0],
                 worker_run_queue_ns=None if run_queue is None else run_queue[1],
                 **_goodput_kwargs(goodput, checkpoints, measured_flops),  # type: ignore[arg-type]
+                flops_reason=None if flops_reason is None else flops_reason[0],
+                flops_detail=None if flops_reason is None else flops_reason[1],
             ),
         )
         mm = self._mm
