@@ -99,6 +99,21 @@ BADPUT_CAUSES: Final = (CAUSE_STARTUP, CAUSE_DATA_WAIT, CAUSE_COMMUNICATION, CAU
 SOURCE_LABEL: Final = "source"
 FLOPS_DECLARED: Final = "declared"
 FLOPS_MEASURED: Final = "measured"
+# dam_model_flops_unavailable{reason,detail}: why the probe did not count a step's FLOPs.
+REASON_LABEL: Final = "reason"
+DETAIL_LABEL: Final = "detail"
+FLOPS_UNAVAILABLE_REASONS: Final = (
+    "off",  # DAM_PROBE_FLOPS=0
+    "no-torch",  # torch never loaded in the process
+    "compiled",  # torch.compile ran: the counter sees no op of a compiled region
+    "low-memory",  # the container's memory limit leaves under 512 MiB free
+    "counter-error",  # the counter raised (an op's FLOP formula: detail names the op, the error)
+    "higher-order-op",  # a higher-order op ran (detail): it runs uncounted
+    "no-formula",  # no op of the step has a FLOP formula (custom kernels only)
+    "cut-short",  # the loader ran out while counting, three times
+    "mode-stack",  # the step left a dispatch mode of its own open above the counter's
+)
+"""By the probe's ``FLOPS_REASON_*`` code (dam_probe.layout): code ``i`` is entry ``i - 1``."""
 # Labels of the per-rank and interconnect series.
 RANK_LABEL: Final = "rank"
 DIRECTION_LABEL: Final = "direction"
@@ -138,9 +153,19 @@ MODEL_FLOPS_PER_STEP: Final = _metric(
     "dam_model_flops_per_step",
     GAUGE,
     "FLOPs of one training step: declared by the training script (source=declared), else "
-    "counted once by the probe with torch's FlopCounterMode after warm-up (source=measured); "
+    "counted once by the probe with torch's FLOP formulas after warm-up (source=measured); "
     "absent when unknown (label rank when the process has one).",
     (RANK_LABEL, SOURCE_LABEL),
+    "probe",
+)
+MODEL_FLOPS_UNAVAILABLE: Final = _metric(
+    "dam_model_flops_unavailable",
+    GAUGE,
+    "1 for a process whose probe does not count its step's FLOPs, by reason (off, no-torch, "
+    "compiled, low-memory, counter-error, higher-order-op, no-formula, cut-short, mode-stack) and "
+    "detail (the op and the error, for counter-error and higher-order-op); absent when the FLOPs "
+    "per step are known or still to be counted (label rank when the process has one).",
+    (RANK_LABEL, REASON_LABEL, DETAIL_LABEL),
     "probe",
 )
 GOODPUT_SECONDS_TOTAL: Final = _metric(

@@ -211,7 +211,7 @@ class FlopCount(CounterGroup):
     )
 
     def __init__(self) -> None:
-        self.mode: Any = None  # the FlopCounterMode while it is entered
+        self.mode: Any = None  # the counting mode (``_counting_mode``) while it is entered
         super().__init__()
 
     def reset(self) -> None:

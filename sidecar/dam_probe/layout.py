@@ -81,7 +81,7 @@ offset size   type    field
 704    8      u64     checkpoint saves, cumulative
 712    8      u64     end of the latest save, Unix ns (0 = no save yet)
 720    8      u64     steps when it ended
-728    8      f64     FLOPs of one training step counted by ``FlopCounterMode`` (flag bit 9)
+728    8      f64     FLOPs of one training step counted by the probe (flag bit 9)
 736    8      u64     wall time of the steps counted, with the counter on, ns
 744    4      u32     steps counted (usually 1)
 748    4      u32     FLOP counting state (flag bit 7): 0 pending, 1 measured, 2 declared by
@@ -303,7 +303,7 @@ class ProbeRecord:
     checkpoints: int | None = None
     last_checkpoint_ns: int | None = None  # Unix ns; 0: no save yet
     last_checkpoint_steps: int | None = None
-    # Version 2, flag bit 9: FLOPs of one step counted by FlopCounterMode; None: not measured.
+    # Version 2, flag bit 9: FLOPs of one step counted by the probe; None: not measured.
     measured_flops_per_step: float | None = None
     flops_measured_ns: int | None = None  # wall time of the counted steps, counter on
     flops_measured_steps: int | None = None

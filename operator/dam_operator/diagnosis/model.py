@@ -115,6 +115,9 @@ class Observation(_Wire):
     """Model FLOPs of one counted step (what one ``dam_steps_total`` increment computed)."""
     flops_per_step_source: Literal["measured", "declared"] | None = None
     """Where ``flops_per_step`` comes from: counted once by the probe, or declared (job, spec, flag)."""
+    flops_unavailable: Annotated[str, Field(max_length=256)] | None = None
+    """Why the probe did not count the FLOPs of a step (``dam_model_flops_unavailable``), while
+    ``flops_per_step`` is unknown: "FLOPs unavailable: <this>"."""
     checkpoint_seconds: NonNeg | None = None
     """Time the training thread blocked in checkpoint saves in the window (the most-saving process)."""
     checkpoint_ratio: Ratio | None = None

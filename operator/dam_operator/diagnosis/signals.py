@@ -229,6 +229,42 @@ def _flops_source(s: Scrapes) -> str | None:
     return s.memo(_flops)[1]
 
 
+FLOPS_UNAVAILABLE_TEXT: Mapping[str, str] = {
+    "off": "counting is turned off (DAM_PROBE_FLOPS=0)",
+    "no-torch": "the training process never loaded torch",
+    "compiled": "the model runs compiled (torch.compile): the counter sees no op of a compiled region",
+    "low-memory": "the container's memory limit leaves under 512 MiB free for the counter",
+    "counter-error": "the FLOP counter raised ({detail}); the op ran uncounted and counting stopped",
+    "higher-order-op": "a higher-order op ({detail}) ran uncounted; counting stopped",
+    "no-formula": "no op of the counted step has a FLOP formula (custom kernels only)",
+    "cut-short": "the loader ran out while counting, three times",
+    "mode-stack": "the step left a dispatch mode of its own open across batches",
+}
+"""``dam_model_flops_unavailable``'s reasons as sentences ("FLOPs unavailable: <sentence>")."""
+
+
+def _flops_unavailable(s: Scrapes) -> str | None:
+    """Why the probe did not count the FLOPs of a step: the lowest rank's reason, as a sentence."""
+    found = sorted(
+        (
+            sample.label(names.RANK_LABEL).zfill(12),
+            sample.label(names.REASON_LABEL),
+            sample.label(names.DETAIL_LABEL),
+        )
+        for sample in s.after.samples(names.MODEL_FLOPS_UNAVAILABLE)
+        if sample.value == 1.0 and sample.label(names.REASON_LABEL) in FLOPS_UNAVAILABLE_TEXT
+    )
+    if not found:
+        return None
+    _, reason, detail = found[0]
+    text = FLOPS_UNAVAILABLE_TEXT[reason].format(detail=detail[:64] or "unknown")
+    return text + "; declare them (dam_probe.set_flops_per_step, spec.model.flopsPerStep) for an MFU"
+
+
+def _first_known(pods: Sequence[Observation]) -> str | None:
+    return next((o.flops_unavailable for o in pods if o.flops_unavailable), None)
+
+
 def _checkpoint(s: Scrapes) -> tuple[float, float | None] | None:
     """Checkpoint badput and saves in the window: the most-saving process's (a synchronous job
     waits for it)."""
@@ -417,6 +453,15 @@ SIGNALS: tuple[Signal, ...] = (
         A.COMMON,
         "flopsPerStepSource",
         "Where flopsPerStep comes from.",
+    ),
+    S(
+        "flops_unavailable",
+        U.TEXT,
+        Custom(_flops_unavailable, (n.MODEL_FLOPS_UNAVAILABLE,)),
+        _first_known,
+        "flopsUnavailable",
+        "Why the probe did not count a step's FLOPs (the lowest rank's; 'FLOPs unavailable: <this>'):"
+        " flopsPerStep is then unknown, or the mean of the ranks that counted.",
     ),
     # A job of several pods waits for its slowest saver: the pod that saved the longest.
     S("checkpoint_seconds", U.SECONDS, Custom(_checkpoint_seconds, (n.BADPUT_SECONDS_TOTAL,)), A.MAX),

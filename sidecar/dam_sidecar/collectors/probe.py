@@ -100,6 +100,16 @@ def _model(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
             flops.add_metric([rank_value(r.rank), source], float(r.flops_per_step))
     if flops.samples:
         yield flops
+    unavailable = labelled(n.MODEL_FLOPS_UNAVAILABLE, (n.RANK_LABEL, n.REASON_LABEL, n.DETAIL_LABEL))
+    for r in ranks:
+        if r.flops_unavailable is not None and 1 <= r.flops_unavailable[0] <= len(
+            n.FLOPS_UNAVAILABLE_REASONS
+        ):
+            code, detail = r.flops_unavailable
+            reason = n.FLOPS_UNAVAILABLE_REASONS[code - 1]
+            unavailable.add_metric([rank_value(r.rank), reason, detail], 1.0)
+    if unavailable.samples:
+        yield unavailable
 
 
 def _goodput(ranks: tuple[RankSample, ...]) -> Iterator[Family]:

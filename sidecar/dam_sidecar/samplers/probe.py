@@ -87,6 +87,9 @@ class RankSample:
     steps_since_checkpoint: int | None = None
     # Unix seconds the rank's latest save ended (kept after its process ended); None: no save seen.
     last_checkpoint_seconds: float | None = None
+    # Why the rank's FLOPs are not counted (layout flag bit 10: FLOPS_REASON_*, its detail), while
+    # flops_per_step is unknown; kept after the process ended. None: no reason (counted, pending).
+    flops_unavailable: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,7 @@ class ProbeReader:
     # The latest FLOPs per step (and source) each rank published: kept after its process ended
     # (a model's FLOPs do not change when it stops; ``dam run``'s last sample comes after the exit).
     _flops_of: dict[RankKey, tuple[float, str]] = field(default_factory=dict)
+    _flops_reason_of: dict[RankKey, tuple[int, str]] = field(default_factory=dict)  # why not, likewise
     _last_save_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest save
     _folded: set[Key] = field(default_factory=set)
     _throttled: HighWater = field(default_factory=HighWater)  # cgroup id -> highest throttled ns
@@ -416,6 +420,8 @@ class ProbeReader:
             known = rank in self._coll_known
             if n is not None and n.effective_flops_per_step[0] > 0:
                 self._flops_of[rank] = n.effective_flops_per_step
+            if n is not None and n.flops_reason and n.flops_detail is not None:
+                self._flops_reason_of[rank] = (n.flops_reason, n.flops_detail)
             flops, source = self._flops_of.get(rank, (0.0, ""))
             out.append(
                 RankSample(
@@ -440,6 +446,7 @@ class ProbeReader:
                     last_checkpoint_seconds=(
                         self._last_save_of[rank] / 1e9 if rank in self._last_save_of else None
                     ),
+                    flops_unavailable=None if flops > 0 else self._flops_reason_of.get(rank),
                 )
             )
         return tuple(out)

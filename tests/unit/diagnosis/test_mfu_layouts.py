@@ -18,9 +18,17 @@ import pytest
 
 from dam_contract.snapshot import Snapshot, parse_snapshot
 from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.model import Hardware
+from dam_operator.diagnosis.model import Hardware, Verdict
 from dam_operator.diagnosis.window import PodWindow, job_window
-from dam_probe.layout import FLOPS_DECLARED, FLOPS_MEASURED, ProbeRecord, encode, probe_path
+from dam_probe.layout import (
+    FLOPS_DECLARED,
+    FLOPS_MEASURED,
+    FLOPS_REASON_COUNTER_ERROR,
+    FLOPS_UNAVAILABLE,
+    ProbeRecord,
+    encode,
+    probe_path,
+)
 from dam_sidecar.attribution import Attributor
 from dam_sidecar.collector import SidecarCollector, standard_collectors
 from dam_sidecar.errors import ErrorLog
@@ -45,6 +53,8 @@ class Process:
     gpus: tuple[int, ...]
     flops: float = FLOPS
     declared: bool = False
+    failed: str = ""
+    """Not counted: the probe's counter raised in this op (FLOPS_REASON_COUNTER_ERROR)."""
 
 
 @pytest.fixture
@@ -60,6 +70,26 @@ def pids() -> Iterator[list[int]]:
 
 
 def _record(pid: int, p: Process, steps: int, world: int | None) -> ProbeRecord:
+    if p.failed:
+        return ProbeRecord(
+            pid=pid,
+            start_time_ns=1_000 + pid,
+            steps=steps,
+            wait_ns=0,
+            step_ns=round(steps / RATE * 1e9),
+            last_update_ns=time.time_ns(),
+            batch_size=32,
+            flops_per_step=0.0,
+            closed=False,
+            rank=p.rank,
+            process_start_ns=1,
+            startup_ns=10**9,
+            productive_ns=round(steps / RATE * 1e9),
+            other_ns=0,
+            flops_state=FLOPS_UNAVAILABLE,
+            flops_reason=FLOPS_REASON_COUNTER_ERROR,
+            flops_detail=p.failed,
+        )
     counted = (p.flops, 10**7, 1)  # what the probe's FlopCounterMode step published
     measured = dict(
         zip(("measured_flops_per_step", "flops_measured_ns", "flops_measured_steps"), counted, strict=True)
@@ -118,15 +148,18 @@ def _pod_window(tmp: Path, pids: list[int], procs: list[Process], world: int | N
     return PodWindow(before, after, elapsed_seconds=WINDOW_S)
 
 
-def _mfu(tmp_path: Path, pids: list[int], pods: list[list[Process]], **known: float) -> float | None:
+def _verdict(tmp_path: Path, pids: list[int], pods: list[list[Process]], **known: float) -> Verdict:
     world = sum(1 for pod in pods for p in pod if p.rank is not None) or None
     windows, used = {}, 0
     for i, procs in enumerate(pods):
         windows[f"pod-{i}"] = _pod_window(tmp_path / f"pod-{i}", pids[used:], procs, world)
         used += len(procs)
     jw = job_window(windows, **known)  # type: ignore[arg-type]
-    verdict = diagnose(jw.job, hardware=Hardware(peak_flops=PEAK), ranks=jw.ranks)
-    return verdict.metrics.mfu
+    return diagnose(jw.job, hardware=Hardware(peak_flops=PEAK), ranks=jw.ranks)
+
+
+def _mfu(tmp_path: Path, pids: list[int], pods: list[list[Process]], **known: float) -> float | None:
+    return _verdict(tmp_path, pids, pods, **known).metrics.mfu
 
 
 def test_one_pod_of_one_rank_on_one_gpu_is_the_analytic_mfu(tmp_path: Path, pids: list[int]) -> None:
@@ -180,3 +213,15 @@ def test_a_cpu_only_job_of_two_ranks_is_per_rank_against_the_declared_peak(
     two_pods = _mfu(tmp_path / "two", pids, [[Process(0, ())], [Process(1, ())]])
     assert one_pod == pytest.approx(EXPECTED)
     assert two_pods == pytest.approx(EXPECTED)
+
+
+def test_a_job_whose_counter_failed_says_why_in_the_status_and_the_evidence(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    failed = "dam_test.scaled.default: ValueError"
+    verdict = _verdict(tmp_path, pids, [[Process(r, (r,), failed=failed) for r in range(2)]])
+    status = verdict.to_status()
+    assert verdict.metrics.mfu is None and "flopsPerStep" not in status["metrics"]
+    expected = f"the FLOP counter raised ({failed}); the op ran uncounted and counting stopped"
+    assert status["metrics"]["flopsUnavailable"].startswith(expected), status["metrics"]
+    assert any(e.startswith(f"FLOPs unavailable: {expected}") for e in status["bottleneck"]["evidence"])

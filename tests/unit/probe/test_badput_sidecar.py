@@ -185,3 +185,46 @@ def test_steps_since_checkpoint_count_every_step_without_a_save_and_the_latest_s
         assert _value(snap, n.LAST_CHECKPOINT_TIMESTAMP_SECONDS, rank="3") == 55.0
     finally:
         collector.close()
+
+
+def test_why_flops_are_not_counted_is_exported_while_they_are_unknown(tmp_path: Path) -> None:
+    from dam_probe import layout
+
+    codes = [
+        getattr(layout, f"FLOPS_REASON_{r.upper().replace('-', '_')}") for r in n.FLOPS_UNAVAILABLE_REASONS
+    ]
+    assert codes == list(layout.FLOPS_REASONS)  # the label of code i is entry i - 1
+    directory = str(tmp_path)
+    failed = _record(
+        os.getpid(),
+        rank=3,
+        process_start_ns=1,
+        startup_ns=10**9,
+        productive_ns=10**9,
+        other_ns=0,
+        flops_state=layout.FLOPS_UNAVAILABLE,
+        flops_reason=layout.FLOPS_REASON_COUNTER_ERROR,
+        flops_detail="dam_test.scaled.default: ValueError",
+    )
+    collector = build_collector(SidecarSettings(probe_dir=directory, port=0), use_nvml=False)
+    try:
+        with open(probe_path(directory, os.getpid()), "wb") as fh:
+            fh.write(encode(failed))
+        collector.sample_now()
+        (sample,) = collector.snapshot().samples(n.MODEL_FLOPS_UNAVAILABLE)
+        assert dict(sample.labels) == {
+            "rank": "3",
+            "reason": "counter-error",
+            "detail": "dam_test.scaled.default: ValueError",
+        }
+        assert sample.value == 1.0
+        # The same process declares its FLOPs later: the reason is no longer exported.
+        declared = _record(os.getpid(), rank=3, flops_per_step=4e9)
+        with open(probe_path(directory, os.getpid()), "wb") as fh:
+            fh.write(encode(declared))
+        collector.sample_now()
+        snap = collector.snapshot()
+        assert _value(snap, n.MODEL_FLOPS_PER_STEP, source="declared") == 4e9
+        assert not snap.samples(n.MODEL_FLOPS_UNAVAILABLE)
+    finally:
+        collector.close()

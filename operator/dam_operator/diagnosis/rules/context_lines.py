@@ -30,6 +30,8 @@ def add_context_lines(ctx: Context, f: Finding) -> None:
         f.evidence.append(ev.mfu(d.mfu, t))
         if d.mfu > 1.0:
             f.evidence.append(ev.note("MFU above 100%: check flops_per_step and the peak FLOP/s"))
+    if o.flops_per_step is None and o.flops_unavailable:
+        f.evidence.append(ev.note(f"FLOPs unavailable: {o.flops_unavailable}"))
     if d.steps_per_second is not None:
         f.evidence.append(
             ev.rate(d.steps_per_second, ctx.steps(), o.window_seconds, each_rank=o.job_steps is not None)
