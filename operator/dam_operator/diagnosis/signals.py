@@ -231,7 +231,6 @@ def _flops_source(s: Scrapes) -> str | None:
 
 FLOPS_UNAVAILABLE_TEXT: Mapping[str, str] = {
     "off": "counting is turned off (DAM_PROBE_FLOPS=0)",
-    "no-torch": "the training process never loaded torch",
     "compiled": "the model runs compiled (torch.compile): the counter sees no op of a compiled region",
     "low-memory": "the container's memory limit leaves under 512 MiB free for the counter",
     "counter-error": "the FLOP counter raised ({detail}); the op ran uncounted and counting stopped",
@@ -252,7 +251,10 @@ def _flops_unavailable(s: Scrapes) -> str | None:
             sample.label(names.DETAIL_LABEL),
         )
         for sample in s.after.samples(names.MODEL_FLOPS_UNAVAILABLE)
-        if sample.value == 1.0 and sample.label(names.REASON_LABEL) in FLOPS_UNAVAILABLE_TEXT
+        if sample.value == 1.0
+        and sample.label(names.REASON_LABEL) in FLOPS_UNAVAILABLE_TEXT
+        # A process that never loaded torch has no model FLOPs to count: nothing to say.
+        and sample.label(names.REASON_LABEL) != "no-torch"
     )
     if not found:
         return None
