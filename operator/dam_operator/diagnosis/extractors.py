@@ -41,6 +41,8 @@ class Known:
     gpu_model: str | None = None
     oom_killed: bool | None = None
     """The pod's training container was OOM-killed (Pod status, ``dam run``'s child)."""
+    starting: bool | None = None
+    """The pod may still be starting (``Observation.starting``)."""
 
 
 class KnownArgs(TypedDict, total=False):
@@ -52,6 +54,7 @@ class KnownArgs(TypedDict, total=False):
     flops_per_step: float | None
     gpu_model: str | None
     oom_killed: bool | None
+    starting: bool | None
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,10 @@ class Observation(_Wire):
     oom_killed: bool | None = None
     """Supplied by the caller: the container was OOM-killed (Pod ``lastState.terminated.reason``
     ``OOMKilled``, or ``dam run``'s child killed by the kernel's OOM killer)."""
+    starting: bool | None = None
+    """Supplied by the caller: the job may still be starting (a Pod within its first minutes, a live
+    ``dam run`` window); False when it is past its start-up or has ended (``dam run``'s final
+    verdict). Says how a window without a step or a sign of the training process reads."""
     main_rss_bytes: NonNeg | None = None
     worker_rss_bytes: NonNeg | None = None
     """Resident memory of the training process (main) and of its DataLoader workers."""

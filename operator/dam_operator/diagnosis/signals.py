@@ -660,6 +660,7 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     S("loader_worker_kills", U.COUNT, Increase(n.DATALOADER_WORKER_KILLS_TOTAL), A.SUM),
     S("oom_killed", U.FLAG, Custom(lambda s: s.known.oom_killed), A.ANY),
+    S("starting", U.FLAG, Custom(lambda s: s.known.starting), A.ANY),
     S(
         "main_rss_bytes",
         U.BYTES,

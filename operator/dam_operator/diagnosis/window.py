@@ -385,6 +385,8 @@ class PodWindow:
     gpu_uuids: set[str] | None = None
     oom_killed: bool | None = None
     """The pod's training container was OOM-killed (Pod status ``lastState.terminated.reason``)."""
+    starting: bool | None = None
+    """The pod may still be starting (``Observation.starting``: its first minutes, a live run)."""
 
 
 @dataclass(frozen=True)
@@ -411,7 +413,9 @@ def job_window(
     per_rank: dict[RankId, Observation] = {}
     for name in sorted(pods):
         w = pods[name]
-        known = Known(w.elapsed_seconds, w.gpu_uuids, batch_size, flops_per_step, gpu_model, w.oom_killed)
+        known = Known(
+            w.elapsed_seconds, w.gpu_uuids, batch_size, flops_per_step, gpu_model, w.oom_killed, w.starting
+        )
         pod_ranks = _rank_observations(w.before, w.after, name, known)
         per_pod[name] = _pod_observation(w.before, w.after, known, pod_ranks)
         per_rank.update(pod_ranks)

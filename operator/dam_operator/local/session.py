@@ -161,6 +161,7 @@ def verdict_between(
     hardware: Hardware | None = None,
     *,
     oom_killed: bool | None = None,
+    starting: bool | None = None,
 ) -> Verdict:
     """The raw verdict (no hysteresis) of the window between two snapshots of one local job.
 
@@ -168,11 +169,17 @@ def verdict_between(
     as one job — the job's observation plus each rank's, so the verdict names a straggler
     (``bottleneck.straggler``) and lists the ranks (``metrics.ranks``); a single process is
     judged from its own observation. ``oom_killed``: the command itself was OOM-killed.
+    ``starting``: ``Observation.starting`` (False for the final verdict: the command has ended).
     """
-    jw = job_window({"": PodWindow(before, after, elapsed_seconds=elapsed_seconds, oom_killed=oom_killed)})
+    window = PodWindow(
+        before, after, elapsed_seconds=elapsed_seconds, oom_killed=oom_killed, starting=starting
+    )
+    jw = job_window({"": window})
     if len(jw.ranks) > 1:
         return diagnose(jw.job, thresholds, hardware, ranks=jw.ranks)
-    obs = observation_from_snapshots(before, after, elapsed_seconds=elapsed_seconds, oom_killed=oom_killed)
+    obs = observation_from_snapshots(
+        before, after, elapsed_seconds=elapsed_seconds, oom_killed=oom_killed, starting=starting
+    )
     return diagnose(obs, thresholds, hardware)
 
 
@@ -243,7 +250,9 @@ class LocalSession:
 
     # -- verdicts ---------------------------------------------------------------------------
 
-    def verdict_of(self, before: Timed, after: Timed, oom_killed: bool | None = None) -> Verdict:
+    def verdict_of(
+        self, before: Timed, after: Timed, oom_killed: bool | None = None, *, starting: bool | None = None
+    ) -> Verdict:
         """The raw verdict (no hysteresis) of the window between two snapshots.
 
         The window's worker count is the most any kept snapshot in it saw (``WINDOW_PEAK_SERIES``).
@@ -252,7 +261,13 @@ class LocalSession:
         inside = [x for x in (*self._kept(after), *self.history) if before[0] <= x[0] <= after[0]]
         snap = with_peaks(after[1], peaks_of(inside, WINDOW_PEAK_SERIES), WINDOW_PEAK_SERIES)
         return verdict_between(
-            before[1], snap, elapsed or None, self.thresholds, self.hardware, oom_killed=oom_killed
+            before[1],
+            snap,
+            elapsed or None,
+            self.thresholds,
+            self.hardware,
+            oom_killed=oom_killed,
+            starting=starting,
         )
 
     def window_start(self) -> Timed:
@@ -385,7 +400,7 @@ class LocalSession:
         before, after = span
         if oom_killed or oom_kills_between(before[1], after[1]) > 0:
             after = (after[0], with_memory_peaks(after[1], self.peaks))
-        return self.verdict_of(before, after, oom_killed)
+        return self.verdict_of(before, after, oom_killed, starting=False)  # the command has ended
 
     def final_ranks(self, limit: int = MAX_LISTED_RANKS) -> list[RankFigures]:
         """Each rank's figures over the final verdict's span, in rank order (empty for one process).
@@ -404,8 +419,12 @@ class LocalSession:
 
     def verdict_from_nothing(self, oom_killed: bool | None = None) -> Verdict:
         empty = Snapshot([])
+        # The final verdict: the command has ended (starting False).
+        obs = observation_from_snapshots(
+            empty, empty, elapsed_seconds=None, oom_killed=oom_killed, starting=False
+        )
         return diagnose(
-            observation_from_snapshots(empty, empty, elapsed_seconds=None, oom_killed=oom_killed),
+            obs,
             self.thresholds,
             self.hardware,
         )

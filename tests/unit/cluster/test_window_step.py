@@ -509,3 +509,42 @@ def test_the_scrape_at_the_kill_does_not_replace_the_memory_mark_that_names_the_
     b = ended.patch["status"]["bottleneck"]
     assert (b["regime"], b["lever"]) == ("memory-capacity", "reduce-loader-memory"), b
     assert ended.patch["status"]["metrics"]["workerCount"] == 2, ended.patch["status"]["metrics"]
+
+
+def test_a_window_without_a_step_reads_starting_for_a_young_pod_and_custom_loop_past_start_up(
+    tmp_path: Any,
+) -> None:
+    # A real sidecar's scrape of a pod whose trainer has not written its probe file yet (it does
+    # so from its first batch on): an empty probe directory.
+    from dam_sidecar.collector import build_collector
+    from dam_sidecar.settings import SidecarSettings
+
+    c = build_collector(SidecarSettings(probe_dir=str(tmp_path)), use_nvml=False)
+    try:
+        c.sample_now()
+        snap = c.snapshot()
+    finally:
+        c.close()
+    samples = [s for name in sorted(snap.names()) for s in snap.samples(name)]
+    before, after = Snapshot(samples, 1000.0), Snapshot(samples, 1030.0)
+    spec = {"selector": SELECTOR, "evaluation": {"windowSeconds": 30}}
+    body = {"metadata": {"namespace": "ns", "name": "p", "labels": {"app": "t"}}}
+    young = PodInfo.from_body(
+        {**body, "status": {"phase": "Running", "podIP": "10.0.0.1", "startTime": "2026-11-30T11:59:00Z"}},
+        True,
+    )
+    assert young.started_at == "2026-11-30T11:59:00Z"  # WHEN - 60 s
+    old = dataclasses.replace(young, started_at="2026-11-30T11:50:00Z")  # WHEN - 10 min
+
+    def evidence(pod: PodInfo) -> str:
+        result = _window(spec, [pod], {"p": before}, {"p": after})
+        b = result.patch["status"]["bottleneck"]
+        assert b["regime"] == "unknown", b
+        return " ".join(b["evidence"]) + " | " + " ".join(b["missing"])
+
+    starting = evidence(young)
+    assert "the job has not reached its first step yet (it is starting" in starting, starting
+    assert "DataLoader" not in starting and "dam_probe.instrument" not in starting, starting
+    past = evidence(old)
+    assert "no DataLoader was iterated (a custom training loop" in past, past
+    assert "dam_probe.instrument(batches)" in past, past

@@ -156,6 +156,8 @@ class PodInfo:
     """Its training containers' restarts (``restart_record``); None when not read (tests)."""
     sidecar_restarted_at: str | None = None
     """When its sidecar last ended and was restarted (``sidecar_restart``); None when never."""
+    started_at: str | None = None
+    """``status.startTime`` (RFC 3339): when the kubelet took the pod; None until then."""
 
     @property
     def key(self) -> ProfileKey:
@@ -193,6 +195,7 @@ class PodInfo:
             notes=pod_notes(body),
             restart=restart_record(status),
             sidecar_restarted_at=sidecar_restart(status),
+            started_at=status.get("startTime") or None,
         )
 
 

@@ -523,6 +523,7 @@ def _pod_windows(
             result,
             elapsed_seconds=elapsed,
             oom_killed=oom_killed_within(by_name[name].last_oom_kill, when, elapsed),
+            starting=pod_starting(by_name[name], when),
         )
     return windows, new_baselines
 
@@ -568,6 +569,20 @@ def _oom_windows(  # noqa: PLR0917 (six positional: called once, in window_step)
         windows[pod.name] = PodWindow(first, last, elapsed_seconds=None, oom_killed=True)
         notes.append(_oom_sentence(pod, mark))
     return notes
+
+
+STARTUP_GRACE_SECONDS = 300.0
+"""A pod is taken as maybe still starting for this long after its ``status.startTime`` (image
+pull, imports, loading a dataset or a checkpoint before the first batch)."""
+
+
+def pod_starting(pod: PodInfo, when: dt.datetime) -> bool | None:
+    """``Observation.starting`` of a pod's window ending at ``when``: True within
+    ``STARTUP_GRACE_SECONDS`` of its ``status.startTime``, False after; None when unknown. A job
+    (any of its pods starting: ``Agg.ANY``) without a step then reads "not reached its first step
+    yet" (True, None) or "no DataLoader was iterated" (False: a custom loop, docs/method.md)."""
+    at = parse_datetime(pod.started_at)
+    return None if at is None else when - at < dt.timedelta(seconds=STARTUP_GRACE_SECONDS)
 
 
 def _verdict(

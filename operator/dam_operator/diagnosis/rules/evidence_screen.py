@@ -31,14 +31,44 @@ def sampled(ctx: Context) -> Evidence:
     return Evidence(Kind.SAMPLED, "sampled in the window: " + ", ".join(parts))
 
 
+NOT_STARTED = (
+    "no training step was seen in the window: the job has not reached its first step yet (it is "
+    "starting: pulling its image, importing, loading its data or a checkpoint), or it ended before it"
+)
+"""The window of a training process not seen at all (``not_started``)."""
+
+
+def not_started(ctx: Context) -> bool:
+    """No figure of the training process itself (no data wait, no CPU of its main process), and the
+    caller does not say the job is past its start-up (``Observation.starting`` not False).
+
+    The sidecar and ``dam run`` find the training process through its probe file, which the probe
+    writes from the process's first batch on: a Pod that is still starting (imports, loading) and a
+    loop that iterates no DataLoader read the same. The caller tells them apart by time: a Pod past
+    its first minutes, or a ``dam run`` command that ended, gets the custom-loop answer of
+    ``no_step``; a job that may still be starting is told its first step is still to come, and
+    nothing says that the code needs a change."""
+    o = ctx.obs
+    return o.data_wait_ratio is None and o.main_cpu_cores is None and o.starting is not False
+
+
 def no_step(ctx: Context) -> Finding | None:
-    """No batch was delivered: the command never iterated a DataLoader (a custom loop, or it exited
-    or failed before its first step). Say so, and how to measure a custom loop."""
+    """No batch was delivered. Not started (``not_started``: a Pod still starting): say the first
+    step is still to come. Else the command never iterated a DataLoader (a custom loop, or it exited
+    or failed before its first step): say so, and how to measure a custom loop."""
     o = ctx.obs
     steps = ctx.steps()
     nothing = o.data_wait_ratio is None and not ctx.d.gpu_signals and o.main_cpu_cores is None
     if not (steps == 0 or (steps is None and nothing)):
         return None
+    if not_started(ctx):
+        return unknown(
+            [Evidence(Kind.STEPS, NOT_STARTED, {"steps": 0.0} if steps == 0 else {}), sampled(ctx)],
+            [
+                "steps: the first verdict comes with the first window after the job's first batch "
+                "(docs/troubleshooting.md, Verdict unknown, says what to check if it never comes)"
+            ],
+        )
     seen = Evidence(
         Kind.STEPS,
         "no training step was seen in the window: no DataLoader was iterated (a custom "
