@@ -81,8 +81,44 @@ def _snap(
 
 
 def test_the_operators_uses_are_productive_the_probes_causes_and_restart() -> None:
-    assert set(mn.ACCELERATOR_USES) == {mn.USE_PRODUCTIVE, *names.BADPUT_CAUSES, names.CAUSE_RESTART}
-    assert set(STATUS_KEYS) == set(mn.ACCELERATOR_USES) - {mn.USE_PRODUCTIVE}
+    """Each second the probe reports under a cause, and a restart's downtime, reach the status under
+    that cause and the exported counter under that use, times the job's 2 GPUs: every figure
+    differs, so a cause routed to another key, dropped or counted twice shows."""
+    ledger = GoodputLedger()
+    before = RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=None)
+    first = {
+        "productive": 61,
+        "startup": 3,
+        "data-wait": 5,
+        "communication": 7,
+        "checkpoint": 11,
+        "other": 13,
+    }
+    ledger.update(pods=[_pod("a", restart=before)], answered={"a": _snap(T0, {"": first}, gpus=2)})
+    # Down from T0+10 to T0+27; the new process took 2 s to its first batch.
+    after = RestartRecord(count=1, finished_at=_iso(T0 + 10), started_at=_iso(T0 + 27), terminated_at=None)
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 60, {"": {"productive": 4, "startup": 2}}, gpus=2)},
+    )
+    out = ledger.status()
+    assert out is not None
+    seconds = {"startup": 3, "data-wait": 5, "communication": 7, "checkpoint": 11, "other": 13, "restart": 19}
+    assert out["badputSeconds"] == {STATUS_KEYS[use]: pytest.approx(v) for use, v in seconds.items()}
+    assert out["productiveSeconds"] == pytest.approx(65.0)
+    assert out["acceleratorSecondsLost"] == pytest.approx(2 * sum(seconds.values()))
+    expected = {use: 2.0 * v for use, v in {**seconds, "productive": 65}.items()}
+    assert ledger.accelerator_seconds == pytest.approx(expected)
+
+    registry = CollectorRegistry()
+    OperatorMetrics(registry).observe_goodput(
+        "ns", "p", accelerator_seconds=ledger.accelerator_seconds, ratio=out["ratio"]
+    )
+    exported = {use: v for (_, _, use), v in _series(registry, mn.PROFILE_ACCELERATOR_SECONDS_TOTAL).items()}
+    assert (
+        set(exported) == set(mn.ACCELERATOR_USES) == {mn.USE_PRODUCTIVE, *names.BADPUT_CAUSES, mn.USE_RESTART}
+    )
+    assert exported == pytest.approx(expected)
 
 
 def test_the_job_is_the_mean_of_its_ranks_and_accelerator_seconds_are_badput_times_gpus() -> None:

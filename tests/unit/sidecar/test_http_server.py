@@ -252,6 +252,14 @@ def test_shutdown_before_serving_does_not_hang() -> None:
     server = HttpServer(
         listening_socket("127.0.0.1", 0, 16), lambda r: None, lambda r: Response(200, b""), lim
     )
+    port = server.server_address[1]
     server.shutdown()
-    server.serve_forever()  # returns at once: shut down already
+    t0 = time.monotonic()
+    loop = threading.Thread(target=server.serve_forever, daemon=True)
+    loop.start()
+    loop.join(5.0)
+    assert not loop.is_alive(), "serve_forever after shutdown kept serving"
+    assert time.monotonic() - t0 < 2.0  # at once, not after a poll timeout
     server.server_close()
+    with pytest.raises(OSError):  # closed: nothing listens on the port any more
+        socket.create_connection(("127.0.0.1", port), timeout=2.0).close()
