@@ -112,12 +112,15 @@ def test_injected_containers_get_no_api_token_and_the_training_container_keeps_i
         }, name
 
 
-def test_explicit_share_process_namespace_false_survives_with_a_warning(ns: Namespace) -> None:
-    pod, warnings = ns.create(_pod("unshared", shareProcessNamespace=False))
-    assert pod["spec"]["shareProcessNamespace"] is False
-    assert _init(pod, SIDECAR_CONTAINER)
-    assert "shareProcessNamespace: false" in warnings, warnings
-    assert pod["metadata"]["annotations"][ANNOTATION_NOTES] == "process-namespace-not-shared"
+def test_a_pod_whose_profile_does_not_ask_gets_no_shared_process_namespace(ns: Namespace) -> None:
+    pod, warnings = ns.create(_pod("plain"))
+    assert _init(pod, SIDECAR_CONTAINER)  # instrumented ...
+    assert "shareProcessNamespace" not in pod["spec"], pod["spec"]  # ... in its own process namespaces
+    assert "shareProcessNamespace" not in warnings, warnings
+    # A pod that says false keeps it, with nothing to say: not sharing is the default.
+    kept, warnings = ns.create(_pod("unshared", shareProcessNamespace=False))
+    assert kept["spec"]["shareProcessNamespace"] is False and _init(kept, SIDECAR_CONTAINER)
+    assert ANNOTATION_NOTES not in kept["metadata"]["annotations"], kept["metadata"]["annotations"]
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,7 @@ def test_the_api_server_calls_the_webhook_and_stores_the_mutated_pod(hooked: Web
 
     pod = hooked.create_instrumented_pod("trainer-0")
     spec = pod["spec"]
-    assert spec["shareProcessNamespace"] is True
+    assert "shareProcessNamespace" not in spec  # not asked for (spec.sidecar.shareProcessNamespace)
     assert any(v["name"] == "dam-probe" and "emptyDir" in v for v in spec["volumes"])
     train = next(c for c in spec["containers"] if c["name"] == "train")
     assert {e["name"] for e in train["env"]} >= {"DAM_PROBE_DIR", "PYTHONPATH"}
