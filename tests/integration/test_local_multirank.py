@@ -120,14 +120,16 @@ BALANCED = ENDING + textwrap.dedent(
 )
 
 
-def dam_run_torchrun(tmp_path: Path, source: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def dam_run_torchrun(
+    tmp_path: Path, source: str, *extra: str, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train_ddp.py"
     script.write_text(source)
     return subprocess.run(
         [*DAM, "run", *extra, "--interval", "0.5", "--window", "3", "--", *TORCHRUN, str(script)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout_s,
         check=False,
         cwd=REPO,
     )
@@ -163,3 +165,44 @@ def test_balanced_compute_heavy_ranks_have_no_straggler(tmp_path: Path) -> None:
     assert len(table) == 2, f"a per-rank table: {proc.stdout}"
     rows = [line.split() for line in table[1].splitlines()[2:] if line.strip()]
     assert sorted(row[0] for row in rows[:2]) == ["0", "1"], table[1]
+
+
+# BALANCED's work, with the job's own truth: each rank writes its steps and its loop's wall time.
+TRUTH = """
+def write_truth(steps, seconds):
+    import json, os
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"truth-{dist.get_rank()}.json")
+    with open(path, "w") as fh:
+        json.dump({"steps": steps, "seconds": seconds}, fh)
+"""
+COUNTED = (
+    BALANCED.replace(TRUTH_AT := "    stop = False\n", TRUTH_AT + "    steps, t0 = 0, time.monotonic()\n")
+    .replace(STEP_AT := "            stop = agreed_stop(deadline)\n", "            steps += 1\n" + STEP_AT)
+    .replace(END_AT := "    leave()\n", "    write_truth(steps, time.monotonic() - t0)\n" + END_AT)
+    .replace("\nif __name__", TRUTH + "\nif __name__")
+    # 512 rows, not 4096: ~0.1 s a step, so the count (after 10 steps) comes well within the 8 s
+    .replace(ROWS_AT := "torch.randn(4096, 256)", "torch.randn(512, 256)")
+)
+
+
+@pytest.mark.timeout(200)
+def test_the_mfu_of_two_ranks_is_each_rank_s_analytic_flops_times_its_rate_over_the_peak(
+    tmp_path: Path,
+) -> None:
+    """MFU per accelerator (a CPU-only job: per rank) for two real gloo ranks under ``dam run``:
+    within 15 % of the analytic FLOPs of a step times the rate the job measured itself, over the
+    declared peak (issue 28; the layouts of GPU jobs: tests/unit/diagnosis/test_mfu_layouts.py)."""
+    assert COUNTED.count("write_truth(") == 2 and "steps += 1" in COUNTED  # the replacements took
+    assert ROWS_AT in BALANCED and ROWS_AT not in COUNTED
+    peak = 1e11
+    proc = dam_run_torchrun(tmp_path, COUNTED, "--json", "--peak-flops", str(peak), timeout_s=180)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout)["metrics"]
+    # 12 applications of Linear(256, 256) to 512 rows: forward 12 matmuls, backward 12 weight
+    # gradients and 11 input gradients (the batch itself needs none), 2 x 512 x 256 x 256 each.
+    flops = 35 * 2 * 512 * 256 * 256
+    assert metrics.get("flopsPerStepSource") == "measured", {k: v for k, v in metrics.items() if "lop" in k}
+    assert metrics["flopsPerStep"] == pytest.approx(flops, rel=0.01)
+    truths = [json.loads((tmp_path / f"truth-{r}.json").read_text()) for r in (0, 1)]
+    rate = sum(t["steps"] / t["seconds"] for t in truths) / 2
+    assert metrics["mfu"] == pytest.approx(flops * rate / peak, rel=0.15), (metrics, truths)
