@@ -6,6 +6,11 @@
 
 Each runs as `dam run --json -- python examples/train.py --scenario NAME`; the
 verdicts are printed side by side at the end.
+
+First `python examples/train.py --calibrate` sizes the scenarios for this machine (a
+fast machine's model is wider, a slow one's narrower): what decides the verdicts is the
+ratio of a step's compute to a batch's loading, and calibration keeps those ratios, so
+the same verdicts come out on a 2-core VM and on a many-core workstation.
 """
 
 from __future__ import annotations
@@ -30,7 +35,38 @@ def dam_command() -> list[str]:
     return [exe] if os.path.exists(exe) else [sys.executable, "-m", "dam_operator.cli"]
 
 
-def run_scenario(name: str, seconds: float) -> dict[str, object]:
+def calibrate() -> dict[str, float]:
+    """The sizes ``train.py --calibrate`` measures for this machine."""
+    t0 = time.monotonic()
+    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--calibrate"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: calibration failed with exit code {proc.returncode}")
+    sizes: dict[str, float] = json.loads(proc.stdout)
+    print(
+        f"calibrated in {time.monotonic() - t0:.0f}s on {sizes['threads']:.0f} torch threads: "
+        f"model width {sizes['hidden']:.0f} ({sizes['stepSeconds'] * 1000:.1f} ms a step), "
+        f"compute model width {sizes['computeHidden']:.0f} ({sizes['computeStepSeconds'] * 1000:.1f} ms), "
+        f"{sizes['sampleDelayMs']:.2f} ms a sample (a batch without the delay: "
+        f"{sizes['loadSeconds'] * 1000:.2f} ms to load, "
+        f"{sizes['receiveSeconds'] * 1000:.2f} ms from a worker)",
+        flush=True,
+    )
+    return sizes
+
+
+def sizing_args(sizes: dict[str, float]) -> list[str]:
+    return [
+        "--hidden",
+        str(int(sizes["hidden"])),
+        "--compute-hidden",
+        str(int(sizes["computeHidden"])),
+        "--sample-delay-ms",
+        str(sizes["sampleDelayMs"]),
+    ]
+
+
+def run_scenario(name: str, seconds: float, sizing: list[str]) -> dict[str, object]:
     cmd = [
         *dam_command(),
         "run",
@@ -46,9 +82,10 @@ def run_scenario(name: str, seconds: float) -> dict[str, object]:
         name,
         "--seconds",
         str(seconds),
+        *sizing,
     ]
     print(f"\n=== {name}: {SCENARIOS[name]}", flush=True)
-    print("$ dam run --json -- python examples/train.py --scenario " + name, flush=True)
+    print(f"$ dam run --json -- python examples/train.py --scenario {name} {' '.join(sizing)}", flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
@@ -68,7 +105,9 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="training time per scenario")
     args = parser.parse_args()
-    results = {name: run_scenario(name, args.seconds) for name in SCENARIOS}
+    started = time.monotonic()
+    sizing = sizing_args(calibrate())
+    results = {name: run_scenario(name, args.seconds, sizing) for name in SCENARIOS}
     print("\n" + "=" * 96)
     print(f"{'scenario':<10} {'axis':<10} {'regime':<14} {'conf':>5} {'wait':>6} {'steps/s':>8}  lever")
     print("-" * 96)
@@ -85,6 +124,7 @@ def main() -> int:
             f"{b['lever']}"
         )
     print("=" * 96)
+    print(f"{time.monotonic() - started:.0f}s in all")
     starved = results["starved"]["bottleneck"]
     fixed = results["fixed"]["bottleneck"]
     assert isinstance(starved, dict) and isinstance(fixed, dict)
