@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dam-installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup system-deps kube-bin image cluster cluster-down demo test lint typecheck imports unit integration bench clean
+.PHONY: setup system-deps kube-bin tools image cluster cluster-down demo test lint typecheck imports unit integration bench clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,12 @@ IMAGE_OR_SKIP = @tools/image/build.sh all >/dev/null || { [ "$${CI:-}" != true ]
 
 kube-bin:
 	tools/kube-bin/build.sh
+
+# kubectl (the cluster's release, v1.34.4), helm (v3) and crictl (v1.34), built from the Go module proxy
+# like the control plane (tools/kube-tools), cached (~/.cache/dam-operator/tools/bin); prints that
+# directory as its last line:  export PATH="$$(make -s tools | tail -n 1):$$PATH"
+tools:
+	@tools/kube-tools/build.sh
 
 # The image from the Dockerfile, built with buildah (no Docker engine, no registry; tools/image/build.sh):
 # an OCI archive cached by the hash of its inputs, its path the last line. Also the locally made base
