@@ -16,7 +16,18 @@ import time
 
 MODE, SECONDS, CPU = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 os.sched_setaffinity(0, {CPU})
-deadline = time.monotonic() + SECONDS
+started = time.monotonic()
+deadline = started + SECONDS
+
+
+def run_queue_seconds() -> float:
+    """This process's main thread: time runnable but waiting for a CPU (/proc/self/schedstat,
+    field 2, ns; the figure the probe reads, dam_probe.schedstat)."""
+    with open("/proc/self/schedstat") as fh:
+        return int(fh.read().split()[1]) / 1e9
+
+
+waited_at_start = run_queue_seconds()
 
 
 def spin() -> None:
@@ -54,4 +65,10 @@ for batch in DataLoader(InMemory(), batch_size=64, num_workers=0):
         y = torch.tanh(y @ a)
     if time.monotonic() > deadline:
         break
-print("contended.py: trained", flush=True)
+# The job's own truth, left in its log for the test to read after the Pod ended.
+wall = time.monotonic() - started
+waited = run_queue_seconds() - waited_at_start
+print(
+    f"contended.py: trained; waited {waited:.2f} s for a CPU in {wall:.2f} s: ratio {waited / wall:.3f}",
+    flush=True,
+)
