@@ -566,6 +566,22 @@ def _pack_v2(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
     )
 
 
+def _pair_kwargs(
+    loader_kills: tuple[int, int] | None,
+    run_queue: tuple[int, int] | None,
+    flops_reason: tuple[int, str] | None,
+) -> dict[str, object]:
+    """``ProbeRecord`` fields of ``publish``'s pairs: loader kills, run-queue delays, FLOPs' reason."""
+    out: dict[str, object] = {}
+    for (first, second), pair in (
+        (("loader_worker_kills", "loader_kill_signal"), loader_kills),
+        (("run_queue_ns", "worker_run_queue_ns"), run_queue),
+        (("flops_reason", "flops_detail"), flops_reason),
+    ):
+        out[first], out[second] = (None, None) if pair is None else pair
+    return out
+
+
 def _goodput_kwargs(
     goodput: tuple[int, int, int, int, int] | None,
     checkpoints: tuple[int, int, int, int, int] | None,
@@ -926,14 +942,9 @@ class ProbeWriter:
                 memory_limit_bytes=limit,
                 oom_kills=ooms,
                 memory_cgroup_id=memory_id,
-                **_process_fields(process),
-                loader_worker_kills=None if loader_kills is None else loader_kills[0],
-                loader_kill_signal=None if loader_kills is None else loader_kills[1],
-                run_queue_ns=None if run_queue is None else run_queue[0],
-                worker_run_queue_ns=None if run_queue is None else run_queue[1],
+                **_process_fields(process),  # type: ignore[arg-type]
+                **_pair_kwargs(loader_kills, run_queue, flops_reason),  # type: ignore[arg-type]
                 **_goodput_kwargs(goodput, checkpoints, measured_flops),  # type: ignore[arg-type]
-                flops_reason=None if flops_reason is None else flops_reason[0],
-                flops_detail=None if flops_reason is None else flops_reason[1],
             ),
         )
         mm = self._mm
