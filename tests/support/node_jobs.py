@@ -74,7 +74,12 @@ def chart_installed(node: NodeCluster) -> Iterator[NodeCluster]:
             config.install(
                 chart,
                 RELEASE,
-                {"image": {"repository": IMAGE_REPOSITORY, "tag": version()}},
+                {
+                    "image": {"repository": IMAGE_REPOSITORY, "tag": version()},
+                    # Loosened for the "shared" scenario alone (a profile that asks for a shared
+                    # process namespace): every other profile here does not ask, and gets none.
+                    "sidecar": {"allowShareProcessNamespace": True},
+                },
                 namespace=SYSTEM_NS,
                 timeout=300,
             )
@@ -97,6 +102,7 @@ def profile(
     hysteresis_windows: int = 2,
     actions: dict[str, Any] | None = None,
     thresholds: dict[str, float] | None = None,
+    share_process_namespace: bool = False,
 ) -> dict[str, Any]:
     """A DAMProfile for the pods labelled app=trainer: examples/damprofile.yaml's sidecar and
     threshold, shorter windows (the scenarios run side by side for tens of seconds each);
@@ -111,6 +117,8 @@ def profile(
     }
     if actions:
         spec["actions"] = actions
+    if share_process_namespace:
+        spec["sidecar"]["shareProcessNamespace"] = True
     return {
         "apiVersion": "dam.mlsys.dev/v1alpha1",
         "kind": "DAMProfile",

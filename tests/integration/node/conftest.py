@@ -121,6 +121,7 @@ def _contended_jobs(seconds: int = 90) -> list[dict[str, Any]]:
 def _scenarios(rendezvous: Path) -> list[Scenario]:
     train = REPO / "examples" / "train.py"
     starved = ["--scenario", "starved", "--sample-delay-ms", "15", "--batch-size", "16"]
+    fixed = ["--scenario", "fixed", "--workers", "2", "--sample-delay-ms", "5", "--batch-size", "16"]
     return [
         # The README's Kubernetes section (test_node_e2e.py): examples/damprofile.yaml as it is (30 s
         # windows) and a starved Job. Its first window at most 30 s after the profile is a baseline,
@@ -185,6 +186,18 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
             ),
             [with_shm(training_job("apply", "train.py", [*starved, "--seconds", "45"], completions=2))],
             train,
+        ),
+        # Issue 25: the same Job (a loader with two workers) in a Pod of a profile that does not ask
+        # for a shared process namespace (the default) and in one of a profile that asks (the chart
+        # allows it on this node): test_node_process_namespace.py compares what each sidecar sees.
+        *(
+            Scenario(
+                name,
+                profile(share_process_namespace=name == "shared"),
+                [training_job("procs", "train.py", [*fixed, "--seconds", "120"])],
+                train,
+            )
+            for name in ("unshared", "shared")
         ),
         # A long starved Job the fault tests act on, after the verdict tests.
         Scenario(
