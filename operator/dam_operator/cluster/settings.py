@@ -55,12 +55,12 @@ def parse_addresses(values: Iterable[str]) -> list[str]:
     return out
 
 
-class OperatorSettings(BaseSettings):
-    """Everything ``dam operator`` reads from its environment; see docs/operator.md."""
+class _ScopeSettings(BaseSettings):
+    """The first block of ``OperatorSettings``: where the operator looks and how it runs (a base
+    class only to keep each class short; the fields stay first in the documented order)."""
 
     model_config = SettingsConfigDict(env_prefix="DAM_", extra="ignore", populate_by_name=True)
 
-    # --- scope -------------------------------------------------------------------
     namespace: str | None = Field(
         default=None,
         description="Watch DAMProfiles and pods in this namespace only; unset: cluster-wide.",
@@ -78,6 +78,10 @@ class OperatorSettings(BaseSettings):
         default=None,
         description="kopf peering object name when standalone is off (several replicas, one active).",
     )
+
+
+class OperatorSettings(_ScopeSettings):
+    """Everything ``dam operator`` reads from its environment; see docs/operator.md."""
 
     # --- evaluation --------------------------------------------------------------
     evaluation_concurrency: int = Field(
