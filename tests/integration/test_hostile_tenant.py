@@ -559,6 +559,9 @@ def test_compression_bombs_of_2_gb_leave_the_operators_memory_within_its_limit(
 # ---------------------------------------------------------------- (d) closed by default, in a netns
 
 NETNS_ENV = "DAM_TEST_INSIDE_LOOPBACK_ONLY_NETNS"
+NETNS_FILE = "netns_hostile_tenant.py"
+"""The check run inside the namespace: a file pytest collects only when named (not test_*.py), so
+an ordinary run neither runs nor skips it."""
 # Internal addresses put on the namespace's lo, each with a listener: a connection would arrive here.
 NETNS_ADDRESSES = (
     "10.1.2.3",
@@ -586,7 +589,7 @@ def test_with_the_charts_defaults_internal_urls_are_refused_with_zero_connection
         "sh",
         "-c",
         f"{setup} && exec {sys.executable} -m pytest -q -p no:cacheprovider "
-        f"'{__file__}::test_inside_the_netns_internal_urls_are_refused_with_zero_connections'",
+        f"'{Path(__file__).with_name(NETNS_FILE)}'",
     ]
     result = subprocess.run(
         cmd,
@@ -599,63 +602,6 @@ def test_with_the_charts_defaults_internal_urls_are_refused_with_zero_connection
     )
     out = result.stdout + result.stderr
     assert result.returncode == 0 and "1 passed" in out, out[-6000:]
-
-
-def test_inside_the_netns_internal_urls_are_refused_with_zero_connections(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    if os.environ.get(NETNS_ENV) != "1":
-        pytest.skip("run by the loopback-only netns test above")
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"], links
-    cp = request.getfixturevalue("control_plane")
-    ns = request.getfixturevalue("kube_namespace")
-    system_namespace = request.getfixturevalue("system_namespace")
-    listeners = [AddressListener(a) for a in NETNS_ADDRESSES]
-    local = AddressListener("127.0.0.1")
-    try:
-        chart = install_chart(cp, system_namespace, {"operator": {"watchNamespace": ns}})  # the defaults
-        tenant = _tenant_kubeconfig(cp, ns)
-        urls: dict[str, tuple[str, AddressListener | None]] = {
-            f"internal-{i}": (f"http://{_bracket(lst.host)}:{lst.port}/", lst)
-            for i, lst in enumerate(listeners)
-        }
-        urls["v4compat"] = (f"http://[::169.254.169.254]:{listeners[1].port}/", listeners[1])
-        urls["loopback"] = (f"http://127.0.0.1:{local.port}/", local)
-        urls["apiserver-endpoint"] = (f"https://{_api_server_endpoint(cp)}/", None)
-        urls["public"] = ("http://prometheus.example.com:9090/", None)
-        op = OperatorProcess(
-            cp,
-            tmp_path,
-            namespace=ns,
-            operator_namespace=chart.namespace,
-            kubeconfig=chart.kubeconfig,
-            webhook=False,
-            env=chart.env(),
-        )
-        try:
-            op.start()
-            for name, (url, _) in urls.items():
-                cp.kubectl("apply", "-n", ns, "-f", "-", input=_profile(name, url), kubeconfig=tenant)
-            for name in urls:
-
-                def invalid(name: str = name) -> dict[str, Any] | None:
-                    cond = condition(profile_of(cp, ns, name), "SpecValid")
-                    return cond if cond and cond.get("status") == "False" else None
-
-                message = str(wait_for(invalid, 60, f"SpecValid=False on {name}").get("message"))
-                assert FIELD in message and "operator.prometheus.url" in message, (name, message)
-                assert "operator.prometheus.allowedUrlPrefixes" in message, (name, message)
-            time.sleep(6)  # another window: still nothing
-            op.assert_alive()
-        finally:
-            op.close()
-        assert {lst.host: lst.connections for lst in [*listeners, local]} == dict.fromkeys(
-            [*NETNS_ADDRESSES, "127.0.0.1"], 0
-        )
-    finally:
-        for lst in [*listeners, local]:
-            lst.close()
 
 
 class AddressListener:
