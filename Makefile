@@ -67,13 +67,21 @@ image: system-deps
 
 # A one-node Kubernetes cluster on this machine (root): etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, containerd, a CNI bridge and kubelet, all on 127.0.0.1; the images imported. Prints
-# the admin kubeconfig's path last. `make cluster-down` removes all of it.
-cluster: setup system-deps
-	@tools/kube-bin/build.sh >/dev/null
-	@images=$$(tools/image/build.sh all | tail -n 3) && $(BIN)/python -m tests.support.nodecluster up --images $$images
+# the admin kubeconfig's path last (progress on stderr); a second `make cluster` leaves the running one
+# as it is and prints the same path. `make cluster-down` removes all of it. The node's code is
+# tools/node/dam_cluster (`python -m dam_cluster`).
+DAM_CLUSTER = PYTHONPATH=tools/node $(BIN)/python -m dam_cluster
+cluster: setup system-deps tools
+	@if $(DAM_CLUSTER) status >/dev/null 2>&1; then $(DAM_CLUSTER) up; exit; fi; \
+	t0=$$SECONDS; echo "cluster: the Kubernetes binaries (tools/kube-bin; a first build takes 20-40 min on 2 cores)" >&2; \
+	tools/kube-bin/build.sh >/dev/null || exit; \
+	echo "cluster: the images (tools/image; a first build takes a few minutes) ($$((SECONDS - t0)) s)" >&2; \
+	images=$$(tools/image/build.sh all | tail -n 3) || exit; \
+	echo "cluster: starting the node ($$((SECONDS - t0)) s)" >&2; \
+	$(DAM_CLUSTER) up --images $$images
 
 cluster-down:
-	@$(BIN)/python -m tests.support.nodecluster down
+	@$(DAM_CLUSTER) down
 
 demo: setup
 	$(BIN)/python examples/demo.py
@@ -83,7 +91,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 typecheck: setup
-	$(BIN)/mypy sidecar operator
+	$(BIN)/mypy sidecar operator tools/node/dam_cluster
 
 imports: setup
 	$(BIN)/lint-imports

@@ -54,6 +54,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools" / "node"))  # dam_cluster (tests.support.kubecluster imports it)
 
 from tests.support.fake_sidecar import COMPUTE, FakeJob, ThreadedFakeSidecars, pod_ip  # noqa: E402
 from tests.support.kubecluster import ControlPlane, find_kube_binaries  # noqa: E402

@@ -5,6 +5,9 @@ Registered in tests/conftest.py (``pytest_plugins``). Fixtures:
   project's image, the base (training) image and the pause image imported. Skips with one loud line,
   or fails with ``CI=true``, when a node cannot start here (not root, binaries or images not built:
   ``make kube-bin``, ``make image``, ``make system-deps``; ``make test`` runs all three first).
+  Its teardown is ``make cluster-down``'s (``NodeCluster.stop``: :func:`dam_cluster.node.down`), and
+  it fails when the machine's listing (:mod:`dam_cluster.footprint`) has something after it that it
+  did not have before the start.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from dam_cluster import footprint
 from tests.support.nodecluster import (
     HOW_TO_GET,
     NodeCluster,
@@ -27,7 +31,9 @@ from tests.support.nodecluster import (
 def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     try:
         binaries, images = find_node_binaries(), find_images()
-        node = NodeCluster(binaries, tmp_path_factory.mktemp("node"), images)
+        workdir = tmp_path_factory.mktemp("node")
+        before = footprint.snapshot(workdirs=[str(workdir)])
+        node = NodeCluster(binaries, workdir, images)
         node.start()
     except (NodeUnavailableError, AssertionError, RuntimeError, OSError) as exc:
         # Missing parts, or a start that failed here (its log tail is in the message).
@@ -39,3 +45,5 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
         yield node
     finally:
         node.stop()
+        left = footprint.added(before, footprint.snapshot(workdirs=[str(workdir)]))
+        assert not left, "the node's teardown left these behind:\n" + "\n".join(left)

@@ -86,10 +86,17 @@ missing() { # -> the names not (correctly) in $bin, one a line
     local name
     for name in "${TOOLS[@]}"; do binary_ok "$bin" "$name" || echo "$name"; done
 }
+# crictl reads crictl.yaml beside its binary when /etc/crictl.yaml is not there (else it warns on every
+# call): point it at `make cluster`'s containerd, so that `crictl ps` looks into the node's containers.
+crictl_config() {
+    local sock="${DAM_CLUSTER_DIR:-/var/lib/dam-node}/containerd/containerd.sock"
+    [[ -e "$bin/crictl.yaml" ]] || printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\n' "$sock" "$sock" >"$bin/crictl.yaml"
+}
 summary="kubectl $k8s_version, helm $helm_version, crictl $crictl_version"
 
 mapfile -t todo < <(missing)
 if ((${#todo[@]} == 0)); then
+    crictl_config
     say "cached: $summary"
     echo "$bin"
     exit 0
@@ -173,4 +180,5 @@ printf '%s built with %s on %s (%d s)\n' "${todo[*]}" "$(go env GOVERSION)" \
     "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$((SECONDS - started))" >>"$cache_root/BUILD-INFO"
 say "built ${todo[*]} in $((SECONDS - started)) s"
 [[ -z "$(missing)" ]] || die "built, yet $bin lacks some of ${TOOLS[*]}"
+crictl_config
 echo "$bin"
