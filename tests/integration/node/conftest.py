@@ -1,8 +1,10 @@
 """The node tier's shared setup: the chart installed once (package scope), and every scenario's
 Job created at once, each in its own namespace with its own DAMProfile, so that the node runs them
 side by side while the tests, one per scenario, wait on their own results (the tier's time is the
-longest scenario, not their sum). The README's Job is one of them (its namespace has
-examples/damprofile.yaml as it is). The fault tests come last and share the same operator.
+longest scenario, not their sum). The operator is the one README.md's Kubernetes block installs,
+by its own commands (tests/support/node_readme.py), and the README's profile and example Job
+(examples/damprofile.yaml, examples/trainer-job.yaml) are one of the scenarios, created by the
+README's commands in their namespace. The fault tests come last and share the same operator.
 
 The workloads are light on purpose (two cores run ten Pods at once): loaders that sleep, tiny
 models, runs of tens of seconds; a verdict that outlives its Job (the operator keeps the last
@@ -24,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.node_jobs import WORKLOADS, chart_installed, profile, training_job, with_shm
+from tests.support import node_readme
+from tests.support.node_jobs import WORKLOADS, profile, training_job, with_shm
 from tests.support.nodecluster import NodeCluster
 from tests.support.operator_harness import REPO
 from tests.support.procs import wait_for
@@ -32,17 +35,17 @@ from tests.support.procs import wait_for
 
 @pytest.fixture(scope="package")
 def operator_installed(node_cluster: NodeCluster) -> Iterator[NodeCluster]:
-    with chart_installed(node_cluster) as node:
+    with node_readme.operator_installed(node_cluster) as node:
         yield node
 
 
 @dataclass
 class Scenario:
     name: str
-    profile: dict[str, Any] | Path
-    """A DAMProfile, or a file of one (``kubectl apply -f`` it)."""
+    profile: dict[str, Any] | None
+    """A DAMProfile; None: the README's commands create the profile, the ConfigMap and the Job."""
     jobs: list[dict[str, Any]]
-    script: Path
+    script: Path | None
     namespace: str = ""
 
 
@@ -123,16 +126,12 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
     starved = ["--scenario", "starved", "--sample-delay-ms", "15", "--batch-size", "16"]
     fixed = ["--scenario", "fixed", "--workers", "2", "--sample-delay-ms", "5", "--batch-size", "16"]
     return [
-        # The README's Kubernetes section (test_node_e2e.py): examples/damprofile.yaml as it is (30 s
-        # windows) and a starved Job. Its first window at most 30 s after the profile is a baseline,
-        # the next a Data verdict (the first known verdict replaces Unknown at once): 75 s of
-        # training leaves a window to spare for a slow start; the verdict stays after the Job ends.
-        Scenario(
-            "readme",
-            REPO / "examples" / "damprofile.yaml",
-            [training_job("starved", "train.py", [*starved, "--seconds", "75"])],
-            train,
-        ),
+        # README.md's Kubernetes block (test_readme_kubernetes.py), its own commands: examples/
+        # damprofile.yaml as it is (30 s windows) and examples/trainer-job.yaml (Job "train", the
+        # starved shape for 90 s). Its first window at most 30 s after the profile is a baseline,
+        # the next a Data verdict (the first known verdict replaces Unknown at once); the verdict
+        # stays after the Job ends.
+        Scenario("readme", None, [], None),
         # limits.cpu 300m: the kubelet's CFS quota throttles the decode in the training process.
         # Long enough to be running when its test scrapes the sidecar (it deletes the Job then).
         Scenario(
@@ -217,10 +216,11 @@ def scenarios(operator_installed: NodeCluster) -> Iterator[Launched]:
     for s in _scenarios(rendezvous):
         s.namespace = node.create_namespace(node.namespace_name_for("ml" if s.name == "readme" else s.name))
         launched.scenarios[s.name] = s
-        if isinstance(s.profile, Path):  # README: kubectl apply -f examples/damprofile.yaml
-            node.kubectl("-n", s.namespace, "apply", "-f", str(s.profile))
-        else:
-            node.kubectl("-n", s.namespace, "apply", "-f", "-", input=json.dumps(s.profile))
+        if s.profile is None:  # README.md: the profile, its SpecValid, the ConfigMap and the Job
+            kubeconfig = node_readme.kubeconfig_for(node, s.namespace)
+            node_readme.run(node_readme.job_part(kubeconfig), kubeconfig, timeout_s=120)
+            continue
+        node.kubectl("-n", s.namespace, "apply", "-f", "-", input=json.dumps(s.profile))
         node.kubectl("-n", s.namespace, "create", "configmap", "train", f"--from-file={s.script}")
     time.sleep(2)  # the operator's watch delivers the profiles before the Pods are created
     for s in launched.scenarios.values():

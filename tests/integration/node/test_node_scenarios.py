@@ -243,12 +243,12 @@ def test_apply_mode_gives_the_jobs_next_pod_the_loader_lever_and_records_what_it
 def test_a_finished_jobs_verdict_stays_and_a_kubectl_wait_started_after_it_returns(
     scenarios: Launched,
 ) -> None:
-    """The README's Job (test_node_e2e.py) is Complete and its Pod Succeeded: no pod of the
+    """The README's Job (examples/trainer-job.yaml) is Complete and its Pod Succeeded: no pod of the
     profile is active, and the last verdict stays, as a VPA keeps its recommendation."""
     node = scenarios.node
     with explained(scenarios, "readme") as ns:
         node.kubectl(
-            "-n", ns, "wait", "--for=condition=Complete", "job/starved", "--timeout=180s", timeout_s=190
+            "-n", ns, "wait", "--for=condition=Complete", "job/train", "--timeout=240s", timeout_s=250
         )
         kept = wait_status(
             node,
