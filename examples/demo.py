@@ -25,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIOS = {
     "starved": "slow __getitem__, 0 workers",
-    "fixed": "same data, 8 workers + prefetch",
+    "fixed": "same data, 16 workers + prefetch",
     "compute": "heavy model, in-memory data",
 }
 
@@ -63,6 +63,8 @@ def sizing_args(sizes: dict[str, float]) -> list[str]:
         str(int(sizes["computeHidden"])),
         "--sample-delay-ms",
         str(sizes["sampleDelayMs"]),
+        "--workers",
+        str(int(sizes["workers"])),
     ]
 
 

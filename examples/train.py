@@ -13,8 +13,8 @@ automatically.
 ``--calibrate`` sizes the three shapes for this machine (``make demo`` runs it first) and
 prints the sizes as JSON: the model widths and the per-sample delay such that a step's
 compute clearly dominates the loader's own CPU cost per batch, the starved loader takes
-``STARVED_LOAD`` steps' compute per batch, and eight workers deliver batches
-``8 / STARVED_LOAD`` times faster than the step consumes them. A fast machine gets a wider
+``STARVED_LOAD`` steps' compute per batch, and the fixed shape's ``WORKERS`` workers deliver
+batches ``WORKERS / STARVED_LOAD`` times faster than the step consumes them. A fast machine gets a wider
 model; a slow one a narrower model; the margins stay.
 """
 
@@ -96,33 +96,48 @@ dataset without its delay: loading it itself (0 workers; the compute shape, whos
 twice as long, keeps a data wait near 1 / (2 LOAD_MARGIN)), or taking a ready one from workers
 (the fixed shape: unpickling it and fetching its tensors' shared memory from the worker, about
 1.4 ms on a 2-core VM, which is 14 % of a 10 ms step even with the queue full)."""
-STARVED_LOAD = 2.0
+STARVED_LOAD = 4.0
 """The starved loader spends this many steps' compute on each batch: a data wait of about
-STARVED_LOAD / (STARVED_LOAD + 1), 67 %, far above the 10 % screen, and still 40 % if a busy
-machine makes the compute three times as slow. Eight workers then deliver 8 / 2 = 4 times as fast
-as the step consumes; a busy machine only slows the step, which widens that margin."""
+STARVED_LOAD / (STARVED_LOAD + 1), 80 %, far above the 10 % screen, and still above it if a busy
+machine makes the compute 30 times as slow (its delay is a sleep, which a busy machine does not
+slow). ``WORKERS`` workers then deliver WORKERS / STARVED_LOAD = 4 times as fast as the step
+consumes; a busy machine only slows the step, which widens that margin."""
+WORKERS = 16
+"""The fixed shape's DataLoader workers (they sleep, the I/O stand-in: more than the cores is fine)."""
 WIDTHS = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 """The hidden widths calibration tries, narrowest first: the first whose step reaches the target."""
 
 
-def _step_seconds(features: int, hidden: int, batch_size: int, steps: int = 8) -> float:
-    """The fastest of ``steps`` training steps (forward, backward, SGD) of ``mlp(features, hidden)``.
+def _step_seconds(features: int, hidden: int, batch_size: int, steps: int = 4) -> float:
+    """A training step's (forward, backward, SGD) time of ``mlp(features, hidden)`` on torch's
+    threads of an idle machine, from below: the fewest CPU seconds the step takes on one thread,
+    over the threads.
 
-    The fastest, not the median: on a machine busy with other work the uncontended cost is what
-    the margins are built on, and contention while the demo runs only makes the step slower."""
+    CPU time, not wall time: on a machine busy with other work a step waits for the CPU, and a
+    wall-clock figure would take a narrow model for a wide one; the demo would then run a model
+    whose step no longer dominates its loader's costs as soon as the machine is idle again. One
+    thread, so that no thread spins waiting for another that is not running (CPU time that is
+    no work). Over the threads it is at most the idle wall time (they cannot share the work
+    better than evenly), so the width chosen is, if anything, wider than needed: the margins
+    hold, and a busy machine while the demo runs only slows the step, which widens them."""
     model = mlp(features, hidden)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     x = torch.randn(batch_size, features)
     y = (x.sum(dim=1) > 0).long()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     times = []
-    for i in range(steps + 2):  # two warm-up steps (allocator, kernels)
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
+    try:
+        for i in range(steps + 1):  # a warm-up step (allocator, kernels)
+            t0 = time.thread_time()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            if i >= 1:
+                times.append((time.thread_time() - t0) / threads)
+    finally:
+        torch.set_num_threads(threads)
     return min(times)
 
 
@@ -187,6 +202,7 @@ def calibrate(batch_size: int) -> dict[str, float | int]:
         "computeHidden": compute_hidden,
         "computeStepSeconds": round(compute_step, 6),
         "sampleDelayMs": round(delay * 1000, 3),
+        "workers": WORKERS,
         "threads": torch.get_num_threads(),
     }
 
