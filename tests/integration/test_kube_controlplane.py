@@ -120,7 +120,7 @@ def test_the_example_profile_is_accepted_and_defaulted_by_the_server(
     )["spec"]
     assert minimal["sampling"] == {"intervalSeconds": 1}
     assert minimal["evaluation"] == {"windowSeconds": 30, "hysteresisWindows": 2}
-    assert minimal["sidecar"] == {"inject": True, "port": 9450}
+    assert minimal["sidecar"] == {"inject": True, "port": 9450, "shareProcessNamespace": False}
 
 
 @pytest.mark.parametrize(
