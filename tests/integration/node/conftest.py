@@ -193,7 +193,8 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
             Scenario(
                 name,
                 profile(share_process_namespace=name == "shared"),
-                [training_job("procs", "train.py", [*fixed, "--seconds", "120"])],
+                # Long enough to outlive the tests before it in the tier (the test deletes it).
+                [training_job("procs", "train.py", [*fixed, "--seconds", "300"])],
                 train,
             )
             for name in ("unshared", "shared")

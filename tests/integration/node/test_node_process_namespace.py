@@ -71,7 +71,7 @@ def _workers_seen(pod: dict[str, Any]) -> dict[str, float] | None:
     except OSError:
         return None
     worker_cpu = series.get(f'{names.PROCESS_CPU_SECONDS_TOTAL}{{role="{names.ROLE_WORKER}"}}', 0.0)
-    return series if worker_cpu > 0.5 else None
+    return series if worker_cpu > 0.05 else None  # the workers ran (two cores shared by every scenario)
 
 
 def test_the_sidecar_sees_the_trainer_and_its_workers_with_or_without_a_shared_process_namespace(
