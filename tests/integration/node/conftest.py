@@ -128,7 +128,7 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
     return [
         # README.md's Kubernetes block (test_readme_kubernetes.py), its own commands: examples/
         # damprofile.yaml as it is (30 s windows) and examples/trainer-job.yaml (Job "train", the
-        # starved shape for 90 s). Its first window at most 30 s after the profile is a baseline,
+        # starved shape for 75 s). Its first window at most 30 s after the profile is a baseline,
         # the next a Data verdict (the first known verdict replaces Unknown at once); the verdict
         # stays after the Job ends.
         Scenario("readme", None, [], None),

@@ -100,7 +100,7 @@ def test_the_example_job_is_what_the_blocks_commands_and_the_profile_expect() ->
     env = {e["name"]: e for e in container["env"]}
     assert env["PYTHONPATH"]["value"] == mounts["torch"]
     assert mounts["shm"] == "/dev/shm" and volumes["shm"]["emptyDir"]["medium"] == "Memory"
-    assert container["resources"]["requests"].keys() == {"cpu", "memory"}
+    assert "memory" in container["resources"]["requests"], container["resources"]
 
 
 def test_the_example_job_meets_the_restricted_standard_but_for_the_torch_host_path() -> None:
