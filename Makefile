@@ -48,6 +48,8 @@ system-deps:
 # prints their directory as its last line. KUBEBUILDER_ASSETS=DIR: the binaries it holds are used.
 KUBE_BIN_OR_SKIP = @tools/kube-bin/build.sh || { [ "$${CI:-}" != true ] && echo "kube-bin: NO CONTROL-PLANE BINARIES: the real-Kubernetes tests will be skipped (make kube-bin says why)"; }
 # The node tier's images (operator from the Dockerfile, base/training, pause): cached by input hash.
+# kubectl, helm and crictl of the pinned release (tools/kube-tools): the node tier runs the README's commands with them.
+TOOLS_OR_SKIP = @tools/kube-tools/build.sh >/dev/null || { [ "$${CI:-}" != true ] && echo "tools: NO KUBECTL/HELM: the README's Kubernetes test will be skipped (make tools says why)"; }
 IMAGE_OR_SKIP = @tools/image/build.sh all >/dev/null || { [ "$${CI:-}" != true ] && echo "image: NO IMAGES: the real-node tests will be skipped (make image says why)"; }
 
 kube-bin:
@@ -101,11 +103,13 @@ unit: setup
 
 integration: setup system-deps
 	$(KUBE_BIN_OR_SKIP)
+	$(TOOLS_OR_SKIP)
 	$(IMAGE_OR_SKIP)
 	$(BIN)/pytest tests/integration -q
 
 test: setup system-deps lint typecheck imports
 	$(KUBE_BIN_OR_SKIP)
+	$(TOOLS_OR_SKIP)
 	$(IMAGE_OR_SKIP)
 	$(BIN)/pytest -q
 
