@@ -16,13 +16,13 @@ from tests.integration.test_hostile_tenant import (
     FIELD,
     NETNS_ADDRESSES,
     NETNS_ENV,
-    AddressListener,
     _api_server_endpoint,
     _bracket,
     _profile,
     _tenant_kubeconfig,
 )
 from tests.support.operator_harness import OperatorProcess, condition, install_chart, profile_of, wait_for
+from tests.support.procs import Listener
 
 
 def test_inside_the_netns_internal_urls_are_refused_with_zero_connections(
@@ -34,12 +34,12 @@ def test_inside_the_netns_internal_urls_are_refused_with_zero_connections(
     cp = request.getfixturevalue("control_plane")
     ns = request.getfixturevalue("kube_namespace")
     system_namespace = request.getfixturevalue("system_namespace")
-    listeners = [AddressListener(a) for a in NETNS_ADDRESSES]
-    local = AddressListener("127.0.0.1")
+    listeners = [Listener(a) for a in NETNS_ADDRESSES]
+    local = Listener("127.0.0.1")
     try:
         chart = install_chart(cp, system_namespace, {"operator": {"watchNamespace": ns}})  # the defaults
         tenant = _tenant_kubeconfig(cp, ns)
-        urls: dict[str, tuple[str, AddressListener | None]] = {
+        urls: dict[str, tuple[str, Listener | None]] = {
             f"internal-{i}": (f"http://{_bracket(lst.host)}:{lst.port}/", lst)
             for i, lst in enumerate(listeners)
         }

@@ -27,7 +27,6 @@ import functools
 import http.server
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -602,37 +601,6 @@ def test_with_the_charts_defaults_internal_urls_are_refused_with_zero_connection
     )
     out = result.stdout + result.stderr
     assert result.returncode == 0 and "1 passed" in out, out[-6000:]
-
-
-class AddressListener:
-    """A TCP listener on any address, IPv6 too, counting the connections it accepts."""
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.create_server((host, 0), family=family)
-        self.sock.settimeout(0.2)
-        self.port = int(self.sock.getsockname()[1])
-        self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
 
 
 def _bracket(host: str) -> str:

@@ -75,10 +75,12 @@ def spawn(args: Sequence[str | os.PathLike[str]], **kwargs: Any) -> subprocess.P
 
 class Listener:
     """A TCP listener on ``host`` that counts the connections it accepts (an address the code under
-    test must never be sent to); ``close()`` stops it."""
+    test must never be sent to), IPv6 too; ``close()`` stops it."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_server((host, 0))
+        self.host = host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, 0), family=family)
         self.sock.settimeout(0.2)
         self.port = int(self.sock.getsockname()[1])
         self.connections = 0
