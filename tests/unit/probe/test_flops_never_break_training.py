@@ -153,7 +153,10 @@ def test_the_counted_step_is_the_tenth(probe: Probe) -> None:
     probe.interval_ns = 0
     counting = []
     _train(lambda m, x, y, i: counting.append(probe.goodput.flops.mode is not None) or _plain(m, x, y, i))
-    assert [i for i, on in enumerate(counting, start=1) if on] == [COUNTED]
+    counted = [i for i, on in enumerate(counting, start=1) if on]
+    # One step is counted: the tenth, or the first after the count's rehearsal in its own thread
+    # finished (the first count in a process; _goodput._warmed_up).
+    assert len(counted) == 1 and counted[0] >= COUNTED, counted
 
 
 def _train(step: Step) -> tuple[list[Any], list[Any]]:
