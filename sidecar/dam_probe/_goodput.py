@@ -148,7 +148,7 @@ _WARM: list[threading.Thread] = []
 
 def _warmed_up() -> bool:
     """Whether a first count has been rehearsed off the training thread; if not, starts it (once,
-    a daemon thread) and says False, so that the training thread counts at a later batch.
+    in a thread of its own) and says False, so that the training thread counts at a later batch.
 
     The first push of a dispatch mode and the first FLOP formula import and initialise parts of
     torch that take seconds of CPU once (2.6 s measured here on the first counted step of a tiny
@@ -166,7 +166,10 @@ def _warmed_up() -> bool:
                 a = torch.ones(2, 2)
                 (a @ a).sum()
 
-    thread = threading.Thread(target=rehearse, name="dam-probe-flops-warm-up", daemon=True)
+    # Not a daemon: a daemon thread still inside torch when the interpreter exits aborts the
+    # process ("terminate called without an active exception", exit 134); the exit waits for the
+    # rehearsal instead (seconds at most, once).
+    thread = threading.Thread(target=rehearse, name="dam-probe-flops-warm-up", daemon=False)
     _WARM.append(thread)
     thread.start()
     return False
