@@ -59,6 +59,7 @@ Pure: no I/O, no clock; the window step passes the pods and scrapes in and reads
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
@@ -147,16 +148,7 @@ class PodReading:
         for key in self.since:
             productive = self.processes[key][USE_PRODUCTIVE]
             at_risk[key] = min(productive, job_since * self.per_step.get(key, 0.0))
-        return PodReading(
-            self.at,
-            self.processes,
-            self.process_count,
-            self.accelerators,
-            at_risk,
-            self.since,
-            self.per_step,
-            self.saved,
-        )
+        return dataclasses.replace(self, at_risk=at_risk)
 
 
 def job_steps_since_checkpoint(readings: Mapping[str, PodReading]) -> float | None:
