@@ -22,8 +22,7 @@ Cost: nothing on the per-batch path. The accounting runs on the probe's slow pat
 times a second, at a batch boundary) and in the save wrappers (once per checkpoint).
 
 The FLOPs of one training step are counted once, when the job declared none
-(``dam_probe.set_flops_per_step``): after ``FLOPS_AFTER_STEPS`` batches (and once a first count
-was rehearsed in a thread of its own, ``_warmed_up``: the first one costs seconds), at a batch boundary,
+(``dam_probe.set_flops_per_step``): after ``FLOPS_AFTER_STEPS`` batches, at a batch boundary,
 a counting dispatch mode is entered, and it is left at the next batch boundary (the probe forces
 its slow path there), in the training thread only. The mode (``_counting_mode``) cannot change or
 break the user's step: it runs every op exactly as it would run without it (the op first, with the
@@ -143,37 +142,6 @@ def _tight_memory(p: Probe) -> bool:
 _MODE_CLASS: Any = None
 """The counting dispatch mode's class, built once the job's torch is loaded (``_counting_mode``)."""
 
-_WARM: list[threading.Thread] = []
-
-
-def _warmed_up() -> bool:
-    """Whether a first count has been rehearsed off the training thread; if not, starts it (once,
-    in a thread of its own) and says False, so that the training thread counts at a later batch.
-
-    The first push of a dispatch mode and the first FLOP formula import and initialise parts of
-    torch that take seconds of CPU once (2.6 s measured here on the first counted step of a tiny
-    model, PyTorch 2.13 on a 2-core VM): paid inside a step, that read as step time and made a
-    starved loader's 2-second window read 36-45 % data wait instead of 97 %. Dispatch modes are
-    per thread, so the rehearsal in its own thread leaves the training thread's stack alone."""
-    if _WARM:
-        return not _WARM[0].is_alive()
-
-    def rehearse() -> None:
-        with contextlib.suppress(Exception):
-            torch: Any = sys.modules["torch"]
-            mode = _counting_mode()
-            with mode:
-                a = torch.ones(2, 2)
-                (a @ a).sum()
-
-    # Not a daemon: a daemon thread still inside torch when the interpreter exits aborts the
-    # process ("terminate called without an active exception", exit 134); the exit waits for the
-    # rehearsal instead (seconds at most, once).
-    thread = threading.Thread(target=rehearse, name="dam-probe-flops-warm-up", daemon=False)
-    _WARM.append(thread)
-    thread.start()
-    return False
-
 
 def _detail(text: str) -> str:
     return text.encode("ascii", "replace").decode("ascii")[:FLOPS_DETAIL_BYTES]
@@ -194,6 +162,18 @@ def _counting_mode() -> Any:
             # Higher-order ops come to __torch_dispatch__ (with the mode popped) instead of raising
             # "no rule registered for HigherOrderOperator" (torch._ops.HigherOrderOperator.dispatch).
             supports_higher_order_operators = True
+
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                # TorchDispatchMode.__init_subclass__ wraps __torch_dispatch__ in
+                # torch._disable_dynamo when this says True (its default, PyTorch 2.13), and that
+                # wrapper imports torch._dynamo on the mode's first op: 2.3 s of CPU measured here,
+                # paid inside the counted step (a starved loader's 2 s window read 45 % data wait
+                # instead of 97 %), or, counted off the training thread first, held the exit of a
+                # CPU-starved job for 13 s. False: no wrapper, no import (the first count costs
+                # 0.16 s). The wrapper only keeps Dynamo from tracing into this method; nothing
+                # compiles here (the count never starts in a process that compiled, _compiled).
+                return False
 
             def __init__(self) -> None:
                 super().__init__()
@@ -302,8 +282,6 @@ class FlopCount(CounterGroup):
         if _tight_memory(p):
             self._unavailable(FLOPS_REASON_LOW_MEMORY)
             return
-        if not _warmed_up():
-            return  # rehearsed in the background first; counted at a later batch
         mode = _counting_mode()
         mode.__enter__()
         self.mode = mode

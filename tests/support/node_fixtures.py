@@ -24,6 +24,7 @@ from tests.support.nodecluster import (
     NodeUnavailableError,
     find_images,
     find_node_binaries,
+    remove_stale_node,
 )
 
 
@@ -32,6 +33,9 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
     try:
         binaries, images = find_node_binaries(), find_images()
         workdir = tmp_path_factory.mktemp("node")
+        # What a killed run left (its sysctls, chains, state file) is removed before the listing the
+        # teardown is held to: not this session's to leave behind, nor to be blamed for.
+        remove_stale_node()
         before = footprint.snapshot(workdirs=[str(workdir)])
         node = NodeCluster(binaries, workdir, images)
         node.start()

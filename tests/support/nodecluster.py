@@ -9,6 +9,7 @@ from dam_cluster.node import (
     down,
     find_images,
     find_node_binaries,
+    remove_stale_node,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "down",
     "find_images",
     "find_node_binaries",
+    "remove_stale_node",
 ]

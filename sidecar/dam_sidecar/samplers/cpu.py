@@ -20,7 +20,8 @@ another namespace (``in_other_namespace``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -85,18 +86,27 @@ def parse_stat(text: str) -> ProcStat:
 
 
 class _MonotonicSum:
-    """Sum over a changing set of cumulative per-key counters that never goes down."""
+    """Sum over a changing set of cumulative per-key counters that never goes down.
+
+    ``update``'s ``fresh`` says whether a key seen for the first time began counting since the
+    previous update; one that did not (``fresh`` False) counts from the value it was first seen
+    with: what it had counted before that fell at an unknown time, perhaps long before the window
+    that would otherwise receive it all at once."""
 
     def __init__(self) -> None:
         self.carried = 0.0
         self.last: dict[ProcKey, float] = {}
+        self.base: dict[ProcKey, float] = {}
 
-    def update(self, current: dict[ProcKey, float]) -> float:
+    def update(self, current: dict[ProcKey, float], fresh: Callable[[ProcKey], bool] | None = None) -> float:
         for key, value in self.last.items():
             if key not in current or current[key] < value:  # gone (or, to be safe, went back)
-                self.carried += value
+                self.carried += value - self.base.pop(key, 0.0)
+        for key, value in current.items():
+            if key not in self.last and fresh is not None and not fresh(key):
+                self.base[key] = value
         self.last = dict(current)
-        return self.carried + sum(current.values())
+        return self.carried + sum(value - self.base.get(key, 0.0) for key, value in current.items())
 
 
 @dataclass
@@ -395,22 +405,43 @@ class PublishedCpu:
     _worker: _MonotonicSum = field(default_factory=_MonotonicSum)
     _main_wait: _MonotonicSum = field(default_factory=_MonotonicSum)
     _worker_wait: _MonotonicSum = field(default_factory=_MonotonicSum)
+    _previous_ns: int | None = None
 
     def foreign(self, records: Iterable[ProbeRecord]) -> list[ProbeRecord]:
         """The records of processes this sidecar cannot see in its ``/proc``."""
         return [r for r in records if in_other_namespace(r, self.own_namespace)]
 
-    def sample(self, records: Iterable[ProbeRecord]) -> CpuSample | None:
-        """The figures of ``records`` that publish them; None before any ever did."""
+    def sample(self, records: Iterable[ProbeRecord], now_ns: int | None = None) -> CpuSample | None:
+        """The figures of ``records`` that publish them; None before any ever did.
+
+        A process's first record can come long after it started (its probe publishes at its first
+        batch: after ``import torch``, 20 s and more on a busy node) with all it counted so far:
+        a process that started before the previous sample (``now_ns``, Unix ns) counts from its
+        first record, so that no window is given CPU time or run-queue delay from before it (a
+        busy node's trainer read 100 % CPU wait, its own schedstat 51 %). At the first sample
+        everything counts from zero, as before: the sidecar starts with the Pod, before its
+        trainer; one restarted beside a running trainer gives its first window that trainer's
+        past (the operator reads a counter that appears as counting from zero)."""
+        now = time.time_ns() if now_ns is None else now_ns
+        since, self._previous_ns = self._previous_ns, now
+
+        def fresh(key: ProcKey) -> bool:
+            # The probe's process start, Unix ns (ProbeRecord.start_time_ns), against the sidecar's clock.
+            return since is None or key[1] >= since
+
         known = [r for r in records if r.process_cpu_ns is not None]
-        main = self._main.update({(r.pid, r.start_time_ns): (r.process_cpu_ns or 0) / 1e9 for r in known})
-        worker = self._worker.update({(r.pid, r.start_time_ns): (r.worker_cpu_ns or 0) / 1e9 for r in known})
+        main = self._main.update(
+            {(r.pid, r.start_time_ns): (r.process_cpu_ns or 0) / 1e9 for r in known}, fresh
+        )
+        worker = self._worker.update(
+            {(r.pid, r.start_time_ns): (r.worker_cpu_ns or 0) / 1e9 for r in known}, fresh
+        )
         timed = [r for r in records if r.run_queue_ns is not None]  # run-queue delay (flag bit 5)
         main_wait = self._main_wait.update(
-            {(r.pid, r.start_time_ns): (r.run_queue_ns or 0) / 1e9 for r in timed}
+            {(r.pid, r.start_time_ns): (r.run_queue_ns or 0) / 1e9 for r in timed}, fresh
         )
         worker_wait = self._worker_wait.update(
-            {(r.pid, r.start_time_ns): (r.worker_run_queue_ns or 0) / 1e9 for r in timed}
+            {(r.pid, r.start_time_ns): (r.worker_run_queue_ns or 0) / 1e9 for r in timed}, fresh
         )
         waits_known = bool(timed) or bool(self._main_wait.carried)
         if not known and not self._main.carried:

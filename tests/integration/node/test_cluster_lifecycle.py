@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from dam_cluster import footprint
-from dam_cluster.node import STATE_FILE, down
+from dam_cluster.node import STATE_FILE, down, remove_stale_node
 from tests.support.nodecluster import HOW_TO_GET, NodeUnavailableError, find_images, find_node_binaries
 from tests.support.operator_harness import REPO
 
@@ -64,8 +64,10 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    if STATE_FILE.exists():
-        pytest.fail(f"a node already runs here ({STATE_FILE}): `make cluster-down` first", pytrace=False)
+    try:
+        remove_stale_node()  # what a killed run left; a node that runs stops the test
+    except NodeUnavailableError as exc:
+        pytest.fail(f"{exc}: the lifecycle test needs the machine to itself", pytrace=False)
     directory = tmp_path / "cluster"
     try:
         yield directory

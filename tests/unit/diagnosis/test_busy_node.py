@@ -177,3 +177,17 @@ def test_a_cpu_job_just_under_the_saturated_line_is_compute_bound_at_lower_confi
     assert (mostly.regime, mostly.lever) == (Regime.COMPUTE_BOUND, "move-to-accelerator")
     saturated = diagnose(Observation(**{**CPU_JOB, "main_cpu_cores": 0.95})).bottleneck
     assert mostly.confidence < saturated.confidence
+
+
+def test_a_main_process_loader_waiting_less_for_data_than_for_a_cpu_is_told_to_raise_cpu_request() -> None:
+    # dam run's figures for a job pinned to one CPU beside four busy loops: the run-queue delay is
+    # the larger loss, and more workers would compete for the same cores.
+    obs = Observation(
+        data_wait_ratio=0.128, steps=128, main_cpu_cores=0.08, worker_count=0, cpu_wait_ratio=0.321
+    )
+    b = diagnose(obs).bottleneck
+    assert (b.axis, b.lever) == (Axis.MACHINE, "raise-cpu-request"), b
+    assert any("data wait 12.8%" in e and "less than the wait for a CPU" in e for e in b.evidence), b.evidence
+    # A data wait larger than the delay stays a loader question: more workers first.
+    larger = diagnose(obs.model_copy(update={"data_wait_ratio": 0.4})).bottleneck
+    assert (larger.axis, larger.lever) == (Axis.DATA, "increase-dataloader-workers"), larger

@@ -9,6 +9,8 @@ and the probe says why (``FLOPS_REASON_*``, the op), also in its file.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +30,7 @@ from dam_probe.layout import (
     probe_files,
     read_file,
 )
+from tests.unit.probe.conftest import python_env
 
 torch = pytest.importorskip("torch")
 from torch._C import DispatchKey  # noqa: E402
@@ -154,9 +157,7 @@ def test_the_counted_step_is_the_tenth(probe: Probe) -> None:
     counting = []
     _train(lambda m, x, y, i: counting.append(probe.goodput.flops.mode is not None) or _plain(m, x, y, i))
     counted = [i for i, on in enumerate(counting, start=1) if on]
-    # One step is counted: the tenth, or the first after the count's rehearsal in its own thread
-    # finished (the first count in a process; _goodput._warmed_up).
-    assert len(counted) == 1 and counted[0] >= COUNTED, counted
+    assert counted == [COUNTED], counted  # one step, the tenth
 
 
 def _train(step: Step) -> tuple[list[Any], list[Any]]:
@@ -243,3 +244,41 @@ def test_a_user_mode_left_open_across_batches_is_never_popped_by_the_counter(
     assert USER_MODE.entered_at is not None and USER_MODE.ops > 0  # it saw the ops of its steps
     assert f.state == FLOPS_UNAVAILABLE and f.measured is None
     assert f.reason_figures() == (FLOPS_REASON_MODE_STACK, "")
+
+
+FIRST_COUNT = """
+import sys, time, torch
+import dam_probe
+dam_probe.PROBE.interval_ns = 0  # every batch on the slow path: the count starts at the tenth
+model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+steps = []
+for x in dam_probe.instrument([torch.randn(8, 32) for _ in range(20)]):
+    t = time.process_time()
+    model(x).sum().backward()
+    steps.append(time.process_time() - t)
+figures = dam_probe.PROBE.goodput.flops.figures()
+print(figures[0] if figures else None, "torch._dynamo" in sys.modules, max(steps), sep="\\n")
+"""
+
+
+def test_the_first_count_in_a_process_imports_no_dynamo_and_costs_its_step_a_fraction_of_a_second(
+    tmp_path: Any,
+) -> None:
+    """The first dispatch mode a process pushes imported ``torch._dynamo`` (PyTorch's default
+    ``_should_skip_dynamo``): 2.3 s of CPU inside the counted step. The counter's mode opts out."""
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_COUNT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=python_env(DAM_PROBE_DIR=str(tmp_path)),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    flops, dynamo, slowest = done.stdout.split()
+    # Forward: 8x32 @ 32x32 and 8x32 @ 32x4 (2 M N K each). Backward: both gradients of the second
+    # layer, only the weight's of the first (the input needs none).
+    forward = 2 * 8 * (32 * 32 + 32 * 4)
+    assert float(flops) == forward + 2 * 8 * 32 * 32 + 2 * (2 * 8 * 32 * 4), flops
+    assert dynamo == "False"
+    assert float(slowest) < 1.0, slowest  # the counted step, with the import of the FLOP formulas

@@ -8,6 +8,7 @@ collector reads ``/proc`` only for pids of its own namespace.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from dam_contract import names as n
@@ -85,8 +86,8 @@ def test_published_cpu_never_goes_down_when_a_trainer_restarts(tmp_path: Path) -
     write_proc_stat(proc, 1, 0, utime=1, stime=0)
     _published(probes, 1, OTHER_NS, main_s=40.0, worker_s=90.0)
     assert _cpu(collector)[n.ROLE_WORKER] == 90.0
-    # The container restarted: a new trainer, pid 1 again, from zero.
-    _published(probes, 1, OTHER_NS, main_s=1.0, worker_s=2.0, start_time_ns=99_000)
+    # The container restarted: a new trainer, pid 1 again, from zero (started since the last sample).
+    _published(probes, 1, OTHER_NS, main_s=1.0, worker_s=2.0, start_time_ns=time.time_ns())
     assert _cpu(collector) == {n.ROLE_MAIN: 41.0, n.ROLE_WORKER: 92.0}
     remove_proc(proc, 1)
 
@@ -126,3 +127,23 @@ def test_workers_the_sidecar_cannot_find_are_taken_from_the_probe_of_a_visible_t
     _published(probes, 7, OWN_NS, main_s=2.1, worker_s=6.5, workers=0, worker_rss=0)
     assert _cpu(collector)[n.ROLE_WORKER] == 6.5
     assert collector.snapshot().series(n.PROCESSES)[labels_of({"role": n.ROLE_WORKER})] == 0
+
+
+def test_a_trainer_whose_first_record_comes_late_counts_from_that_record(tmp_path: Path) -> None:
+    """The probe publishes at the first batch: on a busy node that is 20 s and more after the process
+    started, with all it counted since. A process that started before the sidecar's previous sample
+    counts from its first record: no window receives that past at once (a busy node's trainer read
+    100 % CPU wait, its own schedstat 51 %)."""
+    collector, probes, proc = published_collector(tmp_path)
+    write_proc_stat(proc, 1, 0, utime=1, stime=0)
+    collector.sample_now()  # the sidecar's first sample: no trainer yet
+    started = time.time_ns() - 30 * 10**9  # the trainer started 30 s ago, before that sample
+    _published(probes, 1, OTHER_NS, main_s=20.0, worker_s=0.0, start_time_ns=started, run_queue_ns=25 * 10**9)
+    first = _cpu(collector)
+    assert first == {n.ROLE_MAIN: 0.0, n.ROLE_WORKER: 0.0}, first
+    waits = collector.snapshot().series(n.PROCESS_CPU_WAIT_SECONDS_TOTAL)
+    assert waits[labels_of({"role": n.ROLE_MAIN})] == 0.0
+    _published(probes, 1, OTHER_NS, main_s=21.5, worker_s=0.0, start_time_ns=started, run_queue_ns=27 * 10**9)
+    assert _cpu(collector) == {n.ROLE_MAIN: 1.5, n.ROLE_WORKER: 0.0}
+    waits = collector.snapshot().series(n.PROCESS_CPU_WAIT_SECONDS_TOTAL)
+    assert waits[labels_of({"role": n.ROLE_MAIN})] == 2.0

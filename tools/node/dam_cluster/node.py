@@ -302,14 +302,7 @@ class NodeCluster(ControlPlane):
     # -- lifecycle
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        if STATE_FILE.exists():
-            old = json.loads(STATE_FILE.read_text() or "{}")
-            if any(_alive(p["pid"], p["needle"]) for p in old.get("processes", [])):
-                raise NodeUnavailableError(
-                    f"a node already runs here (state {STATE_FILE}, workdir {old.get('workdir')}): "
-                    "stop it first with `make cluster-down`"
-                )
-            down(old)  # what a killed run left behind
+        remove_stale_node()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.state = {
             "workdir": str(self.workdir),
@@ -734,6 +727,28 @@ def _remove_kubelet_chains(before: dict[str, dict[str, list[str]]]) -> list[str]
                 done = _run(tool, "-w", "-t", table, "-X", chain, check=False)
                 if done.returncode != 0:
                     problems.append(f"{tool} -t {table} chain {chain}: {done.stderr.strip()}")
+    return problems
+
+
+def remove_stale_node() -> list[str]:
+    """Removes what a node whose processes all ended left on the machine (a run killed before its
+    teardown: its state file, sysctls, chains, mounts; ``down``), and returns what it could not
+    remove; nothing to do without a state file. Raises ``NodeUnavailableError`` while one of that
+    node's processes still runs: one node a machine."""
+    if not STATE_FILE.exists():
+        return []
+    try:
+        old = json.loads(STATE_FILE.read_text() or "{}")
+    except (OSError, ValueError):
+        old = {}
+    old = old if isinstance(old, dict) else {}
+    if any(_alive(p["pid"], p["needle"]) for p in old.get("processes", [])):
+        raise NodeUnavailableError(
+            f"a node already runs here (state {STATE_FILE}, workdir {old.get('workdir')}): "
+            "stop it first with `make cluster-down`"
+        )
+    problems = down(old)
+    STATE_FILE.unlink(missing_ok=True)  # down keeps a file that is not its workdir's
     return problems
 
 

@@ -52,7 +52,14 @@ def busy_node(ctx: Context) -> Finding | None:
         seen.append(Evidence(Kind.NODE_CPU, f"node CPU {ev.pct(node)} busy", {"node_cpu_utilization": node}))
     if o.gpu_utilization is not None:
         seen.append(ev.gpu_utilization(o, t).because(": the host cannot issue work fast enough"))
-    if o.data_wait_ratio is not None:
+    if o.data_wait_ratio is not None and o.data_wait_ratio > t.data_wait_suspect:
+        # Only a main-process loader gets here with a data wait over the screen (data._busy_node_dominates).
+        seen.append(
+            ev.data_wait(o, t).because(
+                ": less than the wait for a CPU, which the loading in the main process waits out too"
+            )
+        )
+    elif o.data_wait_ratio is not None:
         seen.append(ev.data_wait(o, t).because(": the loader is not the cause"))
     else:
         conf -= 0.1
