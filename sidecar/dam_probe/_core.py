@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 from dam_probe._counters import CommCounters, Devices, StepCounters, WorkerKills
 from dam_probe._goodput import Accounting
+from dam_probe._watchdog import Watchdog
 from dam_probe.cgroup import CgroupReader, MemoryReader
 from dam_probe.cleanup import remove_finished
 from dam_probe.layout import ProbeWriter, probe_path
@@ -221,6 +222,7 @@ class Probe:
         "disabled",
         "flops_per_step",
         "goodput",
+        "identity",
         "interval_ns",
         "kills",
         "memory",
@@ -230,6 +232,7 @@ class Probe:
         "reported",
         "run_queue",
         "step",
+        "watchdog",
         "writer",
     )
     KEPT_AFTER_FORK: ClassVar[frozenset[str]] = frozenset(
@@ -267,6 +270,9 @@ class Probe:
         self.comm = CommCounters()
         self.comm_on = False  # the collective instrumentation is installed (flag bit 3 of the file)
         self.comm_sweep: Callable[[int], None] | None = None  # ends finished async collectives (_comm)
+        # Where the training thread is once a step is overdue (dam_probe._watchdog): its own thread.
+        self.watchdog = Watchdog()
+        self.identity: RankIdentity = (None, None, None)  # as last published (rank_identity)
         self.publish_lock = threading.Lock()
         self.directory = ""
         self.path = ""
@@ -288,6 +294,7 @@ class Probe:
             self.memory,
             self.process,
             self.run_queue,
+            self.watchdog,
         )
 
     # -- state -----------------------------------------------------------------
@@ -336,6 +343,7 @@ class Probe:
             s.in_stream = True
             s.stream_start_ns = t0_ns  # the first batch's step is its own wait
         self.goodput.before_publish(self, t0_ns)
+        self.watchdog.at_batch(self)
         self.publish(t1_ns, batch)
         self.goodput.after_publish(self)
 
@@ -406,17 +414,22 @@ class Probe:
         if not self.disabled:
             self._write(now_ns, None, False)
 
-    def _write(self, now_ns: int, batch: object, closed: bool) -> bool:
+    def publish_watch(self, now_ns: int) -> bool:
+        """Publishes from the watchdog's thread (``dam_probe._watchdog``): never into torch (no
+        device query, no sweep of asynchronous collectives), never blocking; False when skipped."""
+        return not self.disabled and self._write(now_ns, None, False, watch=True)
+
+    def _write(self, now_ns: int, batch: object, closed: bool, watch: bool = False) -> bool:
         """One publish under ``publish_lock``; False when skipped (another thread is publishing)."""
         if not self.publish_lock.acquire(blocking=closed):
             return False
         try:
             writer = self.writer
             if writer is None:
-                if closed:
+                if closed or watch:
                     return False
                 writer = self._open()
-            self._publish_to(writer, now_ns, batch, closed)
+            self._publish_to(writer, now_ns, batch, closed, watch)
             return True
         except Exception as exc:
             self.disable(f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc))
@@ -424,20 +437,25 @@ class Probe:
         finally:
             self.publish_lock.release()
 
-    def _publish_to(self, writer: ProbeWriter, now_ns: int, batch: object, closed: bool) -> None:
-        """Reads what the publish path reads (batch size, devices, cgroup, rank) and writes a record."""
+    def _publish_to(
+        self, writer: ProbeWriter, now_ns: int, batch: object, closed: bool, watch: bool = False
+    ) -> None:
+        """Reads what the publish path reads (batch size, devices, cgroup, rank) and writes a record;
+        ``watch``: from the watchdog's thread, nothing that calls into torch."""
         s = self.step
         if batch is not None:
             size = batch_size_of(batch)
             if size > 0:
                 s.batch_size = size
-        if not closed:
+        if not closed and not watch:
             self.devices.refresh(now_ns)
         # Never raises; a process without a readable cgroup publishes the fields as invalid.
         cgroup = self.cgroup.read(now_ns)
         throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
-        rank, local_rank, world_size = rank_identity()
-        if self.comm_sweep is not None:
+        if not watch:  # torch.distributed's answer; the watchdog's thread reuses the latest
+            self.identity = rank_identity()
+        rank, local_rank, world_size = self.identity
+        if self.comm_sweep is not None and not watch:
             self.comm_sweep(now_ns)
         collectives = self.comm.figures() if self.comm_on else None
         step_ns, wait_ns = s.step_ns, s.wait_ns
@@ -467,6 +485,7 @@ class Probe:
             checkpoints=checkpoints,
             measured_flops=measured_flops,
             flops_reason=self.goodput.flops.reason_figures(),
+            progress=self.watchdog.figures(self),
         )
 
     def close(self) -> None:

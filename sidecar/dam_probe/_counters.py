@@ -85,6 +85,7 @@ class CommCounters(CounterGroup):
         "busy_since",
         "busy_until",
         "count",
+        "entered",
         "exposed_ns",
         "inflight",
         "lock",
@@ -95,6 +96,7 @@ class CommCounters(CounterGroup):
 
     def reset(self) -> None:
         self.count = 0
+        self.entered = 0  # timed collectives entered (the watchdog's sequence numbers)
         self.ns = 0  # the busy periods: time with at least one collective in flight
         self.exposed_ns = 0
         self.nbytes = 0

@@ -70,6 +70,7 @@ from dam_probe.layout import (
     FLOPS_REASON_NO_TORCH,
     FLOPS_REASON_OFF,
     FLOPS_UNAVAILABLE,
+    PLACE_CHECKPOINT,
 )
 
 if TYPE_CHECKING:
@@ -486,17 +487,23 @@ def timed_save(orig: Callable[..., Any], p: Probe | None = None) -> Callable[...
     clock = perf_counter_ns
     ident = threading.get_ident
     probe = p
+    what = f"{getattr(orig, '__module__', '') or ''}.{getattr(orig, '__name__', 'save')}".lstrip(".")
 
     @functools.wraps(orig)
     def save(*args: Any, **kwargs: Any) -> Any:
         if acc.ckpt_depth or ident() != acc.train_thread:
             return orig(*args, **kwargs)
         acc.ckpt_depth = 1
+        # A save can block in C++ holding the GIL (torch.save opening a file on a dead file system):
+        # its place is published on entry, as the watchdog's thread could not read it then.
+        if probe.writer is not None:
+            probe.watchdog.announce(probe, PLACE_CHECKPOINT, what)
         t0 = clock()
         try:
             return orig(*args, **kwargs)
         finally:
             acc.ckpt_depth = 0
+            probe.watchdog.left()
             acc.checkpoint_done(probe, t0, clock())
 
     setattr(save, MARK, True)

@@ -31,7 +31,8 @@ offset size   type    field
                       bit 7: the goodput accounting at 656..688 and 748 is valid (v2);
                       bit 8: the checkpoint counters at 688..728 are valid (v2);
                       bit 9: the measured FLOPs at 728..748 are valid (v2);
-                      bit 10: why FLOPs are not counted, at 752..800, is valid (v2))
+                      bit 10: why FLOPs are not counted, at 752..800, is valid (v2);
+                      bit 11: the progress fields at 800..1024 are valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
 104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
@@ -90,7 +91,16 @@ offset size   type    field
 752    4      u32     why the FLOPs were not counted (flag bit 10): ``FLOPS_REASON_*``, 0 none
 756    44     44s     its detail, NUL-padded ASCII (the op whose FLOP formula raised and the
                       exception's type, the higher-order op; empty when none)
-800    224    -       reserved, zero
+800    8      u64     collectives the training thread entered (timed ones), cumulative: the
+                      sequence number of the latest (flag bit 11)
+808    8      u64     the latest batch delivered, Unix ns (0 = none yet)
+816    8      u64     when the watchdog read the training thread's place, Unix ns (0 = not
+                      read: no step overdue; ``dam_probe._watchdog``)
+824    4      u32     that place: ``PLACE_*`` (0 = not read)
+828    4      -       reserved, zero
+832    40     40s     its detail, NUL-padded ASCII (``all_reduce #12``, ``worker 1 pid 77 dead``)
+872    152    152s    the innermost frames of the training thread, ``file:line function``,
+                      one a line, NUL-padded ASCII
 ====== ====== ======= ==========================================================
 
 Seqlock protocol: the writer increments ``sequence`` to an odd value, writes
@@ -159,6 +169,25 @@ FLOPS_REASON_CUT_SHORT: Final = 8  # the loader ran out while counting, three ti
 FLOPS_REASON_MODE_STACK: Final = 9  # the step left another dispatch mode above the counter's
 FLOPS_REASONS: Final = tuple(range(1, 10))
 FLOPS_DETAIL_BYTES: Final = 44
+FLAG_PROGRESS: Final = 2048  # the progress fields (watchdog) are valid (version 2)
+# Where the training thread was when the watchdog read it (offset 824; status.progress.culprit.where).
+PLACE_NONE: Final = 0
+PLACE_COLLECTIVE: Final = 1
+PLACE_DATALOADER: Final = 2
+PLACE_CHECKPOINT: Final = 3
+PLACE_BACKWARD: Final = 4
+PLACE_OPTIMIZER: Final = 5
+PLACE_USER_CODE: Final = 6
+PLACE_NAMES: Final = {
+    PLACE_COLLECTIVE: "collective",
+    PLACE_DATALOADER: "dataloader",
+    PLACE_CHECKPOINT: "checkpoint",
+    PLACE_BACKWARD: "backward",
+    PLACE_OPTIMIZER: "optimizer",
+    PLACE_USER_CODE: "user-code",
+}
+PLACE_DETAIL_BYTES: Final = 40
+PLACE_FRAMES_BYTES: Final = 152
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
 UNKNOWN_RANK: Final = -1
@@ -185,6 +214,8 @@ _FLOPS = struct.Struct("<dQII")  # measured FLOPs, wall ns, steps, state (728..7
 _FLOPS_OFFSET: Final = 728
 _FLOPS_REASON = struct.Struct("<I44s")  # reason, detail (752..800, flag bit 10)
 _FLOPS_REASON_OFFSET: Final = 752
+_PROGRESS = struct.Struct("<QQQI4x40s152s")  # entered .. frames (800..1024, flag bit 11)
+_PROGRESS_OFFSET: Final = 800
 _I32_MAX: Final = 2**31 - 1
 _U32_MAX: Final = 2**32 - 1
 
@@ -310,6 +341,13 @@ class ProbeRecord:
     # Version 2, flag bit 10: why FLOPs were not counted (FLOPS_REASON_*), its detail; None: unknown.
     flops_reason: int | None = None
     flops_detail: str | None = None
+    # Version 2, flag bit 11: progress (dam_probe._watchdog); None: not published.
+    collectives_entered: int | None = None  # timed collectives the training thread entered
+    last_batch_ns: int | None = None  # Unix ns of the latest batch delivered; 0: none yet
+    place_read_ns: int | None = None  # Unix ns the watchdog read the place; 0: not read (no step overdue)
+    place: int | None = None  # PLACE_*
+    place_detail: str | None = None
+    place_frames: str | None = None  # innermost first, one "file:line function" a line
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
@@ -368,6 +406,17 @@ class ProbeRecord:
             "measured_flops_per_step, flops_measured_ns, flops_measured_steps go together",
         )
         _together((self.flops_reason, self.flops_detail), "flops_reason and flops_detail go together")
+        _together(
+            (
+                self.collectives_entered,
+                self.last_batch_ns,
+                self.place_read_ns,
+                self.place,
+                self.place_detail,
+                self.place_frames,
+            ),
+            "the six progress fields go together",
+        )
         if self.measured_flops_per_step is not None and not (
             math.isfinite(self.measured_flops_per_step) and self.measured_flops_per_step >= 0
         ):
@@ -459,6 +508,7 @@ _V2_FLAGS: Final = (  # a version-2 flag bit, set when its field is known (not N
     (FLAG_CHECKPOINTS, "checkpoint_ns"),
     (FLAG_FLOPS_MEASURED, "measured_flops_per_step"),
     (FLAG_FLOPS_REASON, "flops_reason"),
+    (FLAG_PROGRESS, "collectives_entered"),
 )
 
 
@@ -564,6 +614,16 @@ def _pack_v2(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         min(record.flops_reason or 0, _U32_MAX),
         (record.flops_detail or "").encode("ascii", "replace")[:FLOPS_DETAIL_BYTES],
     )
+    _PROGRESS.pack_into(
+        buf,
+        _PROGRESS_OFFSET,
+        record.collectives_entered or 0,
+        record.last_batch_ns or 0,
+        record.place_read_ns or 0,
+        min(record.place or 0, _U32_MAX),
+        (record.place_detail or "").encode("ascii", "replace")[:PLACE_DETAIL_BYTES],
+        (record.place_frames or "").encode("ascii", "replace")[:PLACE_FRAMES_BYTES],
+    )
 
 
 def _pair_kwargs(
@@ -620,6 +680,20 @@ _PROCESS_NAMES: Final = (
 
 def _process_fields(process: tuple[int, int, int, int, int, int] | None) -> dict[str, int]:
     return {} if process is None else dict(zip(_PROCESS_NAMES, process, strict=True))
+
+
+_PROGRESS_NAMES: Final = (
+    "collectives_entered",
+    "last_batch_ns",
+    "place_read_ns",
+    "place",
+    "place_detail",
+    "place_frames",
+)
+
+
+def _progress_fields(progress: tuple[int, int, int, int, str, str] | None) -> dict[str, int | str]:
+    return {} if progress is None else dict(zip(_PROGRESS_NAMES, progress, strict=True))
 
 
 def _rank_or_none(value: int) -> int | None:
@@ -723,6 +797,16 @@ def _goodput_fields(data: bytes, flags: int) -> dict[str, int | float | str]:
     if flags & FLAG_FLOPS_REASON:
         reason, detail = _FLOPS_REASON.unpack_from(data, _FLOPS_REASON_OFFSET)
         out.update(flops_reason=reason, flops_detail=_ascii_field(detail))
+    if flags & FLAG_PROGRESS:
+        entered, last_batch, read_ns, place, detail, frames = _PROGRESS.unpack_from(data, _PROGRESS_OFFSET)
+        out.update(
+            collectives_entered=entered,
+            last_batch_ns=last_batch,
+            place_read_ns=read_ns,
+            place=place if place in PLACE_NAMES else PLACE_NONE,
+            place_detail=_ascii_field(detail),
+            place_frames=_text_field(frames),
+        )
     return out
 
 
@@ -730,6 +814,11 @@ def _ascii_field(raw: bytes) -> str:
     """A NUL-padded text field, printable ASCII only (anything else, e.g. a torn write, is ``?``)."""
     text = raw.split(b"\0", 1)[0].decode("ascii", "replace")
     return "".join(c if " " <= c <= "~" else "?" for c in text)
+
+
+def _text_field(raw: bytes) -> str:
+    """``_ascii_field`` that keeps its line breaks (the frames field: one frame a line)."""
+    return "\n".join(_ascii_field(line) for line in raw.split(b"\0", 1)[0].split(b"\n"))
 
 
 def _check_header(data: bytes) -> int:
@@ -899,6 +988,7 @@ class ProbeWriter:
         checkpoints: tuple[int, int, int, int, int] | None = None,
         measured_flops: tuple[float, int, int] | None = None,
         flops_reason: tuple[int, str] | None = None,
+        progress: tuple[int, int, int, int, str, str] | None = None,
     ) -> None:
         """Publishes one update; ``collectives`` is ``(count, ns, exposed ns, bytes)``,
         ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``, ``process`` is
@@ -908,7 +998,8 @@ class ProbeWriter:
         ns, startup ns, productive ns, other ns, FLOP counting state)``, ``checkpoints`` is ``(blocked
         ns, of it inside steps ns, saves, latest end Unix ns, steps then)``, ``measured_flops`` is
         ``(FLOPs per step, wall ns of the counted steps, steps counted)``, ``flops_reason`` is
-        ``(FLOPS_REASON_*, detail)``: why they were not counted; None = unknown."""
+        ``(FLOPS_REASON_*, detail)``: why they were not counted, ``progress`` is ``(collectives
+        entered, latest batch Unix ns, place read Unix ns, PLACE_*, detail, frames)``; None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy)
         # window covers one memory copy only.
         scratch = self._scratch
@@ -945,6 +1036,7 @@ class ProbeWriter:
                 **_process_fields(process),  # type: ignore[arg-type]
                 **_pair_kwargs(loader_kills, run_queue, flops_reason),  # type: ignore[arg-type]
                 **_goodput_kwargs(goodput, checkpoints, measured_flops),  # type: ignore[arg-type]
+                **_progress_fields(progress),  # type: ignore[arg-type]
             ),
         )
         mm = self._mm

@@ -12,6 +12,11 @@ is printed at the end. Exits with CMD's exit code.
 With ``--json`` the final verdict is the only thing on stdout (the field names
 of the resource status: ``bottleneck``, ``metrics``, ``goodput``); CMD's own stdout is sent
 to stderr so that ``dam run --json -- ... | jq`` works.
+
+``--stall-after SECONDS --on-stall {report,exit}`` (``dam_operator.local.stall``): a job that takes
+no batch for max(SECONDS, 10 median steps) is stalled; the culprit rank, where it is and its frames
+are printed while the job lives (``report``), or the command's process group is stopped and
+``dam run`` exits 3 (``exit``); ``--json`` carries ``progress`` (``status.progress``'s shape).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dam_contract.snapshot import Snapshot
 from dam_operator.diagnosis.goodput import Goodput, accelerators_of, goodput_of
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Hardware, RankFigures, Verdict
+from dam_operator.diagnosis.progress import STALL_AFTER_SECONDS_DEFAULT, StallSettings
 from dam_operator.diagnosis.render import render_goodput, render_text
 from dam_operator.local.child import (
     SnapshotSource,
@@ -57,6 +63,7 @@ from dam_operator.local.live import (
 )
 from dam_operator.local.memory import MemoryCgroupSource, OwnMemoryCgroup
 from dam_operator.local.session import LocalSession
+from dam_operator.local.stall import ON_STALL, STALL_EXIT_CODE, StallWatch
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -87,6 +94,20 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="live verdict on stderr: auto (default) = one status line redrawn in place on a terminal, "
         "a line per verdict change elsewhere; line, changes or never force one",
     )
+    parser.add_argument(
+        "--stall-after",
+        type=float,
+        default=STALL_AFTER_SECONDS_DEFAULT,
+        help="a job that takes no batch for this many seconds (and 10 median steps) is stalled "
+        f"(default {STALL_AFTER_SECONDS_DEFAULT:.0f})",
+    )
+    parser.add_argument(
+        "--on-stall",
+        choices=ON_STALL,
+        default="report",
+        help="report (default): print the stalled rank, its place and frames while the job lives; "
+        f"exit: stop the command's process group and exit {STALL_EXIT_CODE}",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     args = parser.parse_args(list(argv))
     cmd = command_after_dashes(parser, args.command, "dam run")
@@ -96,6 +117,8 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(
             f"--window must be between --interval ({args.interval}) and 86400 seconds, got {args.window}"
         )
+    if not (1 <= args.stall_after <= 7 * 86400):
+        parser.error(f"--stall-after must be between 1 and 604800 seconds, got {args.stall_after}")
     for flag, value in (("--peak-flops", args.peak_flops), ("--memory-bandwidth", args.memory_bandwidth)):
         if value is not None and not value > 0:
             parser.error(f"{flag} must be a positive number, got {value}")
@@ -169,8 +192,12 @@ def _start(
 ) -> subprocess.Popen[bytes] | None:
     """Starts the command under the probe; None (said on ``err``) when it cannot start."""
     env = child_environment(os.environ, workspace.inject_dir, workspace.probe_dir)
+    # --on-stall exit stops the command's whole process group (torchrun and its ranks): its own.
+    group = 0 if args.on_stall == "exit" else None
     try:
-        child = subprocess.Popen(args.command, env=env, stdout=live.command_out, stderr=live.command_err)
+        child = subprocess.Popen(
+            args.command, env=env, stdout=live.command_out, stderr=live.command_err, process_group=group
+        )
     except OSError as exc:
         if live.relay is not None:
             live.relay.close()
@@ -194,11 +221,30 @@ def _forward_signals(child: subprocess.Popen[bytes]) -> dict[signal.Signals, Any
     return {s: signal.signal(s, forward) for s in _FORWARDED_SIGNALS}
 
 
+def _progress_lines(t: float, watch: StallWatch) -> str:
+    """A change of progress while the job lives: the stall (culprit, frames, who waits), or its end."""
+    p = watch.progress
+    if p is None:
+        return ""
+    head = f"dam: {t:4.0f}s  "
+    if p.state != "Stalled":
+        return head + f"progress: {p.state} again (the stall ended)\n"
+    lines = [head + p.describe()]
+    if p.culprit is not None:
+        lines += [f"dam:          {frame}" for frame in p.culprit.frames]
+    return "\n".join(lines) + "\n"
+
+
 def _live_verdicts(
-    session: LocalSession, live: _Live, args: argparse.Namespace, err: Callable[[str], None]
+    session: LocalSession,
+    live: _Live,
+    args: argparse.Namespace,
+    err: Callable[[str], None],
+    watch: StallWatch | None = None,
 ) -> Callable[[float, Snapshot], bool]:
     """The sampling callback: each snapshot into ``session``; the live verdict (at most once per
-    evaluation period) on the status line, or on ``err`` when it changed."""
+    evaluation period) on the status line, or on ``err`` when it changed; the job's progress
+    (``watch``): a change printed, True (stop sampling) at a stall under ``--on-stall exit``."""
     changes = ChangeFilter()
     eval_period = min(args.window, max(args.interval, 1.0))
     last_eval = float("-inf")
@@ -206,6 +252,12 @@ def _live_verdicts(
     def on_sample(t: float, snap: Snapshot) -> bool:
         nonlocal last_eval
         session.add(t, snap)
+        if watch is not None:
+            progress, changed = watch.sample()
+            if changed and "Stalled" in (progress.state, watch.tracker.previous):
+                err(_progress_lines(t, watch))
+            if watch.stops():
+                return True
         if live.mode == "never":
             return False
         if session.warming_up():
@@ -237,10 +289,12 @@ def _watch(
     previous_handlers: Mapping[signal.Signals, Any],
 ) -> int:
     """Samples until the command exits; then the signal handlers are restored and its return code
-    is returned (also when sampling failed: the command is waited for)."""
+    is returned (also when sampling failed: the command is waited for). Sampling stopped early
+    (a stall under ``--on-stall exit``) stops the command's process group first."""
     try:
         pump = None if live.relay is None else live.relay.pump
-        sample_while_running(child, source, interval_seconds, on_sample, pump=pump)
+        if not sample_while_running(child, source, interval_seconds, on_sample, pump=pump):
+            stop_group(child)
     finally:
         source.close()
         for s, handler in previous_handlers.items():
@@ -250,12 +304,32 @@ def _watch(
     return returncode
 
 
+STOP_GRACE_SECONDS = 10.0
+"""SIGTERM to the stalled command's process group, then SIGKILL after this long."""
+
+
+def stop_group(child: subprocess.Popen[bytes], grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+    """Stops the command's process group (its own: ``--on-stall exit`` starts it in one)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            child.wait(timeout=grace_seconds)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def _report(
     args: argparse.Namespace,
     final: Verdict,
     ranks: Sequence[RankFigures],
     goodput: Goodput | None,
     code: int,
+    *,
+    watch: StallWatch | None = None,
 ) -> str:
     """The final verdict: the status's fields as JSON (``--json``), else the text."""
     if not args.json:
@@ -265,6 +339,8 @@ def _report(
         doc["ranks"] = [r.model_dump(by_alias=True, exclude_none=True, mode="json") for r in ranks]
     if goodput is not None:  # status.goodput's shape: over the command's life
         doc["goodput"] = goodput.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if watch is not None and watch.progress is not None:  # status.progress's shape
+        doc["progress"] = watch.progress.model_dump(by_alias=True, exclude_none=True, mode="json")
     doc["lastEvaluationTime"] = rfc3339(datetime.now(UTC))
     doc["exitCode"] = code
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
@@ -293,12 +369,13 @@ def run(
             return 127
         previous_handlers = _forward_signals(child)
         session = LocalSession(window_seconds=args.window, hardware=_hardware(args))
+        watch = StallWatch(workspace.probe_dir, StallSettings(after_seconds=args.stall_after), args.on_stall)
         source = make_source(workspace.probe_dir, args.interval)
         memory = None if memory_cgroup is None else MemoryCgroupSource(source, memory_cgroup(), child.pid)
         returncode = _watch(
             child,
             source if memory is None else memory,
-            _live_verdicts(session, live, args, err),
+            _live_verdicts(session, live, args, err, watch),
             interval_seconds=args.interval,
             live=live,
             previous_handlers=previous_handlers,
@@ -306,8 +383,8 @@ def run(
         final = session.final_verdict(oom_killed=None if memory is None else memory.oom_killed(returncode))
         ranks = session.final_ranks()
         goodput = _goodput(session)
-    code = shell_exit_status(returncode)
-    out(_report(args, final, ranks, goodput, code))
+    code = STALL_EXIT_CODE if watch.stops() else shell_exit_status(returncode)
+    out(_report(args, final, ranks, goodput, code, watch=watch))
     return code
 
 
