@@ -28,7 +28,11 @@ What is counted (``Probe.comm``, a ``CommCounters``: cumulative, published in th
   backward pass (with the hook: the hand-over of its last bucket,
   ``GradBucket.is_last()``) to the completion of the last bucket of that step;
   a synchronous collective counts whole; an asynchronous one counts the time
-  spent in ``Work.wait()``;
+  spent in ``Work.wait()``. One cause per second of wall time (``exposed_here``): a wait
+  counts only in the training thread (the thread that took the first batch), after its first
+  batch (before it, the time is startup) and outside checkpoint saves (collectives inside
+  ``dcp.save`` are the save's); a background thread's collectives (``async_save``'s writer)
+  overlap the training and are no badput;
 - **bytes**: the size of the tensors this process contributes (the reduced or
   broadcast tensor, the input of a gather, scatter or all-to-all; 0 for a
   barrier; a DDP bucket's flat buffer).
@@ -211,6 +215,13 @@ def end(p: Probe, t1: int) -> None:
             c.busy_until = t1
 
 
+def exposed_here(p: Probe) -> bool:
+    """Whether the calling thread's wait for a collective now is communication badput: the
+    training thread, after its first batch, outside a checkpoint save (see the module docstring)."""
+    acc = p.goodput
+    return bool(acc.train_thread) and not acc.ckpt_depth and threading.get_ident() == acc.train_thread
+
+
 def _finish(key: int, t_done: int, exposed_ns: int = 0) -> None:
     """Ends the flight of the pending asynchronous collective ``key`` at ``t_done``."""
     entry = PENDING.pop(key, None)
@@ -282,10 +293,11 @@ def timed_collective(orig: Callable[..., Any], position: int, keyword: str | Non
         else:
             nbytes = nbytes_of(args[position]) if position < len(args) else 0
         if work is None:  # synchronous: the caller waited for all of it (one lock, no helper call)
+            exposed = t1 - t0 if exposed_here(p) else 0
             with c.lock:
                 c.count += 1
                 c.nbytes += nbytes
-                c.exposed_ns += t1 - t0
+                c.exposed_ns += exposed
                 start = t0 if t0 > c.busy_until else c.busy_until
                 if c.inflight:  # inside a busy period: it is counted when that ends
                     c.busy_since = min(c.busy_since, start)
@@ -328,7 +340,7 @@ def timed_wait(orig: Callable[..., Any], p: Probe = PROBE) -> Any:
             return orig(self, *args, **kwargs)
         finally:
             t1 = clock()
-            _finish(key, t0 if done_before else t1, t1 - t0)
+            _finish(key, t0 if done_before else t1, t1 - t0 if exposed_here(p) else 0)
 
     dress(wait, orig, MARK)
     return wait

@@ -69,7 +69,14 @@ def run(rank, world, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    report = {"rank": rank, "start": snap()}
+    report = {"rank": rank, "start_before_batch": snap()}
+    # 0. Before the first batch the time is startup: a collective there is counted, not exposed.
+    dist.all_reduce(torch.ones(64))
+    report["before_batch"] = snap()
+    import dam_probe
+    for _ in dam_probe.instrument([0]):
+        pass  # the first batch: from here the training thread's waits are communication
+    report["start"] = snap()
 
     # 1. DDP with the automatic hook; in the "late" run rank 1 sleeps before every step.
     model = DDP(net(), bucket_cap_mb=0.01)
@@ -97,6 +104,24 @@ def run(rank, world, port, out):
     if LATE:
         finish(report, out)
         return
+    # 1b. A collective from another thread (an async_save's writer) overlaps the training: not exposed.
+    import threading
+    other = {}
+    def background():
+        b0 = snap()
+        dist.all_reduce(torch.ones(64))
+        other["delta"] = {k: snap()[k] - b0[k] for k in b0}
+    worker = threading.Thread(target=background)
+    worker.start()
+    worker.join()
+    report["background"] = other["delta"]
+    # 1c. A collective inside a checkpoint save (dcp.save gathers its plan): the save's time.
+    from dam_probe._goodput import timed_save
+    def save_with_a_collective():
+        dist.all_reduce(torch.ones(64))
+    s0 = snap()
+    timed_save(save_with_a_collective)()
+    report["in_save"] = {k: snap()[k] - s0[k] for k in s0}
     before = snap()
 
     # 2. Explicit collectives: synchronous, a barrier, asynchronous waited on, positional async_op.
@@ -249,6 +274,20 @@ def test_ddp_buckets_are_counted_and_exposed_time_stays_within_collective_time(b
         assert 0 < ddp["exposed"] <= ddp["ns"]
         assert r["ddp_again"] == r["ddp"]  # a forward without a backward counts nothing again
         assert r["grads_match"] is True  # the gradients are averaged exactly as DDP does
+
+
+def test_a_collective_before_the_first_batch_or_off_the_training_thread_is_counted_not_exposed(
+    balanced: Run,
+) -> None:
+    """One cause per second: before the first batch the time is startup; a background thread's
+    collective (an ``async_save`` writer's) overlaps the training."""
+    reports, _, _ = balanced
+    for r in reports:
+        d = _delta(r, "before_batch", "start_before_batch")
+        assert (d["count"], d["bytes"], d["exposed"]) == (1, 64 * 4, 0), d
+        assert d["ns"] > 0
+        assert (r["background"]["count"], r["background"]["exposed"]) == (1, 0), r["background"]
+        assert (r["in_save"]["count"], r["in_save"]["exposed"]) == (1, 0), r["in_save"]
 
 
 def test_explicit_collectives_sync_async_and_barrier_are_counted(balanced: Run) -> None:
