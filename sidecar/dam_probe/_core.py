@@ -429,64 +429,13 @@ class Probe:
                 if closed or watch:
                     return False
                 writer = self._open()
-            self._publish_to(writer, now_ns, batch, closed, watch)
+            _publish_to(self, writer, now_ns, batch, closed=closed, watch=watch)
             return True
         except Exception as exc:
             self.disable(f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc))
             return False
         finally:
             self.publish_lock.release()
-
-    def _publish_to(
-        self, writer: ProbeWriter, now_ns: int, batch: object, closed: bool, watch: bool = False
-    ) -> None:
-        """Reads what the publish path reads (batch size, devices, cgroup, rank) and writes a record;
-        ``watch``: from the watchdog's thread, nothing that calls into torch."""
-        s = self.step
-        if batch is not None:
-            size = batch_size_of(batch)
-            if size > 0:
-                s.batch_size = size
-        if not closed and not watch:
-            self.devices.refresh(now_ns)
-        # Never raises; a process without a readable cgroup publishes the fields as invalid.
-        cgroup = self.cgroup.read(now_ns)
-        throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
-        if not watch:  # torch.distributed's answer; the watchdog's thread reuses the latest
-            self.identity = rank_identity()
-        rank, local_rank, world_size = self.identity
-        if self.comm_sweep is not None and not watch:
-            self.comm_sweep(now_ns)
-        collectives = self.comm.figures() if self.comm_on else None
-        step_ns, wait_ns = s.step_ns, s.wait_ns
-        goodput, checkpoints, measured_flops = self.goodput.figures(
-            self, wait_ns, step_ns, 0 if collectives is None else collectives[2]
-        )
-        writer.publish(
-            s.steps,
-            wait_ns,
-            step_ns,
-            batch_size=s.batch_size,
-            flops_per_step=self.flops_per_step,
-            device_uuids=self.devices.uuids,
-            closed=closed,
-            cgroup_throttled_ns=throttled_ns,
-            cgroup_limit_millicores=limit_millicores,
-            cgroup_id=cgroup_id,
-            rank=rank,
-            local_rank=local_rank,
-            world_size=world_size,
-            collectives=collectives,
-            memory=self.memory.read(now_ns),
-            process=self.process.read(now_ns),
-            loader_kills=self.kills.figures(),
-            run_queue=self.run_queue.read(now_ns),
-            goodput=goodput,
-            checkpoints=checkpoints,
-            measured_flops=measured_flops,
-            flops_reason=self.goodput.flops.reason_figures(),
-            progress=self.watchdog.figures(self),
-        )
 
     def close(self) -> None:
         """Final publish with the closed flag (registered with ``atexit``)."""
@@ -514,8 +463,61 @@ class Probe:
         self.publish_lock = threading.Lock()
         self.path = ""
         self.reported = False
+        self.identity = (None, None, None)  # the child's own, at its first publish
         if self.disabled:
             self.step.next_publish_ns = NEVER
+
+
+def _publish_to(
+    self: Probe, writer: ProbeWriter, now_ns: int, batch: object, *, closed: bool, watch: bool = False
+) -> None:
+    """Reads what the publish path reads (batch size, devices, cgroup, rank) and writes a record;
+    ``watch``: from the watchdog's thread, nothing that calls into torch."""
+    s = self.step
+    if batch is not None:
+        size = batch_size_of(batch)
+        if size > 0:
+            s.batch_size = size
+    if not closed and not watch:
+        self.devices.refresh(now_ns)
+    # Never raises; a process without a readable cgroup publishes the fields as invalid.
+    cgroup = self.cgroup.read(now_ns)
+    throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
+    if not watch:  # torch.distributed's answer; the watchdog's thread reuses the latest
+        self.identity = rank_identity()
+    rank, local_rank, world_size = self.identity
+    if self.comm_sweep is not None and not watch:
+        self.comm_sweep(now_ns)
+    collectives = self.comm.figures() if self.comm_on else None
+    step_ns, wait_ns = s.step_ns, s.wait_ns
+    goodput, checkpoints, measured_flops = self.goodput.figures(
+        self, wait_ns, step_ns, 0 if collectives is None else collectives[2]
+    )
+    writer.publish(
+        s.steps,
+        wait_ns,
+        step_ns,
+        batch_size=s.batch_size,
+        flops_per_step=self.flops_per_step,
+        device_uuids=self.devices.uuids,
+        closed=closed,
+        cgroup_throttled_ns=throttled_ns,
+        cgroup_limit_millicores=limit_millicores,
+        cgroup_id=cgroup_id,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        collectives=collectives,
+        memory=self.memory.read(now_ns),
+        process=self.process.read(now_ns),
+        loader_kills=self.kills.figures(),
+        run_queue=self.run_queue.read(now_ns),
+        goodput=goodput,
+        checkpoints=checkpoints,
+        measured_flops=measured_flops,
+        flops_reason=self.goodput.flops.reason_figures(),
+        progress=self.watchdog.figures(self),
+    )
 
 
 PROBE: Final = Probe()

@@ -212,7 +212,7 @@ def place_of(top: FrameType | None) -> tuple[int, str, str]:
 class Watchdog(CounterGroup):
     """The watchdog thread's state and what it last read (see the module docstring)."""
 
-    __slots__ = ("detail", "frames", "pid", "place", "read_ns", "thread", "wake")
+    __slots__ = ("detail", "frames", "pid", "place", "read_ns", "thread")
 
     def reset(self) -> None:
         """Nothing read; a forked child has no watchdog thread (started again at its first batch)."""
@@ -222,7 +222,6 @@ class Watchdog(CounterGroup):
         self.read_ns = 0  # Unix ns of the latest read (0: not read since the latest batch)
         self.pid = 0  # the process whose thread runs (a forked child's is not running)
         self.thread: threading.Thread | None = None
-        self.wake = threading.Event()
 
     def figures(self, p: Probe) -> tuple[int, int, int, int, str, str]:
         """``(collectives entered, latest batch Unix ns, read Unix ns, PLACE_*, detail, frames)``."""
@@ -290,7 +289,6 @@ class Watchdog(CounterGroup):
 
     def _run(self, p: Probe) -> None:
         me = os.getpid()
-        while not self.wake.wait(CHECK_NS / 1e9):
-            if os.getpid() != me:  # pragma: no cover  (threads do not survive a fork)
-                return
+        while os.getpid() == me:  # (threads do not survive a fork; the check is cheap)
+            time.sleep(CHECK_NS / 1e9)
             self.check(p, perf_counter_ns())

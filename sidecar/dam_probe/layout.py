@@ -990,18 +990,12 @@ class ProbeWriter:
         flops_reason: tuple[int, str] | None = None,
         progress: tuple[int, int, int, int, str, str] | None = None,
     ) -> None:
-        """Publishes one update; ``collectives`` is ``(count, ns, exposed ns, bytes)``,
-        ``memory`` is ``(usage bytes, limit bytes (0 = none), OOM kills, cgroup id)``, ``process`` is
-        ``(main CPU ns, worker CPU ns, main RSS, worker RSS, workers, PID namespace)``, ``loader_kills``
-        is ``(DataLoader workers killed, signal of the latest (0 = not known))``, ``run_queue`` is
-        ``(main thread's run-queue delay ns, the workers' ns)``, ``goodput`` is ``(process start Unix
-        ns, startup ns, productive ns, other ns, FLOP counting state)``, ``checkpoints`` is ``(blocked
-        ns, of it inside steps ns, saves, latest end Unix ns, steps then)``, ``measured_flops`` is
-        ``(FLOPs per step, wall ns of the counted steps, steps counted)``, ``flops_reason`` is
-        ``(FLOPS_REASON_*, detail)``: why they were not counted, ``progress`` is ``(collectives
-        entered, latest batch Unix ns, place read Unix ns, PLACE_*, detail, frames)``; None = unknown."""
-        # The payload is packed into a scratch image first, so the odd (busy)
-        # window covers one memory copy only.
+        """Publishes one update; each tuple is its ``ProbeRecord`` fields in order (``collectives``:
+        count, ns, exposed ns, bytes; ``memory``: usage, limit (0 = none), OOM kills, cgroup id;
+        ``process``, ``loader_kills``, ``run_queue``, ``goodput`` (its last: the FLOP counting
+        state), ``checkpoints``, ``measured_flops``, ``flops_reason``, ``progress``, the same way:
+        the table in the module docstring); None = unknown."""
+        # The payload is packed into a scratch image first, so the odd (busy) window covers one copy.
         scratch = self._scratch
         known = cgroup_throttled_ns is not None
         count, coll_ns, exposed_ns, coll_bytes = collectives if collectives is not None else (None,) * 4

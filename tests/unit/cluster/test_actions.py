@@ -538,3 +538,15 @@ def test_a_status_edited_out_of_range_never_breaks_injection() -> None:
     desired = act.desired_for(_spec(), status)
     assert desired is not None and desired.label == "1:applied" and dict(desired.loader) == {}
     _apply(_training_pod(), desired)
+
+
+def test_a_window_without_a_step_judges_no_action() -> None:
+    """A pod still starting, or whose training ended inside the window, measured 0 steps/s: judging
+    the action on it read "worse" on the real node."""
+    from dam_operator.cluster.steps.actions import figures
+    from dam_operator.diagnosis.model import Observation
+
+    assert figures([Observation(steps_per_second=0.0, data_wait_ratio=0.0)]) is None
+    idle, training = Observation(steps_per_second=0.0), Observation(steps_per_second=2.0, data_wait_ratio=0.1)
+    both = figures([idle, training])
+    assert both is not None and (both.steps_per_second, both.data_wait_ratio) == (2.0, 0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,10 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 @pytest.fixture
 def p() -> Probe:
+    """A probe whose training thread is this one, past its first batch (where a collective's wait
+    is communication: _comm.exposed_here)."""
     fresh = Probe()
+    fresh.goodput.train_thread = threading.get_ident()
     fresh.comm_on = True
     fresh.comm.next_ns = 1 << 62  # these tests look at counters, not at the file
     return fresh

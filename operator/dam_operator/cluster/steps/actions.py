@@ -278,8 +278,10 @@ class ActionStep:
 
 
 def figures(observations: Iterable[Observation]) -> Figures | None:
-    """Mean per-pod steps/s and data wait of pods with a step rate."""
-    obs = [o for o in observations if o.steps_per_second is not None]
+    """Mean per-pod steps/s and data wait of pods that took steps in the window. A window without
+    a step (a pod still starting, or whose training ended inside it: seen on the real node, a
+    2-core machine under load, the next Pod judged "worse" at 0 steps/s) judges nothing."""
+    obs = [o for o in observations if o.steps_per_second]
     if not obs:
         return None
     waits = [o.data_wait_ratio for o in obs if o.data_wait_ratio is not None]

@@ -44,6 +44,22 @@ if MODE == "spin":
     print("contended.py: neighbours done", flush=True)
     sys.exit(0)
 
+import json  # noqa: E402
+import threading  # noqa: E402
+
+# The trainer's own run-queue wait, cumulative, once a second (Unix time, seconds): the test reads
+# the part of it inside the window the sidecar's figure covers.
+waits = []
+
+
+def record_waits() -> None:
+    while True:
+        waits.append((round(time.time(), 3), round(run_queue_seconds(), 4)))
+        time.sleep(1.0)
+
+
+threading.Thread(target=record_waits, daemon=True).start()
+
 import torch  # noqa: E402  (the neighbours need no torch)
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
@@ -72,3 +88,4 @@ print(
     f"contended.py: trained; waited {waited:.2f} s for a CPU in {wall:.2f} s: ratio {waited / wall:.3f}",
     flush=True,
 )
+print("contended.py: waits " + json.dumps(waits), flush=True)
