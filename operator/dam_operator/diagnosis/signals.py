@@ -162,8 +162,18 @@ def _worker_count(s: Scrapes) -> int | None:
 
 
 def _cpu_wait(s: Scrapes, role: str) -> float | None:
-    """Run-queue delay (time runnable but waiting for a CPU) per process and wall second."""
+    """Run-queue delay (time runnable but waiting for a CPU) per process and wall second.
+
+    Unknown (None) when the window's start has no such series: an increase needs two samples of
+    the counter (as Prometheus's ``increase`` does). A window without one (a pod's first, after a
+    gap) was judged from the delay its processes counted before it, over a length taken from
+    other counters: a sleeping loader's trainer on the real node read 100 % beside a 49 % data wait."""
     if not s.elapsed:
+        return None
+    if not any(
+        series.label_of(labels, "role") == role
+        for labels in s.before.series(names.PROCESS_CPU_WAIT_SECONDS_TOTAL)
+    ):
         return None
     waited = s.increase(names.PROCESS_CPU_WAIT_SECONDS_TOTAL, role)
     processes = _processes(s, role)

@@ -111,6 +111,13 @@ def test_loader_workers_over_the_memory_limit_are_oom_killed_and_give_reduce_loa
             "regime memory-capacity",
         )
         assert status["bottleneck"]["lever"] == "reduce-loader-memory", status["bottleneck"]
+        # The verdict can come (from the probe's count of the killed worker) before the trainer has
+        # exited on DataLoader's error: the container status is read once the Pod has failed.
+        (pod,) = pods_of(node, ns, "leaky")
+        node.kubectl(
+            "-n", ns, "wait", "--for=jsonpath={.status.phase}=Failed", f"pod/{pod['metadata']['name']}",
+            "--timeout=120s", timeout_s=130,
+        )  # fmt: skip
         (pod,) = pods_of(node, ns, "leaky")
         # The kernel took a worker; the trainer then exited on DataLoader's error (exit 1).
         assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 1}, pod["status"]

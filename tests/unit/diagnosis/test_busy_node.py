@@ -191,3 +191,24 @@ def test_a_main_process_loader_waiting_less_for_data_than_for_a_cpu_is_told_to_r
     # A data wait larger than the delay stays a loader question: more workers first.
     larger = diagnose(obs.model_copy(update={"data_wait_ratio": 0.4})).bottleneck
     assert (larger.axis, larger.lever) == (Axis.DATA, "increase-dataloader-workers"), larger
+
+
+def test_an_implausible_cpu_wait_beside_a_sleeping_loader_does_not_overturn_the_loader_verdict() -> None:
+    # Seen on the real node: 100 % CPU wait beside a 49 % data wait (a loader that sleeps is not
+    # runnable while it waits): the pair adds up to more than the window; the loader verdict stays.
+    obs = Observation(data_wait_ratio=0.49, steps=44, main_cpu_cores=0.11, worker_count=0, cpu_wait_ratio=1.0)
+    b = diagnose(obs).bottleneck
+    assert (b.axis, b.lever) == (Axis.DATA, "increase-dataloader-workers"), b
+    # Close figures that fit in the window stay a loader question too (the margin).
+    close = diagnose(obs.model_copy(update={"data_wait_ratio": 0.3, "cpu_wait_ratio": 0.4})).bottleneck
+    assert (close.axis, close.lever) == (Axis.DATA, "increase-dataloader-workers"), close
+
+
+def test_a_window_whose_start_lacks_the_wait_counter_reads_no_cpu_wait() -> None:
+    # A pod's first window: its processes' delay so far lies before the window; an increase needs
+    # the counter at both ends (as Prometheus's increase does).
+    start = Snapshot([Sample(names.SNAPSHOT_TIMESTAMP_SECONDS, (), 100.0)])
+    obs = observation_from_snapshots(start, _snap(110.0, 25.0, 0.0, 0))
+    assert obs.cpu_wait_ratio is None and obs.worker_cpu_wait_ratio is None
+    both_ends = observation_from_snapshots(_snap(100.0, 20.0, 0.0, 0), _snap(110.0, 25.0, 0.0, 0))
+    assert both_ends.cpu_wait_ratio == 0.5

@@ -74,6 +74,10 @@ def _cause(ctx: Context, finding: Finding) -> None:
 
 BUSY_NODE_DOMINANCE = 1.5
 """The run-queue delay must be this many times the data wait to take a main-process loader's verdict."""
+BOTH_SHARES_SLACK = 0.1
+"""How far the run-queue delay and the data wait, both shares of the window, may add up beyond it
+(a loading that waits for a CPU counts in both) before the pair is implausible: seen on the real
+node, a sleeping loader's 49 % data wait beside a 100 % CPU wait."""
 
 
 def _busy_node_dominates(ctx: Context) -> bool:
@@ -91,7 +95,12 @@ def _busy_node_dominates(ctx: Context) -> bool:
     o = ctx.obs
     if o.worker_count != 0 or not ctx.contended() or ctx.throttled() or ctx.cpu_limit_saturated() is not None:
         return False
-    return (o.cpu_wait_ratio or 0.0) >= BUSY_NODE_DOMINANCE * (o.data_wait_ratio or 0.0)
+    cpu_wait, data_wait = o.cpu_wait_ratio or 0.0, o.data_wait_ratio or 0.0
+    if cpu_wait + data_wait > 1.0 + BOTH_SHARES_SLACK:
+        # More than the window between them: a loader that sleeps (I/O) is not runnable while it
+        # waits, so the two cannot both be that large; the CPU figure is not trusted to overturn.
+        return False
+    return cpu_wait >= BUSY_NODE_DOMINANCE * data_wait
 
 
 def input_bound(ctx: Context) -> Finding | None:
