@@ -45,6 +45,7 @@ from dam_probe.layout import (
     PLACE_OPTIMIZER,
     PLACE_USER_CODE,
 )
+from dam_probe.process import running
 
 if TYPE_CHECKING:
     from dam_probe._core import Probe
@@ -132,14 +133,8 @@ def frames_text(frames: list[FrameType]) -> str:
 
 
 def _worker_state(pid: int) -> str:
-    """``alive`` or ``dead`` (gone, or a zombie) from ``/proc/<pid>/stat``: no wait, no reaping."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-        state = data[data.rindex(b")") + 2 : data.rindex(b")") + 3]
-    except (OSError, ValueError):
-        return "dead"
-    return "dead" if state in (b"Z", b"X") else "alive"
+    """``alive`` or ``dead`` (gone, or a zombie): ``/proc/<pid>/stat``, no wait, no reaping."""
+    return "alive" if running(pid) else "dead"
 
 
 def _loader_detail(frames: list[FrameType]) -> str:

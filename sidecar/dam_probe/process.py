@@ -60,6 +60,15 @@ def stat_fields(text: str) -> list[str]:
     return tail.split()
 
 
+def running(pid: int, proc_root: str = "/proc") -> bool:
+    """Whether ``pid`` runs: its ``stat`` readable and its state neither zombie nor dead. Reads
+    only (no ``waitpid``: a parent's child is not reaped by asking)."""
+    try:
+        return stat_fields(read_small(os.path.join(proc_root, str(pid), "stat")))[0] not in ("Z", "X")
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def pid_namespace(proc_root: str = "/proc") -> int:
     """The inode of this process's PID namespace (``/proc/self/ns/pid``); 0 when unknown."""
     try:

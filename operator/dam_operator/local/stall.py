@@ -10,7 +10,6 @@ process group is stopped) and ``dam run`` exits ``STALL_EXIT_CODE``, its ``--jso
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,19 +19,10 @@ from typing import Final
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.progress import Progress, RankPlace, StallSettings, Tracker, judge
 from dam_probe.layout import PLACE_NAMES, ProbeFormatError, ProbeRecord, probe_files, read_file
+from dam_probe.process import running
 
 STALL_EXIT_CODE: Final = 3
 ON_STALL: Final = ("report", "exit")
-
-
-def running(pid: int, proc_root: str = "/proc") -> bool:
-    """Whether ``pid`` runs (not gone, not a zombie), from ``/proc/<pid>/stat``."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as fh:
-            data = fh.read()
-        return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] not in (b"Z", b"X")
-    except (OSError, ValueError):
-        return False
 
 
 def rank_place(record: ProbeRecord, pod: str, is_running: bool) -> RankPlace:

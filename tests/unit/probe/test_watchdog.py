@@ -8,6 +8,7 @@ unknown place as none.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -167,3 +168,21 @@ def test_the_progress_fields_round_trip_and_an_unknown_place_reads_as_none() -> 
 
 
 _PROGRESS = ("collectives_entered", "last_batch_ns", "place_read_ns", "place", "place_detail", "place_frames")
+
+
+def test_a_process_is_running_until_it_exits_even_before_its_parent_reaps_it() -> None:
+    from dam_probe.process import running
+
+    assert running(os.getpid())
+    child = os.fork()
+    if child == 0:  # the child exits at once; unreaped, it is a zombie
+        os._exit(0)
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        assert not running(child)  # a zombie is not running ...
+        assert os.path.exists(f"/proc/{child}")  # ... and asking did not reap it
+    finally:
+        os.waitpid(child, 0)
+    assert not running(child)
