@@ -469,37 +469,37 @@ class Probe:
 
 
 def _publish_to(
-    self: Probe, writer: ProbeWriter, now_ns: int, batch: object, *, closed: bool, watch: bool = False
+    p: Probe, writer: ProbeWriter, now_ns: int, batch: object, *, closed: bool, watch: bool = False
 ) -> None:
     """Reads what the publish path reads (batch size, devices, cgroup, rank) and writes a record;
     ``watch``: from the watchdog's thread, nothing that calls into torch."""
-    s = self.step
+    s = p.step
     if batch is not None:
         size = batch_size_of(batch)
         if size > 0:
             s.batch_size = size
     if not closed and not watch:
-        self.devices.refresh(now_ns)
+        p.devices.refresh(now_ns)
     # Never raises; a process without a readable cgroup publishes the fields as invalid.
-    cgroup = self.cgroup.read(now_ns)
+    cgroup = p.cgroup.read(now_ns)
     throttled_ns, limit_millicores, cgroup_id = cgroup if cgroup is not None else (None, None, None)
     if not watch:  # torch.distributed's answer; the watchdog's thread reuses the latest
-        self.identity = rank_identity()
-    rank, local_rank, world_size = self.identity
-    if self.comm_sweep is not None and not watch:
-        self.comm_sweep(now_ns)
-    collectives = self.comm.figures() if self.comm_on else None
+        p.identity = rank_identity()
+    rank, local_rank, world_size = p.identity
+    if p.comm_sweep is not None and not watch:
+        p.comm_sweep(now_ns)
+    collectives = p.comm.figures() if p.comm_on else None
     step_ns, wait_ns = s.step_ns, s.wait_ns
-    goodput, checkpoints, measured_flops = self.goodput.figures(
-        self, wait_ns, step_ns, 0 if collectives is None else collectives[2]
+    goodput, checkpoints, measured_flops = p.goodput.figures(
+        p, wait_ns, step_ns, 0 if collectives is None else collectives[2]
     )
     writer.publish(
         s.steps,
         wait_ns,
         step_ns,
         batch_size=s.batch_size,
-        flops_per_step=self.flops_per_step,
-        device_uuids=self.devices.uuids,
+        flops_per_step=p.flops_per_step,
+        device_uuids=p.devices.uuids,
         closed=closed,
         cgroup_throttled_ns=throttled_ns,
         cgroup_limit_millicores=limit_millicores,
@@ -508,15 +508,15 @@ def _publish_to(
         local_rank=local_rank,
         world_size=world_size,
         collectives=collectives,
-        memory=self.memory.read(now_ns),
-        process=self.process.read(now_ns),
-        loader_kills=self.kills.figures(),
-        run_queue=self.run_queue.read(now_ns),
+        memory=p.memory.read(now_ns),
+        process=p.process.read(now_ns),
+        loader_kills=p.kills.figures(),
+        run_queue=p.run_queue.read(now_ns),
         goodput=goodput,
         checkpoints=checkpoints,
         measured_flops=measured_flops,
-        flops_reason=self.goodput.flops.reason_figures(),
-        progress=self.watchdog.figures(self),
+        flops_reason=p.goodput.flops.reason_figures(),
+        progress=p.watchdog.figures(p),
     )
 
 

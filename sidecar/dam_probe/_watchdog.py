@@ -185,7 +185,7 @@ def place_of(top: FrameType | None) -> tuple[int, str, str]:
     while frame is not None and depth < MAX_DEPTH:
         path = os.path.abspath(frame.f_code.co_filename)
         name = frame.f_code.co_name
-        if path == _COMM_FILE and name in ("collective", "wait"):
+        if path == _COMM_FILE and name == "wait":  # an asynchronous work's wait (the timed call returned)
             place, detail = PLACE_COLLECTIVE, _collective_detail(frame)
             break
         if path == _GOODPUT_FILE and name == "save":
@@ -244,7 +244,7 @@ class Watchdog(CounterGroup):
         file system, in C++): the place is published now, from the calling thread, since this
         thread could not read it then. Never raises."""
         with contextlib.suppress(Exception):
-            _, _, frames = place_of(sys._getframe(1))
+            frames = frames_text(_user_frames(sys._getframe(1)))
             self.place, self.detail, self.frames = place, _ascii(detail, PLACE_DETAIL_BYTES), frames
             self.read_ns = time.time_ns()
             p.publish_watch(perf_counter_ns())

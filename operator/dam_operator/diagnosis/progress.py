@@ -27,23 +27,16 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
+from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import _Wire
 
 ProgressState = Literal["NotStarted", "Progressing", "Stalled"]
 Where = Literal["collective", "dataloader", "checkpoint", "backward", "optimizer", "user-code", "exited"]
-WHERE_VALUES: tuple[str, ...] = (
-    "collective",
-    "dataloader",
-    "checkpoint",
-    "backward",
-    "optimizer",
-    "user-code",
-    "exited",
-)
+WHERE_VALUES: tuple[str, ...] = get_args(Where)
 
 STALL_AFTER_SECONDS_DEFAULT = 300.0
 """The floor: no batch for five minutes (PyTorch's NCCL watchdog aborts after 30)."""
@@ -129,7 +122,7 @@ class Progress(_Wire):
 
 
 def rfc3339_ns(unix_ns: int) -> str:
-    return datetime.fromtimestamp(unix_ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(datetime.fromtimestamp(unix_ns / 1e9, UTC))
 
 
 def median_step_seconds(ranks: Sequence[RankPlace]) -> float | None:
@@ -155,8 +148,13 @@ def _culprit(ranks: Sequence[RankPlace]) -> tuple[Culprit | None, Waiting | None
         return None, waiting  # every rank read waits at the same collective (or none was read yet)
     first = min(behind, key=lambda r: (r.entered, *_order(r)))
     where: Where = first.place if first.place in WHERE_VALUES else "user-code"  # type: ignore[assignment]
-    culprit = Culprit(pod=first.pod or None, rank=first.rank, where=where, detail=first.detail or None)
-    culprit = culprit.model_copy(update={"frames": list(first.frames)})
+    culprit = Culprit(
+        pod=first.pod or None,
+        rank=first.rank,
+        where=where,
+        detail=first.detail or None,
+        frames=list(first.frames),
+    )
     return culprit, waiting
 
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Final
 
-from dam_operator.diagnosis.hysteresis import rfc3339
-from dam_operator.diagnosis.progress import Progress, RankPlace, StallSettings, Tracker, judge
+from dam_operator.diagnosis.progress import Progress, RankPlace, StallSettings, Tracker, judge, rfc3339_ns
 from dam_probe.layout import PLACE_NAMES, ProbeFormatError, ProbeRecord, probe_files, read_file
 from dam_probe.process import running
 
@@ -80,7 +78,7 @@ class StallWatch:
                 self.seen[path] = replace(place, running=False)
         self.seen.update(current)
         found = judge(list(self.seen.values()), now, self.settings)
-        self.progress, changed = self.tracker.update(found, rfc3339(datetime.fromtimestamp(now / 1e9, UTC)))
+        self.progress, changed = self.tracker.update(found, rfc3339_ns(now))
         return self.progress, changed
 
     def stops(self) -> bool:

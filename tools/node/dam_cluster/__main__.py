@@ -32,6 +32,7 @@ from dam_cluster.node import (
     down,
     find_images,
     find_node_binaries,
+    remove_stale_node,
 )
 
 
@@ -83,7 +84,7 @@ def up(images_given: list[str] | None) -> int:
             print(kubeconfig)
             return 0
         _say(f"removing what a stopped node left ({state.get('workdir')})")
-        for problem in down(state):
+        for problem in remove_stale_node():
             _say(f"NOT REMOVED: {problem}")
     try:
         binaries = find_node_binaries()

@@ -4,7 +4,7 @@ alone decides, at lower confidence. Loader wait while the GPU stays busy is hidd
 asynchronous queue and does not count. Boundary Machine, lever ``raise-cpu-limit``, when the
 container is CPU-throttled or the training process saturates its CPU limit; lever
 ``raise-cpu-request`` when a busy node starves the loader. A loader in the main process (no
-workers) on a busy node whose run-queue delay is at least the data wait is left to the busy-node
+workers) on a busy node whose run-queue delay dominates the data wait is left to the busy-node
 rule (``_busy_node_dominates``)."""
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ node, a sleeping loader's 49 % data wait beside a 100 % CPU wait."""
 
 def _busy_node_dominates(ctx: Context) -> bool:
     """Batches loaded in the main process (no workers), on a node where that process waits for a CPU
-    at least as long as it waits for data, and no CPU quota to blame: the run-queue delay is the
+    ``BUSY_NODE_DOMINANCE`` times as long as it waits for data (the two fitting in the window), and
+    no CPU quota to blame: the run-queue delay is the
     larger loss, and the data wait is partly that same delay (the loading in the main process waits
     for a CPU like the step does). More workers would add processes competing for the same cores:
     the busy-node rule answers (``raise-cpu-request``), its evidence saying the data wait.
