@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from dam_operator.cluster.steps import actions
-from dam_operator.diagnosis import levers, signals
+from dam_operator.cluster.steps import actions, progress_step
+from dam_operator.diagnosis import levers, progress, signals
 from dam_operator.diagnosis.climb import Channel
 from dam_operator.diagnosis.levers import Axis, Regime
 from dam_operator.diagnosis.model import Observation
@@ -149,6 +149,8 @@ GENERATED: dict[str, Callable[[], str | list[str]]] = {
     "setting-names": _setting_names,
     "outcomes": lambda: _flow(actions.OUTCOMES),
     "in-place-states": lambda: _flow(_in_place_states()),
+    "stall-places": lambda: _flow(progress.WHERE_VALUES),
+    "restart-outcomes": lambda: _flow(progress_step.RESTART_OUTCOMES),
 }
 """Each generated part of the CRD by its mark: a block's lines (a list) or a line's value."""
 

@@ -250,6 +250,41 @@ PROCESS_RANK_INFO: Final = _metric(
     "probe",
 )
 
+LAST_BATCH_TIMESTAMP_SECONDS: Final = _metric(
+    "dam_last_batch_timestamp_seconds",
+    GAUGE,
+    "Unix time the rank's training loop took its latest batch, kept after its process ended; "
+    "absent before the first batch (label rank when the process has one).",
+    RANK_LABELS,
+    "probe",
+)
+COLLECTIVE_SEQUENCE: Final = _metric(
+    "dam_collective_sequence",
+    GAUGE,
+    "Timed collectives the live process's training thread entered: the sequence number of the "
+    "latest, which lines ranks up at a stall (label rank when the process has one).",
+    RANK_LABELS,
+    "probe",
+)
+RANK_UP: Final = _metric(
+    "dam_rank_up",
+    GAUGE,
+    "1 while a process of the rank is live, 0 once every process of the rank ended (a rank "
+    "that died while the pod runs reads 0) (label rank when the process has one).",
+    RANK_LABELS,
+    "probe",
+)
+TRAINING_PLACE_INFO: Final = _metric(
+    "dam_training_place_info",
+    GAUGE,
+    "1 while the rank's step is overdue: where the probe's watchdog found the training thread "
+    "(where = collective, dataloader, checkpoint, backward, optimizer, user-code), the detail "
+    "(all_reduce #12, worker 1 pid 77 dead) and its innermost frames (file:line function, one a "
+    "line); absent while steps come (label rank when the process has one).",
+    (RANK_LABEL, "where", DETAIL_LABEL, "frames"),
+    "probe",
+)
+
 # --- accelerator (NVML), in the GPU collector's order ----------------------
 NVML_UP: Final = _metric(
     "dam_nvml_up",

@@ -10,7 +10,8 @@ Prometheus (the Debian binary) scrapes, once a second on loopback:
   the writer advances (and whose memory files hold a usage, a limit and one OOM kill);
 - the operator's metrics (``OperatorMetrics`` on its own registry) holding a verdict of
   the real diagnosis engine, served by ``prometheus_client``, and two profiles' goodput:
-  accelerator-seconds by use that a thread advances at known rates (``GOODPUT_RATES``).
+  accelerator-seconds by use that a thread advances at known rates (``GOODPUT_RATES``), and
+  their progress (``PROGRESS``: one stalled, one progressing).
 
 The target labels ``namespace``/``pod`` are set like the chart's PodMonitor and
 ServiceMonitor (``honor_labels`` for the operator) would set them.
@@ -72,6 +73,9 @@ GOODPUT_RATES = {
     PROFILE: {"productive": 1.6, "data-wait": 0.4},
     "bert": {"productive": 0.5, "checkpoint": 0.5},
 }
+
+# The two profiles' progress (status.progress.state, stalledSeconds) as the operator observes it.
+PROGRESS = {PROFILE: ("Stalled", 412.0), "bert": ("Progressing", 0.0)}
 
 FAKE_UUIDS = tuple(f"GPU-fake-{i:04d}-0000-0000-000000000000" for i in range(2))
 
@@ -204,6 +208,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         metrics.evaluation(ok=True)
         metrics.evaluation(ok=False, reason="scrape")
         metrics.observe_verdict(NAMESPACE, "bert", verdict, timestamp_seconds=time.time())
+        for profile, (state, stalled_seconds) in PROGRESS.items():
+            metrics.observe_progress(NAMESPACE, profile, state, stalled_seconds)
         stop_goodput = threading.Event()
         goodput = threading.Thread(target=_advance_goodput, args=(metrics, stop_goodput), daemon=True)
         goodput.start()
@@ -449,3 +455,19 @@ def test_jobs_table_ranks_profiles_by_hours_lost_with_their_lever(
     assert all(r["metric"]["lever"] == lever for r in rows.values())
     # bert loses 0.5 accelerator-s/s, resnet 0.4: bert first.
     assert float(rows["bert"]["value"][1]) > float(rows[PROFILE]["value"][1]) > 0
+
+
+def test_progress_table_shows_each_profiles_state_and_how_long_it_stalled(
+    stack: Stack, variable_values: dict[str, str]
+) -> None:
+    everyone = {**variable_values, "profile": ".*"}
+    (state_target,) = [t for n, t in _panel_targets() if n == "Progress per profile [A]"]
+    (stalled_target,) = [t for n, t in _panel_targets() if n == "Progress per profile [B]"]
+    states = _poll(stack.api, _substitute(state_target["expr"], everyone), instant=True)
+    stalled = _poll(stack.api, _substitute(stalled_target["expr"], everyone), instant=True)
+    assert {r["metric"]["profile"]: r["metric"]["state"] for r in states} == {
+        profile: state for profile, (state, _) in PROGRESS.items()
+    }
+    assert {r["metric"]["profile"]: float(r["value"][1]) for r in stalled} == {
+        profile: seconds for profile, (_, seconds) in PROGRESS.items()
+    }

@@ -262,6 +262,12 @@ class OperatorSettings(_ScopeSettings):
         description="kopf's liveness endpoint (unset or empty: off).",
     )
 
+    # --- acting on a stall (spec.actions.onStall) -----------------------------------
+    stall_restart_enabled: bool = Field(
+        default=False,
+        description="onStall Restart may delete Pods (the chart's actions.stallRestart.enabled).",
+    )
+
     # --- the pod webhook ---------------------------------------------------------
     webhook_enabled: bool = Field(default=True, description="Serve the mutating pod webhook.")
     webhook_host: str = Field(default="0.0.0.0", description="Address the webhook listens on.")

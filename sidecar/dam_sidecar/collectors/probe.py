@@ -63,6 +63,7 @@ class ProbeCollector:
             yield single(n.DATALOADER_WORKER_KILLS_TOTAL, p.loader_worker_kills, "counter")
         yield from _model(ranks)
         yield from _goodput(ranks)
+        yield from _progress(ranks)
         if p.rank_info:
             info = gauge(n.PROCESS_RANK_INFO, ("rank", "local_rank", "world_size"))
             for i in p.rank_info:
@@ -151,3 +152,25 @@ def _goodput(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
     yield bad
     if saves.samples:
         yield saves
+
+
+def _progress(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
+    """Each rank's latest batch, collectives entered, liveness and, while its step is overdue,
+    where its training thread is: what the operator's stall judge lines up across ranks."""
+    last = per_rank(n.LAST_BATCH_TIMESTAMP_SECONDS)
+    sequence = per_rank(n.COLLECTIVE_SEQUENCE)
+    up = per_rank(n.RANK_UP)
+    place = labelled(n.TRAINING_PLACE_INFO, (n.RANK_LABEL, "where", n.DETAIL_LABEL, "frames"))
+    for r in ranks:
+        if r.last_batch_seconds is None:
+            continue  # no batch yet: nothing to line up (and no series for a process without steps)
+        rank = rank_value(r.rank)
+        last.add_metric([rank], r.last_batch_seconds)
+        up.add_metric([rank], 1.0 if r.live else 0.0)
+        if r.live and r.collective_sequence is not None:
+            sequence.add_metric([rank], float(r.collective_sequence))
+        if r.live and r.place is not None:
+            place.add_metric([rank, r.place.where, r.place.detail, "\n".join(r.place.frames)], 1.0)
+    for family in (last, sequence, up, place):
+        if family.samples:
+            yield family

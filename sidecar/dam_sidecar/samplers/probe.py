@@ -42,6 +42,7 @@ from typing import Protocol
 from dam_probe.layout import (
     FILE_PREFIX,
     FILE_SUFFIX,
+    PLACE_NAMES,
     NotRegularFileError,
     ProbeFormatError,
     ProbeRecord,
@@ -90,6 +91,32 @@ class RankSample:
     # Why the rank's FLOPs are not counted (layout flag bit 10: FLOPS_REASON_*, its detail), while
     # flops_per_step is unknown; kept after the process ended. None: no reason (counted, pending).
     flops_unavailable: tuple[int, str] | None = None
+    # Progress (layout flag bit 11): Unix seconds of the rank's latest batch (kept after its
+    # process ended; None: none seen), the collectives its live process's training thread entered
+    # (None: not published), and where the watchdog found that thread once a step was overdue
+    # (``RankPlace``; None while steps come).
+    last_batch_seconds: float | None = None
+    collective_sequence: int | None = None
+    place: RankPlace | None = None
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a rank's watchdog found its training thread after its latest batch."""
+
+    where: str
+    """``PLACE_NAMES``' value: collective, dataloader, checkpoint, backward, optimizer, user-code."""
+    detail: str
+    frames: tuple[str, ...]
+
+
+def place_of(r: ProbeRecord) -> RankPlace | None:
+    """The place a record carries, read after its latest batch; None when none (steps come, an
+    older probe, an unknown code)."""
+    if not r.place_read_ns or r.place not in PLACE_NAMES or r.place_read_ns < (r.last_batch_ns or 0):
+        return None
+    frames = tuple(line for line in (r.place_frames or "").split("\n") if line)
+    return RankPlace(PLACE_NAMES[r.place], r.place_detail or "", frames)
 
 
 @dataclass(frozen=True)
@@ -249,6 +276,7 @@ class ProbeReader:
     _flops_of: dict[RankKey, tuple[float, str]] = field(default_factory=dict)
     _flops_reason_of: dict[RankKey, tuple[int, str]] = field(default_factory=dict)  # why not, likewise
     _last_save_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest save
+    _last_batch_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest batch
     _folded: set[Key] = field(default_factory=set)
     _throttled: HighWater = field(default_factory=HighWater)  # cgroup id -> highest throttled ns
     _ooms: HighWater = field(default_factory=HighWater)  # memory cgroup id -> highest OOM kills
@@ -414,6 +442,8 @@ class ProbeReader:
                 since_save[rank] = since_save.get(rank, 0) + max(0, rec.steps - done)
                 if rec.last_checkpoint_ns > self._last_save_of.get(rank, 0):
                     self._last_save_of[rank] = rec.last_checkpoint_ns
+            if (rec.last_batch_ns or 0) > self._last_batch_of.get(rank, 0):
+                self._last_batch_of[rank] = rec.last_batch_ns or 0
         out = []
         for rank in sorted(totals, key=lambda k: (k is None, k or 0)):
             t, n = totals[rank], newest.get(rank)
@@ -447,6 +477,11 @@ class ProbeReader:
                         self._last_save_of[rank] / 1e9 if rank in self._last_save_of else None
                     ),
                     flops_unavailable=None if flops > 0 else self._flops_reason_of.get(rank),
+                    last_batch_seconds=(
+                        self._last_batch_of[rank] / 1e9 if rank in self._last_batch_of else None
+                    ),
+                    collective_sequence=n.collectives_entered if n is not None else None,
+                    place=place_of(n) if n is not None else None,
                 )
             )
         return tuple(out)

@@ -80,10 +80,11 @@ def _snap(
     return Snapshot(samples, at)
 
 
-def test_the_operators_uses_are_productive_the_probes_causes_and_restart() -> None:
-    """Each second the probe reports under a cause, and a restart's downtime, reach the status under
-    that cause and the exported counter under that use, times the job's 2 GPUs: every figure
-    differs, so a cause routed to another key, dropped or counted twice shows."""
+def test_the_operators_uses_are_productive_the_probes_causes_restart_and_stalled() -> None:
+    """Each second the probe reports under a cause, a restart's downtime and a stalled window's
+    ``other``, reach the status under that cause and the exported counter under that use, times the
+    job's 2 GPUs: every figure differs, so a cause routed to another key, dropped or counted twice
+    shows."""
     ledger = GoodputLedger()
     before = RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=None)
     first = {
@@ -100,10 +101,26 @@ def test_the_operators_uses_are_productive_the_probes_causes_and_restart() -> No
     ledger.update(
         pods=[_pod("a", restart=after)],
         answered={"a": _snap(T0 + 60, {"": {"productive": 4, "startup": 2}}, gpus=2)},
+        now=T0 + 60,
+    )
+    # Stalled since T0+65 (after that update): the 17 s of other that came since are the stall's.
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 90, {"": {"productive": 4, "startup": 2, "other": 17}}, gpus=2)},
+        stalled_since=T0 + 65,
+        now=T0 + 90,
     )
     out = ledger.status()
     assert out is not None
-    seconds = {"startup": 3, "data-wait": 5, "communication": 7, "checkpoint": 11, "other": 13, "restart": 19}
+    seconds = {
+        "startup": 3,
+        "data-wait": 5,
+        "communication": 7,
+        "checkpoint": 11,
+        "other": 13,
+        "restart": 19,
+        "stalled": 17,
+    }
     assert out["badputSeconds"] == {STATUS_KEYS[use]: pytest.approx(v) for use, v in seconds.items()}
     assert out["productiveSeconds"] == pytest.approx(65.0)
     assert out["acceleratorSecondsLost"] == pytest.approx(2 * sum(seconds.values()))
@@ -116,7 +133,9 @@ def test_the_operators_uses_are_productive_the_probes_causes_and_restart() -> No
     )
     exported = {use: v for (_, _, use), v in _series(registry, mn.PROFILE_ACCELERATOR_SECONDS_TOTAL).items()}
     assert (
-        set(exported) == set(mn.ACCELERATOR_USES) == {mn.USE_PRODUCTIVE, *names.BADPUT_CAUSES, mn.USE_RESTART}
+        set(exported)
+        == set(mn.ACCELERATOR_USES)
+        == {mn.USE_PRODUCTIVE, *names.BADPUT_CAUSES, mn.USE_RESTART, mn.USE_STALLED}
     )
     assert exported == pytest.approx(expected)
 
@@ -144,6 +163,7 @@ def test_the_job_is_the_mean_of_its_ranks_and_accelerator_seconds_are_badput_tim
         "checkpoint": 0.0,
         "restart": 0.0,
         "other": 0.0,
+        "stalled": 0.0,
     }
     # Rank 0 lost 20 s on 2 GPUs, rank 1 40 s on 2 GPUs.
     assert out["acceleratorSecondsLost"] == pytest.approx(120.0)
@@ -635,3 +655,36 @@ def test_the_jobs_checkpoint_is_the_oldest_latest_save_of_the_processes_that_sav
     # Counted from the job's save: 5 steps x 0.5 s; a process with no gauge stays unknown.
     assert r1.with_job_checkpoint(5).at_risk == {"1": pytest.approx(2.5)}
     assert r0.with_job_checkpoint(12).at_risk == {"0": pytest.approx(6.0)}
+
+
+def test_a_stall_found_after_its_threshold_takes_the_other_time_counted_since_it_began() -> None:
+    """The judge names a stall only after its threshold: the ``other`` the earlier windows counted
+    since the stall's last step moves to ``stalled`` at its first stalled window (no more than was
+    counted as other), and a window after it ended counts other again."""
+    ledger = GoodputLedger()
+    pods = [_pod("a")]
+    ledger.update(pods=pods, answered={"a": _snap(T0, {"": {"productive": 50, "other": 2}})}, now=T0)
+    # The job's last step at T0+5; at T0+35 other grew by 30 s, not yet known as a stall.
+    ledger.update(
+        pods=pods, answered={"a": _snap(T0 + 35, {"": {"productive": 55, "other": 32}})}, now=T0 + 35
+    )
+    ledger.update(
+        pods=pods,
+        answered={"a": _snap(T0 + 65, {"": {"productive": 55, "other": 62}})},
+        stalled_since=T0 + 5,
+        now=T0 + 65,
+    )
+    out = ledger.status()
+    assert out is not None
+    # 30 s of this window, and of the 32 s of other before it the 30 s since T0+5.
+    assert out["badputSeconds"]["stalled"] == pytest.approx(60.0)
+    assert out["badputSeconds"]["other"] == pytest.approx(2.0)
+    # Resumed: other is other again.
+    ledger.update(
+        pods=pods, answered={"a": _snap(T0 + 95, {"": {"productive": 80, "other": 67}})}, now=T0 + 95
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["stalled"] == pytest.approx(60.0)
+    assert out["badputSeconds"]["other"] == pytest.approx(7.0)
+    assert out["elapsedSeconds"] == pytest.approx(80.0 + 67.0)

@@ -28,6 +28,7 @@ EXPECTED_ALERTS = {
     "DAMSidecarNoGPUAttribution",
     "DAMOperatorEvaluationErrors",
     "DAMLowGoodput",
+    "DAMJobStalled",
 }
 
 
@@ -80,6 +81,18 @@ def test_rule_unit_tests_pass(test_file: Path) -> None:
         ("max by (namespace, pod) (dam_probe_up) == 1\n", "max by (namespace, pod) (dam_probe_up) >= 0\n"),
         (") < 0.50\n", ") < 0.30\n"),
         ('{use="productive"}[30m]', '{use!="restart"}[30m]'),
+        (
+            "(dam_profile_stalled_seconds) > 0\n        for: 1m",
+            "(dam_profile_stalled_seconds) >= 0\n        for: 1m",
+        ),
+        (
+            "(dam_profile_stalled_seconds) > 0\n        for: 1m",
+            "(dam_profile_stalled_seconds) > 0\n        for: 0s",
+        ),
+        (
+            "max by (namespace, profile) (dam_profile_stalled_seconds)",
+            "dam_profile_stalled_seconds",
+        ),
     ],
     ids=[
         "gpu-busy-threshold",
@@ -88,6 +101,9 @@ def test_rule_unit_tests_pass(test_file: Path) -> None:
         "attribution-needs-live-probe",
         "goodput-threshold",
         "goodput-numerator",
+        "stall-progressing-job-quiet",
+        "stall-blip-quiet",
+        "stall-one-alert-per-profile",
     ],
 )
 def test_rule_unit_tests_catch_a_changed_threshold(tmp_path: Path, original: str, mutated: str) -> None:

@@ -394,6 +394,16 @@ class KubeClient:
         )
         return _object_or_none(result) or {}
 
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the pod ``name`` only if it is still the object ``uid`` (a precondition: a
+        StatefulSet's replacement has the same name and must not go); one already gone (404) or
+        replaced (409, the precondition failed) is not an error. ``onStall: Restart``."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        with contextlib.suppress(NotFoundError, ConflictError):
+            await self.request(
+                "DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", body=body
+            )
+
     async def list_pods(self, namespace: str | None, label_selector: str = "") -> list[Mapping[str, Any]]:
         path = pods_path(namespace)
         params = {"labelSelector": label_selector} if label_selector else None

@@ -44,7 +44,8 @@ def _glibc_malloc_trim() -> Callable[[int], int] | None:
         return None
     fn.argtypes = [ctypes.c_size_t]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    trim: Callable[[int], int] = fn  # (typeshed's ctypes types vary across mypy releases)
+    return trim
 
 
 class Trimmer:

@@ -360,6 +360,7 @@ async def start_components(
         webhook_enabled=settings.webhook_enabled,
         instance=os.environ.get("HOSTNAME", "dam-operator"),
         injection=injection_settings(settings),
+        stall_restart_enabled=settings.stall_restart_enabled,
     )
     scheduler = Scheduler(
         registry,

@@ -82,6 +82,7 @@ class _ProfileFigures:
     actions: tuple[_ActionFigures, ...] = ()
     accelerator_seconds: dict[str, float] | None = None  # use -> accelerator-seconds, this process
     goodput: float | None = None  # status.goodput.ratio
+    progress: tuple[str, float] | None = None  # status.progress.state, seconds without a step while Stalled
 
 
 _PER_PROFILE = ("namespace", "profile")
@@ -146,6 +147,16 @@ class _ProfileFamilies:
             n.PROFILE_GOODPUT_RATIO,
             "Productive step time / elapsed time over the job's life so far (status.goodput.ratio), 0-1.",
         )
+        self.stalled = _gauge(
+            n.PROFILE_STALLED_SECONDS,
+            "Seconds the profile's job has made no training step while Stalled (status.progress); 0 "
+            "while it progresses or has not started.",
+        )
+        self.progress_state = _gauge(
+            n.PROFILE_PROGRESS_STATE,
+            "1 for the profile's progress state (NotStarted, Progressing, Stalled), 0 for the others.",
+            "state",
+        )
 
     def families(self) -> tuple[Metric, ...]:
         """The families in the order they are exposed."""
@@ -162,6 +173,8 @@ class _ProfileFamilies:
             self.action_steps,
             self.accelerator_seconds,
             self.goodput,
+            self.stalled,
+            self.progress_state,
         )
 
     def add(self, key: list[str], f: _ProfileFigures) -> None:
@@ -174,6 +187,11 @@ class _ProfileFamilies:
                 self.pods.add_metric([*key, state], float(count))
         if f.last_evaluation is not None:
             self.last.add_metric(key, f.last_evaluation)
+        if f.progress is not None:
+            state, stalled = f.progress
+            self.stalled.add_metric(key, stalled if state == "Stalled" else 0.0)
+            for value in n.PROGRESS_STATES:
+                self.progress_state.add_metric([*key, value], 1.0 if value == state else 0.0)
 
     def _add_goodput(self, key: list[str], f: _ProfileFigures) -> None:
         if f.accelerator_seconds is not None:
@@ -331,6 +349,7 @@ class OperatorMetrics:
                 actions=old.actions if old else (),
                 accelerator_seconds=old.accelerator_seconds if old else None,
                 goodput=old.goodput if old else None,
+                progress=old.progress if old else None,
             )
             if timestamp_seconds is not None:
                 f.last_evaluation = timestamp_seconds
@@ -369,6 +388,15 @@ class OperatorMetrics:
                     for use in n.ACCELERATOR_USES
                 }
             f.goodput = ratio
+
+    def observe_progress(
+        self, namespace: str, profile: str, state: str | None, stalled_seconds: float
+    ) -> None:
+        """The profile's progress (``status.progress.state``); None: not judged this window (kept)."""
+        if state not in n.PROGRESS_STATES:
+            return
+        with self._lock:
+            self._entry(namespace, profile).progress = (state, max(0.0, stalled_seconds))
 
     def forget_profile(self, namespace: str, profile: str) -> None:
         """Remove every series of the profile (it was deleted or became invalid)."""

@@ -46,7 +46,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -66,6 +66,7 @@ from dam_operator.cluster.steps.window_step import StepResult, initial_step, inv
 from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Bottleneck
+from dam_operator.diagnosis.slowdown import SlowdownTracker
 
 log = logging.getLogger("dam_operator.cluster.scheduler")
 
@@ -95,7 +96,61 @@ class PodResizeAPI(Protocol):
         ...
 
 
+@runtime_checkable
+class PodDeleteAPI(Protocol):
+    """What ``onStall: Restart`` needs (``kube.KubeClient`` implements it)."""
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the pod if it is still ``uid``. Raises ApiError when refused."""
+        ...
+
+
 SourceFactory = Callable[[DAMProfileSpec], MetricSource]
+
+
+def observe_window(
+    metrics: OperatorMetrics,
+    entry: ProfileEntry,
+    result: StepResult,
+    *,
+    status: Mapping[str, Any],
+    gp: GoodputLedger,
+    when: dt.datetime,
+) -> None:
+    """The window's per-profile figures into the operator's metrics (``status``: as written)."""
+    if result.verdict is not None:
+        metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
+    metrics.observe_actions(entry.namespace, entry.name, status.get("actions"))
+    metrics.observe_goodput(
+        entry.namespace,
+        entry.name,
+        accelerator_seconds=gp.accelerator_seconds if gp.accelerators_known else None,
+        ratio=(gp.status() or {}).get("ratio"),
+    )
+    metrics.observe_progress(
+        entry.namespace, entry.name, result.progress.state, result.progress.stalled_seconds
+    )
+
+
+async def delete_stalled_pods(
+    api: PodDeleteAPI,
+    metrics: OperatorMetrics,
+    entry: ProfileEntry,
+    pods: Sequence[PodInfo],
+    names: Sequence[str],
+) -> None:
+    """``onStall: Restart``: delete the stalled job's pods (after the status that says so is
+    written), each only if it is still the pod judged (its uid); a refusal is logged and counted."""
+    uids = {p.name: p.uid for p in pods}
+    for name in names:
+        if name not in uids:
+            continue
+        try:
+            await api.delete_pod(entry.namespace, name, uids[name])
+        except ApiError as exc:
+            metrics.error(exc.reason_label)
+            log.warning("profile %s/%s: deleting stalled pod %s refused: %s", *entry.key, name, exc)
+
 
 MAX_PENDING_EVENTS = 16
 """Events kept per profile while the API does not take them; the oldest goes first beyond this."""
@@ -113,6 +168,9 @@ class _ProfileState:
     """(axis, regime) last written to the status (or read from it on resume)."""
     goodput: GoodputLedger = field(default_factory=GoodputLedger)
     """The job's goodput so far (``cluster.goodput``), resumed from ``status.goodput``."""
+    slowdown: SlowdownTracker = field(default_factory=SlowdownTracker)
+    """The job's step-rate baseline and slowdown (``diagnosis.slowdown``); an operator restart
+    forms the baseline again."""
     written: tuple[Evidence, ...] = ()
     """The records behind the evidence sentences the status holds (those of the last verdict
     written; none after a restart): ``status.changes_status`` compares evidence by them."""
@@ -138,9 +196,12 @@ class Evaluator:
         instance: str = "dam-operator",
         now: Callable[[], dt.datetime] = _utcnow,
         injection: InjectionSettings | None = None,
+        stall_restart_enabled: bool = False,
     ) -> None:
         """``injection``: the admin's rules on ``spec.sidecar`` (``injection.sidecar_refusals``), which
-        a profile's ``SpecValid`` reports; None: nothing refused (the webhook's own check stands)."""
+        a profile's ``SpecValid`` reports; None: nothing refused (the webhook's own check stands).
+        ``stall_restart_enabled``: the chart granted pods/delete (``spec.actions.onStall: Restart``)."""
+        self._stall_restart = stall_restart_enabled and isinstance(api, PodDeleteAPI)
         self._registry = registry
         self._api = api
         self._source_for = source_for
@@ -273,6 +334,8 @@ class Evaluator:
             goodput=state.goodput,
             finished=self._registry.finished_pods_for(entry),
             refused=self._refused(spec),
+            restart_allowed=self._stall_restart,
+            slowdown=state.slowdown,
         )
         state.snapshots = result.baselines
         state.marks = result.marks
@@ -287,16 +350,9 @@ class Evaluator:
                 if result.verdict is not None:
                     state.written = tuple(records)
         state.published = result.published
-        if result.verdict is not None:
-            self._metrics.observe_verdict(entry.namespace, entry.name, result.verdict, when.timestamp())
-        self._metrics.observe_actions(entry.namespace, entry.name, status.get("actions"))
-        gp = state.goodput
-        self._metrics.observe_goodput(
-            entry.namespace,
-            entry.name,
-            accelerator_seconds=gp.accelerator_seconds if gp.accelerators_known else None,
-            ratio=(gp.status() or {}).get("ratio"),
-        )
+        observe_window(self._metrics, entry, result, status=status, gp=state.goodput, when=when)
+        if result.progress.delete_pods and isinstance(self._api, PodDeleteAPI):
+            await delete_stalled_pods(self._api, self._metrics, entry, pods, result.progress.delete_pods)
         self._metrics.evaluation(ok=True)
         at = st.format_time(when)
         for event in result.events:

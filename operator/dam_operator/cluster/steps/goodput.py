@@ -68,7 +68,7 @@ from typing import Any
 
 from dam_contract import names
 from dam_contract.snapshot import Snapshot
-from dam_operator.cluster.steps.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART
+from dam_operator.cluster.steps.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART, USE_STALLED
 from dam_operator.cluster.steps.registry import PodInfo
 
 PROBE_CAUSES: tuple[str, ...] = names.BADPUT_CAUSES
@@ -82,6 +82,7 @@ STATUS_KEYS: Mapping[str, str] = {
     "checkpoint": "checkpoint",
     USE_RESTART: "restart",
     "other": "other",
+    USE_STALLED: "stalled",
 }
 """``status.goodput.badputSeconds`` keys by cause."""
 STARTUP = "startup"
@@ -315,6 +316,10 @@ class GoodputLedger:
     owed_productive: float = 0.0
     """Accelerator-seconds of lost progress still to take from the ``productive`` counter (which
     never goes down: its next increments pay it first)."""
+    stall_since: float | None = None
+    """Unix seconds the stall being counted began (None: the job progresses)."""
+    updated_at: float | None = None
+    """The previous update's time (Unix seconds)."""
 
     # ------------------------------------------------------------ resume
 
@@ -353,9 +358,18 @@ class GoodputLedger:
         pods: Sequence[PodInfo],
         answered: Mapping[str, Snapshot],
         finished: Sequence[PodInfo] = (),
+        stalled_since: float | None = None,
+        now: float | None = None,
     ) -> None:
         """One window: the active ``pods``, the scrapes that ``answered``, and the profile's
-        ``finished`` pods (a Failed one leaves its place to a replacement)."""
+        ``finished`` pods (a Failed one leaves its place to a replacement).
+
+        ``stalled_since``: the job is Stalled (``progress_step``), since that Unix time. The
+        processes' ``other`` time of the window is then ``stalled``: a stalled process takes no
+        step, so the time it waits (in a collective, a loader, a save, the user's code) is its
+        probe's ``other``. At a stall's first window the ``other`` counted since its start (the
+        threshold's wait, in earlier windows) moves too, in ``status.goodput`` (the operator's
+        counters never go down: theirs starts at the detection). ``now``: this update's time."""
         active = {p.name: p for p in pods}
         failed = {p.name: p for p in finished if p.phase == "Failed"}
         self._retire(active, failed)
@@ -378,6 +392,7 @@ class GoodputLedger:
                 if share is not None:
                     accel[use] += value * share
         live = sum(p.count for p in self.pods.values())
+        self._stall(stalled_since, now, process_seconds, accel)
         if live > 0:
             for use in ACCELERATOR_USES:
                 self.seconds[use] += process_seconds[use] / live
@@ -395,6 +410,26 @@ class GoodputLedger:
             self.accelerators = math.fsum(s * c for s, c in shares)
         elif self.pods:
             self.accelerators = None
+
+    def _stall(
+        self,
+        since: float | None,
+        now: float | None,
+        process_seconds: dict[str, float],
+        accel: dict[str, float],
+    ) -> None:
+        """A stalled window's ``other`` is ``stalled`` (``update``)."""
+        if since is None:
+            self.stall_since, self.updated_at = None, now
+            return
+        if since != self.stall_since and self.updated_at is not None:
+            earlier = min(self.seconds["other"], max(0.0, self.updated_at - since))
+            self.seconds["other"] -= earlier
+            self.seconds[USE_STALLED] += earlier
+        self.stall_since, self.updated_at = since, now
+        for figures in (process_seconds, accel):
+            figures[USE_STALLED] += figures["other"]
+            figures["other"] = 0.0
 
     def _retire(self, active: Mapping[str, PodInfo], failed: Mapping[str, PodInfo]) -> None:
         """Pods no longer active leave the ledger; a Failed one leaves its places to a replacement."""

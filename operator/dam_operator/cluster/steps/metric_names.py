@@ -26,6 +26,11 @@ PROFILE_ACTION_INFO: Final = "dam_profile_action_info"
 # {namespace, profile, action, lever, setting, before, after, outcome} = 1
 PROFILE_ACTION_STEPS_PER_SECOND: Final = "dam_profile_action_steps_per_second"
 # {namespace, profile, action, phase=before|after}
+# Progress (status.progress): seconds without a step while Stalled (0 otherwise) {namespace, profile};
+# the state as a state set {namespace, profile, state} (PROGRESS_STATES, 1 for the current one).
+PROFILE_STALLED_SECONDS: Final = "dam_profile_stalled_seconds"
+PROFILE_PROGRESS_STATE: Final = "dam_profile_progress_state"
+PROGRESS_STATES: Final = ("NotStarted", "Progressing", "Stalled")
 
 OPERATOR_EVALUATIONS_TOTAL: Final = "dam_operator_evaluations_total"
 OPERATOR_EVALUATION_ERRORS_TOTAL: Final = "dam_operator_evaluation_errors_total"  # {reason}
@@ -39,6 +44,7 @@ OPERATOR_SOURCE_BODY_TOO_LARGE_TOTAL: Final = "dam_operator_source_body_too_larg
 IRON_LAW_TERMS: Final = ("data", "compute", "latency")
 USE_PRODUCTIVE: Final = "productive"
 USE_RESTART: Final = "restart"
+USE_STALLED: Final = "stalled"
 ACCELERATOR_USES: Final = (
     USE_PRODUCTIVE,
     "startup",
@@ -47,9 +53,11 @@ ACCELERATOR_USES: Final = (
     "checkpoint",
     USE_RESTART,
     "other",
+    USE_STALLED,
 )
 """``use`` of dam_profile_accelerator_seconds_total: productive, or a badput cause. The probe's causes
-(dam_badput_seconds_total{cause}) and ``restart``, which only the operator sees."""
+(dam_badput_seconds_total{cause}) and ``restart`` and ``stalled``, which only the operator sees
+(``stalled``: the probes' ``other`` while the job made no step, ``cluster.steps.progress_step``)."""
 POD_STATES: Final = ("matched", "instrumented", "reporting")
 
 # Closed sets of label values: every one is exported at 0 from the start, so that a

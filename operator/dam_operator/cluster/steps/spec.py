@@ -34,6 +34,11 @@ from pydantic.fields import FieldInfo
 
 from dam_operator.cluster.steps.urlpolicy import FIELD, UrlPolicy
 from dam_operator.diagnosis.model import Hardware, Thresholds
+from dam_operator.diagnosis.progress import (
+    STALL_AFTER_SECONDS_DEFAULT,
+    STALL_STEP_MULTIPLE_DEFAULT,
+    StallSettings,
+)
 
 __all__ = [
     "ActionsSpec",
@@ -166,6 +171,17 @@ class SamplingSpec(_Spec):
 class EvaluationSpec(_Spec):
     window_seconds: Annotated[float, Field(ge=5.0, le=86400.0), AfterValidator(_finite)] = 30.0
     hysteresis_windows: Annotated[int, Field(ge=1, le=100)] = 2
+    stall_after_seconds: Annotated[float, Field(ge=5.0, le=604800.0), AfterValidator(_finite)] = (
+        STALL_AFTER_SECONDS_DEFAULT
+    )
+    """A job is stalled when no rank took a batch for this long (the floor) ..."""
+    stall_step_multiple: Annotated[float, Field(ge=1.0, le=1000.0), AfterValidator(_finite)] = (
+        STALL_STEP_MULTIPLE_DEFAULT
+    )
+    """... and for this many median steps (``diagnosis.progress.StallSettings``)."""
+
+    def stall_settings(self) -> StallSettings:
+        return StallSettings(after_seconds=self.stall_after_seconds, step_multiple=self.stall_step_multiple)
 
 
 class HardwareSpec(_Spec):
@@ -333,6 +349,11 @@ class ActionsSpec(_Spec):
     """Improved when steps/s ≥ before × (1 + margin); worse when ≤ before × (1 − margin)."""
     warmup_windows: Annotated[int, Field(ge=0, le=10)] = 1
     """Full windows of a pod that carries an action ignored before it is measured."""
+    on_stall: Literal["None", "Restart"] = "None"
+    """Restart: delete a stalled job's running Pods (their controller recreates them) once the
+    stall has lasted ``restart_grace_seconds`` more; only where the chart grants pods/delete."""
+    restart_grace_seconds: Annotated[float, Field(ge=0.0, le=86400.0), AfterValidator(_finite)] = 60.0
+    """How long a stall must last past its detection before ``onStall: Restart`` deletes Pods."""
 
 
 class DAMProfileSpec(_Spec):

@@ -21,14 +21,22 @@ from typing import Any
 from dam_contract import names
 from dam_contract.snapshot import CompactSnapshot, Snapshot
 from dam_operator.cluster.steps import status as st
-from dam_operator.cluster.steps.actions import ResizeRequest, window_actions
+from dam_operator.cluster.steps.actions import ActionStep, ResizeRequest, window_actions
 from dam_operator.cluster.steps.goodput import GoodputLedger, parse_datetime
+from dam_operator.cluster.steps.progress_step import (
+    CONDITION_PROGRESSING,
+    ProgressStep,
+    progress_step,
+    slowdown_key,
+    slowdown_update,
+)
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Observation, Verdict
+from dam_operator.diagnosis.slowdown import SlowdownTracker
 from dam_operator.diagnosis.window import JobWindow, PodWindow, baseline, furthest_steps, job_window
 
 Results = Mapping[str, "Snapshot | SourceError"]
@@ -75,6 +83,8 @@ class StepResult:
     """In-place CPU resizes to send before the patch (``spec.actions.mode: InPlace``)."""
     marks: dict[str, Snapshot] = field(default_factory=dict)
     """Each pod's last memory gauges (``memory_mark``), kept for a pod that dies before a window."""
+    progress: ProgressStep = field(default_factory=ProgressStep)
+    """The job's progress (``progress_step``): its state, and Pods to delete (``onStall: Restart``)."""
 
 
 MARK_NAMES = frozenset(
@@ -286,6 +296,8 @@ def initial_step(
         now=now,
         evaluated=False,
     )
+    # Progress is judged at the next window; until then its condition stays as it was.
+    patch["status"]["conditions"] += st.carry_conditions(status.get("conditions"), [CONDITION_PROGRESSING])
     return StepResult(
         patch=patch,
         counts=counts,
@@ -327,19 +339,14 @@ def window_step(
     goodput: GoodputLedger | None = None,
     finished: Sequence[PodInfo] = (),
     refused: str | None = None,
+    restart_allowed: bool = False,
+    slowdown: SlowdownTracker | None = None,
 ) -> StepResult:
-    """One window: difference each pod against its baseline, aggregate, diagnose, stabilize.
-
-    A pod OOM-killed before it formed a window is evidence, not absence of evidence: an active
-    pod killed within this window (``restartPolicy: OnFailure``/``Always``), or a finished one
-    (``ended``: Failed with ``restartPolicy: Never``, its sidecar gone with it) while no pod of
-    the profile forms a window, joins the job with ``oom_killed`` and its last memory gauges
-    (``marks``), and the evidence says so.
-
-    ``goodput``: the profile's ledger (``cluster.goodput``), updated in place from the pods'
-    latest scrapes and the profile's ``finished`` pods; the patch carries ``status.goodput``.
-    ``refused``: as in ``initial_step`` (``SpecValid=False``; the Event went out there).
-    """
+    """One window: difference each pod against its baseline, aggregate, diagnose, stabilize,
+    act (``window_actions``), judge the job's progress and goodput (``_progress_and_goodput``).
+    A pod OOM-killed before it formed a window is evidence (``_oom_windows``). ``refused``: as in
+    ``initial_step``; ``restart_allowed``: pods/delete granted (``progress_step``); ``goodput``
+    and ``slowdown``: the profile's ledger and slowdown tracker, updated in place."""
     window_seconds = spec.evaluation.window_seconds
     scrape = _classify_with_gaps(pods, results, when, window_seconds)
     counts = count_pods(pods, scrape)
@@ -363,6 +370,47 @@ def window_step(
         webhook_enabled=webhook_enabled,
         refused=refused,
     )
+    acted = _act(patch["status"], spec, status, generation, pods, per_pod, verdict, when)
+    progress = _progress_and_goodput(
+        spec,
+        status,
+        patch["status"],
+        scrape=scrape,
+        pods=pods,
+        finished=finished,
+        goodput=goodput,
+        generation=generation,
+        when=when,
+        restart_allowed=restart_allowed,
+        verdict=verdict,
+        slowdown=slowdown,
+    )
+    verdict_events = _verdict_events(status, published, verdict) if verdict else []
+    return StepResult(
+        patch=patch,
+        counts=counts,
+        verdict=verdict,
+        baselines=new_baselines,
+        published=published if verdict is None else st.verdict_key(verdict.bottleneck),
+        error_reasons=scrape.error_reasons,
+        resizes=acted.resizes,
+        marks=new_marks,
+        progress=progress,
+        events=[*verdict_events, *acted.events, *progress.events],
+    )
+
+
+def _act(  # noqa: PLR0917 (called once, in window_step)
+    patch: dict[str, Any],
+    spec: DAMProfileSpec,
+    status: Mapping[str, Any],
+    generation: int | None,
+    pods: Sequence[PodInfo],
+    per_pod: Mapping[str, Observation],
+    verdict: Verdict | None,
+    when: dt.datetime,
+) -> ActionStep:
+    """The window's actions (``window_actions``); ``status.actions`` into ``patch`` when changed."""
     acted = window_actions(
         spec=spec,
         status=status,
@@ -373,21 +421,68 @@ def window_step(
         when=when,
     )
     if acted.actions is not None:
-        patch["status"]["actions"] = acted.actions
-    if goodput is not None:
-        goodput.update(pods=pods, answered=scrape.answered, finished=finished)
-        patch["status"]["goodput"] = st.goodput_patch(status.get("goodput"), goodput.status())
-    return StepResult(
-        patch=patch,
-        counts=counts,
-        events=[*(_verdict_events(status, published, verdict) if verdict else ()), *acted.events],
-        verdict=verdict,
-        baselines=new_baselines,
-        published=published if verdict is None else st.verdict_key(verdict.bottleneck),
-        error_reasons=scrape.error_reasons,
-        resizes=acted.resizes,
-        marks=new_marks,
+        patch["actions"] = acted.actions
+    return acted
+
+
+def _progress_and_goodput(
+    spec: DAMProfileSpec,
+    status: Mapping[str, Any],
+    patch: dict[str, Any],
+    *,
+    scrape: Scrape,
+    pods: Sequence[PodInfo],
+    finished: Sequence[PodInfo],
+    goodput: GoodputLedger | None,
+    generation: int | None,
+    when: dt.datetime,
+    restart_allowed: bool,
+    verdict: Verdict | None,
+    slowdown: SlowdownTracker | None,
+) -> ProgressStep:
+    """The job's progress (and slowdown) into ``patch``, then the goodput ledger (which counts a
+    stall's time)."""
+    progress = progress_step(
+        spec=spec,
+        status=status,
+        answered=scrape.answered,
+        pods=pods,
+        generation=generation,
+        when=when,
+        restart_allowed=restart_allowed,
     )
+    if slowdown is not None and progress.progress is not None:
+        progress.events += slowdown_update(
+            slowdown, progress.progress, verdict, slowdown_key(generation, pods), st.format_time(when)
+        )
+    _progress_patch(patch, status, progress, st.format_time(when))
+    if goodput is not None:
+        goodput.update(
+            pods=pods,
+            answered=scrape.answered,
+            finished=finished,
+            stalled_since=progress.stalled_since,
+            now=when.timestamp(),
+        )
+        patch["goodput"] = st.goodput_patch(status.get("goodput"), goodput.status())
+    return progress
+
+
+def _progress_patch(
+    patch: dict[str, Any], status: Mapping[str, Any], progress: ProgressStep, now: str
+) -> None:
+    """``status.progress`` and the ``Progressing`` condition into the window's patch (kept as
+    they were when no pod answered)."""
+    conditions = patch.setdefault("conditions", [])
+    if progress.condition is None:
+        conditions += st.carry_conditions(status.get("conditions"), [CONDITION_PROGRESSING])
+        return
+    conditions += st.merge_conditions(status.get("conditions"), [progress.condition], now)
+    if progress.progress is not None:
+        old = status.get("progress")
+        patch["progress"] = (
+            st.null_out(old, progress.progress) if isinstance(old, Mapping) else progress.progress
+        )
 
 
 def _patch_and_verdict(
