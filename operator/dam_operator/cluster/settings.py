@@ -265,7 +265,7 @@ class OperatorSettings(_ScopeSettings):
     # --- acting on a stall (spec.actions.onStall) -----------------------------------
     stall_restart_enabled: bool = Field(
         default=False,
-        description="onStall Restart may delete Pods (the chart's actions.stallRestart.enabled).",
+        description="onStall Restart may delete Pods (the chart's rbac.stallRestart).",
     )
 
     # --- the pod webhook ---------------------------------------------------------

@@ -59,7 +59,7 @@ TEMPLATE_LABELS: Final = (
 )
 """Labels that change with the Pods' template (a Deployment's ReplicaSet, a StatefulSet's
 revision, a Job: a new Job is a new template): a slowdown's baseline starts again when they do."""
-RESTART_GRANT: Final = "actions.stallRestart.enabled"
+RESTART_GRANT: Final = "rbac.stallRestart"
 """The chart value that grants the operator pods/delete (``onStall: Restart``)."""
 MAX_FRAMES: Final = 8
 MAX_RANKS_PER_POD: Final = 1024
