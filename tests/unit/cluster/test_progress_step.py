@@ -19,14 +19,20 @@ from dam_operator.cluster.steps.progress_step import (
     EVENT_PROGRESSING,
     EVENT_RESTART_REFUSED,
     EVENT_RESTARTED,
+    EVENT_SLOWED_DOWN,
     EVENT_STALLED,
     RESTART_GRANT,
     ProgressStep,
     progress_step,
     rank_places,
+    slowdown_key,
+    slowdown_update,
 )
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.spec import DAMProfileSpec, parse_spec
+from dam_operator.diagnosis.levers import Axis, Regime
+from dam_operator.diagnosis.model import Bottleneck, Verdict, WindowMetrics
+from dam_operator.diagnosis.slowdown import SlowdownTracker
 from dam_probe.layout import PLACE_COLLECTIVE, PLACE_USER_CODE
 from dam_sidecar.collector import build_collector
 from dam_sidecar.settings import SidecarSettings
@@ -346,3 +352,54 @@ def test_the_operator_exports_stalled_seconds_and_the_progress_state_set() -> No
     assert _series(registry, mn.PROFILE_STALLED_SECONDS) == {("ns", "p"): 0.0}
     metrics.forget_profile("ns", "p")
     assert _series(registry, mn.PROFILE_PROGRESS_STATE) == {}
+
+
+# --- slowdowns ---------------------------------------------------------------------------------------
+
+
+def _window(rate: float, wait: float) -> Verdict:
+    return Verdict(
+        bottleneck=Bottleneck(
+            axis=Axis.DATA, regime=Regime.INPUT_BOUND, lever="x", lever_detail="x", confidence=0.7
+        ),
+        metrics=WindowMetrics(data_wait_ratio=wait, steps_per_second=rate),
+    )
+
+
+def test_a_slowdown_goes_into_status_progress_with_the_signal_that_changed_and_one_event() -> None:
+    tracker = SlowdownTracker()
+    key = slowdown_key(3, [_pod("a")])
+    events: list[str] = []
+    wire: dict[str, Any] = {}
+    for i, (rate, wait) in enumerate([(10.0, 0.05)] * 8 + [(5.0, 0.52)] * 3):
+        wire = {"state": "Progressing"}
+        events += [e.reason for e in slowdown_update(tracker, wire, _window(rate, wait), key, f"t{i}")]
+    assert events == [EVENT_SLOWED_DOWN]
+    slowdown = wire["slowdown"]
+    assert slowdown["ratio"] == pytest.approx(0.5)
+    assert slowdown["since"] == "t8"
+    assert any("data wait 5 % -> 52 %" in line for line in slowdown["evidence"]), slowdown["evidence"]
+    # A window without a verdict keeps it; the rate back at its baseline ends it, with an Event.
+    kept: dict[str, Any] = {}
+    assert slowdown_update(tracker, kept, None, key, "t11") == []
+    assert kept["slowdown"] == slowdown
+    back: dict[str, Any] = {}
+    assert [e.reason for e in slowdown_update(tracker, back, _window(10.0, 0.05), key, "t12")] == [
+        EVENT_PROGRESSING
+    ]
+    assert "slowdown" not in back
+
+
+def test_a_new_pod_template_starts_the_baseline_again() -> None:
+    """A slower rate after a change of template is the job's new normal, not a slowdown."""
+    tracker = SlowdownTracker()
+    old = slowdown_key(3, [_pod("a")])
+    new_pod = PodInfo("ns", "b", {"app": "t", "controller-revision-hash": "v2"}, uid="u2", phase="Running")
+    new = slowdown_key(3, [new_pod])
+    assert old != new
+    events: list[str] = []
+    for i in range(8):
+        events += [e.reason for e in slowdown_update(tracker, {}, _window(10.0, 0.05), old, f"a{i}")]
+    for i in range(10):
+        events += [e.reason for e in slowdown_update(tracker, {}, _window(5.0, 0.05), new, f"b{i}")]
+    assert events == []
