@@ -39,7 +39,7 @@ Where = Literal["collective", "dataloader", "checkpoint", "backward", "optimizer
 WHERE_VALUES: tuple[str, ...] = get_args(Where)
 
 STALL_AFTER_SECONDS_DEFAULT = 300.0
-"""The floor: no batch for five minutes (PyTorch's collective timeout aborts at 10 with NCCL, 30 with gloo)."""
+"""The floor: no batch for five minutes (PyTorch aborts a collective after 10 with NCCL, 30 with gloo)."""
 STALL_STEP_MULTIPLE_DEFAULT = 10.0
 """... and at least ten median steps: a job of 60 s steps is stalled after 10 minutes."""
 

@@ -31,6 +31,7 @@ ALL_FEATURES: dict[str, Any] = {
     "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
     "prometheusRule": {"enabled": True},
     "grafanaDashboard": {"enabled": True},
+    "rbac": {"stallRestart": True},
 }
 NAMESPACED: dict[str, Any] = {"operator": {"watchNamespace": "ml-team", "peering": {"enabled": True}}}
 VARIANTS = {"defaults": {}, "all-features": ALL_FEATURES, "single-namespace": NAMESPACED}
@@ -94,6 +95,7 @@ def test_chart_lints_clean_in_strict_mode(values: dict[str, Any]) -> None:
         ({"operator": {"resources": {"limits": {"memory": "a lot"}}}}, "memory"),
         ({"operator": {"watchNamespace": "Not_A_Namespace"}}, "watchNamespace"),
         ({"webhook": {"excludeNamespaces": "kube-public"}}, "excludeNamespaces"),
+        ({"rbac": {"stallRestart": "yes"}}, "stallRestart"),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else v,
 )
@@ -456,6 +458,47 @@ def test_single_namespace_mode_keeps_watch_rights_in_that_namespace(chart: Any) 
     assert ("kopf.dev", "kopfpeerings") in _verbs(watch_role["rules"])
     assert env_of(one(objects, "Deployment"))["DAM_NAMESPACE"] == "ml-team"
     assert one(objects, "KopfPeering")["metadata"]["namespace"] == "ml-team"
+
+
+def _pod_verbs(objects: list[dict[str, Any]]) -> set[str]:
+    rules = _rules(objects, "ClusterRole") + _rules(objects, "Role")
+    return {verb for rule in rules if "pods" in rule["resources"] for verb in rule["verbs"]}
+
+
+def _stall_restart_setting(objects: list[dict[str, Any]]) -> bool:
+    """What the operator would read: OperatorSettings from the rendered DAM_ variables."""
+    env = env_of(one(objects, "Deployment"))
+    given = {k[4:].lower(): v for k, v in env.items() if k.startswith("DAM_") and isinstance(v, str)}
+    return OperatorSettings.model_validate(given).stall_restart_enabled
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "single-namespace"])
+def test_pods_are_never_deleted_unless_the_admin_grants_it(chart: Any, values: dict[str, Any]) -> None:
+    objects = render(chart, values)
+    assert "delete" not in _pod_verbs(objects)
+    assert "DAM_STALL_RESTART_ENABLED" not in env_of(one(objects, "Deployment"))
+    assert _stall_restart_setting(objects) is False
+
+
+def test_stall_restart_adds_only_pod_deletion_cluster_wide_and_enables_it(chart: Any) -> None:
+    without = render(chart)
+    granted = render(chart, {"rbac": {"stallRestart": True}})
+    before = _verbs(_rules(without, "ClusterRole"))
+    pods = ("", "pods")
+    assert _verbs(_rules(granted, "ClusterRole")) == {**before, pods: before[pods] | {"delete"}}
+    assert _verbs(_rules(granted, "Role")) == _verbs(_rules(without, "Role"))
+    assert env_of(one(granted, "Deployment"))["DAM_STALL_RESTART_ENABLED"] == "true"
+    assert _stall_restart_setting(granted) is True
+
+
+def test_stall_restart_in_single_namespace_mode_deletes_only_in_that_namespace(chart: Any) -> None:
+    objects = render(chart, {**NAMESPACED, "rbac": {"stallRestart": True}})
+    assert ("", "pods") not in _verbs(_rules(objects, "ClusterRole"))
+    deleting = [
+        r for r in of_kind(objects, "Role") if "delete" in _verbs(r["rules"]).get(("", "pods"), set())
+    ]
+    assert [r["metadata"]["namespace"] for r in deleting] == ["ml-team"]
+    assert _stall_restart_setting(objects) is True
 
 
 def test_more_than_one_replica_without_peering_is_refused(chart: Any) -> None:
