@@ -79,6 +79,8 @@ def chart_installed(node: NodeCluster) -> Iterator[NodeCluster]:
                     # Loosened for the "shared" scenario alone (a profile that asks for a shared
                     # process namespace): every other profile here does not ask, and gets none.
                     "sidecar": {"allowShareProcessNamespace": True},
+                    # For the "stall" scenario (spec.actions.onStall: Restart): pods delete.
+                    "rbac": {"stallRestart": True},
                 },
                 namespace=SYSTEM_NS,
                 timeout=300,
@@ -102,14 +104,20 @@ def profile(
     hysteresis_windows: int = 2,
     actions: dict[str, Any] | None = None,
     thresholds: dict[str, float] | None = None,
+    evaluation: dict[str, Any] | None = None,
     share_process_namespace: bool = False,
 ) -> dict[str, Any]:
     """A DAMProfile for the pods labelled app=trainer: examples/damprofile.yaml's sidecar and
     threshold, shorter windows (the scenarios run side by side for tens of seconds each);
-    ``thresholds`` are added to its ``dataWaitSuspect``."""
+    ``thresholds`` are added to its ``dataWaitSuspect``, ``evaluation`` (``stallAfterSeconds``, ...)
+    to its windows."""
     spec: dict[str, Any] = {
         "selector": {"matchLabels": {"app": "trainer"}},
-        "evaluation": {"windowSeconds": window_seconds, "hysteresisWindows": hysteresis_windows},
+        "evaluation": {
+            "windowSeconds": window_seconds,
+            "hysteresisWindows": hysteresis_windows,
+            **(evaluation or {}),
+        },
         "thresholds": {"dataWaitSuspect": 0.05, **(thresholds or {})},
         "sidecar": {
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}

@@ -52,6 +52,10 @@ TIER_HELM_SET = (
     # The "shared" scenario's profile asks for a shared process namespace, which the chart allows
     # only when the admin says so; no other profile of the tier asks, so none gets one.
     "--set sidecar.allowShareProcessNamespace=true"
+    # The "stall" scenario's profile asks spec.actions.onStall: Restart; the operator deletes a
+    # stalled job's Pods only where the chart grants it pods delete (off by default). Only that
+    # profile asks, and the operator deletes only the Pods of a profile that asks.
+    " --set rbac.stallRestart=true"
 )
 SKEW_WARNING = "version difference"  # kubectl's "WARNING: version difference between client (...) and server"
 

@@ -91,11 +91,10 @@ class Launched:
                     seen.append(status)
 
 
-def _ddp_job(rendezvous: Path) -> dict[str, Any]:
-    """Two Pods of an Indexed Job, one rank each; rank 1's loader sleeps 20 ms a sample: 150 steps
-    of 0.32 s, ~50 s, three 10 s windows and a baseline."""
-    job = training_job("ddp", "ddp.py", ["150", "1", "20"], completions=2, parallelism=2)
-    job["spec"]["completionMode"] = "Indexed"
+def _two_ranks(job: dict[str, Any], rendezvous: Path) -> dict[str, Any]:
+    """``job`` as two Pods of an Indexed Job, one rank each (the completion index), rendezvousing
+    in ``rendezvous`` (a hostPath both Pods mount, /rdv), gloo over the Pods' eth0."""
+    job["spec"] |= {"completionMode": "Indexed", "completions": 2, "parallelism": 2}
     pod = job["spec"]["template"]["spec"]
     pod["containers"][0]["env"] += [
         {
@@ -110,6 +109,37 @@ def _ddp_job(rendezvous: Path) -> dict[str, Any]:
     ]
     pod["containers"][0]["volumeMounts"].append({"name": "rdv", "mountPath": "/rdv"})
     pod["volumes"].append({"name": "rdv", "hostPath": {"path": str(rendezvous), "type": "Directory"}})
+    return job
+
+
+def _ddp_job(rendezvous: Path) -> dict[str, Any]:
+    """Rank 1's loader sleeps 20 ms a sample: 150 steps of 0.32 s, ~50 s, three 10 s windows and a
+    baseline."""
+    return _two_ranks(training_job("ddp", "ddp.py", ["150", "1", "20"]), rendezvous)
+
+
+STALL_AFTER_SECONDS = 20
+"""The stall scenario's spec.evaluation.stallAfterSeconds (its steps are far shorter than 1/10 of it)."""
+RESTART_GRACE_SECONDS = 10
+"""... and its spec.actions.restartGraceSeconds."""
+STALL_STEPS = (120, 48, 15)
+"""stall.py's STEPS, STALL_STEP, DELAY_MS: 16 samples of 15 ms a step, ~0.25 s; the first attempt's
+rank 1 stops after ~12 s of steps, the second attempt runs ~30 s."""
+
+
+def _stall_job(rendezvous: Path) -> dict[str, Any]:
+    """stall.py's two ranks (workloads/stall.py), in a directory of their own (its marker and
+    stores). Each deleted Pod is a failure of the Job (the Job controller counts a Pod deleted
+    before it succeeded as failed), so backoffLimit leaves room for the restart's two, and the
+    Job's failure backoff (10 s, doubled per failure: ~20 s) passes before the replacements are
+    created. podReplacementPolicy Failed: a replacement is created once the deleted Pod has ended,
+    not while it terminates (the default, TerminatingOrFailed), so the attempts never overlap."""
+    shared = rendezvous / "stall"
+    shared.mkdir()
+    job = _two_ranks(training_job("stall", "stall.py", [str(n) for n in STALL_STEPS]), shared)
+    job["spec"] |= {"backoffLimit": 4, "podReplacementPolicy": "Failed"}
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["env"].append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     return job
 
 
@@ -159,6 +189,19 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
             WORKLOADS / "hog.py",
         ),
         Scenario("ddp", profile(), [_ddp_job(rendezvous)], WORKLOADS / "ddp.py"),
+        # Issue 29: rank 1 of a two-Pod gloo job sleeps in its own code before an all_reduce that
+        # rank 0 waits in (the first attempt only). Stalled after 20 s without a batch; 10 s
+        # later the operator deletes both Pods (the chart grants it: rbac.stallRestart), the
+        # Indexed Job recreates them, and the second attempt runs to its end.
+        Scenario(
+            "stall",
+            profile(
+                evaluation={"stallAfterSeconds": STALL_AFTER_SECONDS},
+                actions={"onStall": "Restart", "restartGraceSeconds": RESTART_GRACE_SECONDS},
+            ),
+            [_stall_job(rendezvous)],
+            WORKLOADS / "stall.py",
+        ),
         # A single-thread CPU-bound trainer beside a noisy neighbour Pod (two busy loops, not
         # instrumented), both pinned to the last CPU: the trainer waits for it ~2/3 of the time.
         # The default data-wait screen (10 %): under contention the main-process collate waits for

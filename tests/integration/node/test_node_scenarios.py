@@ -14,6 +14,7 @@ import datetime as dt
 import itertools
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from tests.support.node_jobs import (
     OPERATOR_SELECTOR,
     SIDECAR_CONTAINER,
     SYSTEM_NS,
+    WORKLOADS,
     condition,
     dump,
     events_of,
@@ -36,7 +38,7 @@ from tests.support.node_jobs import (
 )
 from tests.support.procs import wait_for
 
-from .conftest import Launched
+from .conftest import RESTART_GRACE_SECONDS, STALL_AFTER_SECONDS, STALL_STEPS, Launched
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -298,6 +300,122 @@ def test_a_finished_jobs_verdict_stays_and_a_kubectl_wait_started_after_it_retur
             "damp/train-profile",
             "--timeout=5s",
         )
+
+
+def _unix(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _stall_started(scenarios: Launched, timeout_s: float) -> tuple[float, str]:
+    """When rank 1 of stall.py's first attempt stopped, and its Pod: its marker in the Pods' shared
+    directory (written by rename, whole or not at all), which outlives the deleted Pods."""
+    path = scenarios.rendezvous / "stall" / "stalled"
+    text = wait_for(lambda: path.read_text() if path.exists() else None, timeout_s, "stall.py's marker")
+    at, pod = text.split()
+    return float(at), pod
+
+
+def test_a_rank_asleep_before_an_all_reduce_is_the_stalls_culprit_and_the_restarted_job_resumes(
+    scenarios: Launched,
+) -> None:
+    """Issue 29 on a real node (workloads/stall.py): rank 1 sleeps in its own code while rank 0
+    waits in the all_reduce it has not reached. Every deadline is the profile's thresholds from the
+    stall's start (the marker rank 1 writes just before it sleeps), with a slack of 15 s for a
+    scrape and a busy node; the statuses are read from the history (recorded since the Jobs
+    started: the restart may be over when this test starts). Nothing races the job: the first
+    attempt's ranks wait an hour, and the second runs to its end, which is waited for."""
+    node = scenarios.node
+    window = scenarios.scenarios["stall"].profile["spec"]["evaluation"]["windowSeconds"]  # type: ignore[index]
+    slack = 15.0
+    steps, stall_step, _ = STALL_STEPS
+    sleep_line = next(
+        n
+        for n, line in enumerate((WORKLOADS / "stall.py").read_text().splitlines(), 1)
+        if "time.sleep(3600)" in line
+    )
+    with explained(scenarios, "stall") as ns:
+        began, culprit_pod = _stall_started(scenarios, 240)  # the Pods start, then ~12 s of steps
+
+        def by(deadline: float) -> float:
+            return max(1.0, deadline - time.time())
+
+        stalled_by = began + STALL_AFTER_SECONDS + 2 * window + slack
+        stalled = scenarios.seen(
+            "stall", lambda s: (s.get("progress") or {}).get("state") == "Stalled", by(stalled_by), "Stalled"
+        )
+        assert _unix(stalled["lastEvaluationTime"]) <= stalled_by, (stalled["lastEvaluationTime"], began)
+        progress = stalled["progress"]
+        # Its last batch, to the second, on the operator's clock (moved by the scrape's age).
+        assert began - 2 <= _unix(progress["since"]) <= began + 5, (progress, began)
+        assert progress["stalledSeconds"] >= STALL_AFTER_SECONDS, progress
+        culprit = progress["culprit"]
+        assert (culprit["rank"], culprit["pod"], culprit["where"]) == (1, culprit_pod, "user-code"), culprit
+        assert culprit["frames"][0] == f"stall.py:{sleep_line} hang", culprit
+        # Rank 0 entered step STALL_STEP's all_reduce, one a step from the first.
+        assert progress["waiting"] == {
+            "ranks": 1,
+            "where": "collective",
+            "detail": f"all_reduce #{stall_step + 1}",
+        }, progress["waiting"]
+        progressing = condition(stalled, "Progressing")
+        assert (progressing.get("status"), progressing.get("reason")) == ("False", "Stalled"), progressing
+        assert "rank 1 in user-code" in progressing.get("message", ""), progressing
+
+        # The restart: once the stall has lasted its threshold plus the grace, at the next window.
+        restart_by = began + STALL_AFTER_SECONDS + RESTART_GRACE_SECONDS + window + slack
+        restarted = scenarios.seen(
+            "stall",
+            lambda s: bool(((s.get("progress") or {}).get("restart") or {}).get("at")),
+            by(restart_by),
+            "status.progress.restart",
+        )
+        restart = restarted["progress"]["restart"]
+        assert restart["outcome"] == "pending", restart
+        assert restart["stallSince"] == progress["since"], (restart, progress)
+        assert restart["stalledSeconds"] >= STALL_AFTER_SECONDS + RESTART_GRACE_SECONDS, restart
+        earliest = began + STALL_AFTER_SECONDS + RESTART_GRACE_SECONDS - 1  # (status times: to the second)
+        assert earliest <= _unix(restart["at"]) <= restart_by, (restart, began)
+        old = restart["pods"]
+        assert len(old) == 2 and culprit_pod in old, restart
+        reasons = [e.get("reason") for e in events_of(node, ns)]
+        assert "JobStalled" in reasons and "StalledJobRestarted" in reasons, reasons
+
+        # The Indexed Job recreates both ranks (after its failure backoff); they take steps again.
+        def replacements() -> list[dict[str, Any]] | None:
+            fresh = [p for p in pods_of(node, ns, "stall") if p["metadata"]["name"] not in old]
+            return fresh if len(fresh) == 2 else None
+
+        new = wait_for(replacements, 120, "the Job's two replacement Pods", interval=1.0)
+        indexes = sorted(
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] for p in new
+        )
+        assert indexes == ["0", "1"], indexes
+        created = max(_unix(p["metadata"]["creationTimestamp"]) for p in new)
+        resumed = scenarios.seen(
+            "stall",
+            lambda s: ((s.get("progress") or {}).get("restart") or {}).get("outcome") == "resumed",
+            by(created + 75),  # their start (torch's import on a busy node), steps, a window
+            "restart outcome resumed",
+        )
+        progress = resumed["progress"]
+        restart = progress["restart"]
+        assert progress["state"] == "Progressing", progress
+        assert _unix(restart["resumedAt"]) > _unix(restart["at"]), restart
+        assert restart["stallCostSeconds"] == pytest.approx(
+            _unix(restart["resumedAt"]) - _unix(restart["stallSince"]), abs=0.2
+        ), restart
+        assert restart["stallCostSeconds"] > STALL_AFTER_SECONDS + RESTART_GRACE_SECONDS, restart
+        assert condition(resumed, "Progressing").get("status") == "True", condition(resumed, "Progressing")
+        assert resumed["goodput"]["badputSeconds"]["stalled"] > 0, resumed["goodput"]
+        assert "JobProgressing" in [e.get("reason") for e in events_of(node, ns)]
+
+        # The second attempt ran to its end: both ranks, every step.
+        node.kubectl(
+            "-n", ns, "wait", "--for=condition=Complete", "job/stall", "--timeout=120s", timeout_s=130
+        )
+        for pod in new:
+            log = node.kubectl("-n", ns, "logs", pod["metadata"]["name"], "-c", "train").stdout
+            assert f"attempt 2 done after {steps} steps" in log, log[-2000:]
 
 
 # --- faults, on the same operator, after the verdicts above ---------------------------------------

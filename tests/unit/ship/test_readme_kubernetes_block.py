@@ -41,7 +41,8 @@ def test_the_tier_finds_every_command_it_substitutes_and_every_cut_in_order(tmp_
     (export,) = [c for c in whole if c.startswith("export KUBECONFIG=")]
     assert _words(export) == ["export", f"KUBECONFIG={kubeconfig}"]
     (helm,) = [c for c in whole if c.startswith("helm install")]
-    assert _words(helm)[-2:] == node_readme.TIER_HELM_SET.split(), helm
+    tier = node_readme.TIER_HELM_SET.split()
+    assert _words(helm)[-len(tier) :] == tier, helm
     # What the README says before the substitutions: make cluster's kubeconfig, the chart's image.
     original = readme.block("kubernetes").commands
     assert "export KUBECONFIG=/var/lib/dam-node/admin.kubeconfig" in original
