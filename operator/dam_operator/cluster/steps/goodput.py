@@ -141,6 +141,8 @@ class PodReading:
     """Process key → productive seconds per step (0 before its first step)."""
     saved: frozenset[str] = frozenset()
     """Process keys that saved a checkpoint (fewer steps since their latest save than steps)."""
+    measured: frozenset[str] = frozenset(PROBE_CAUSES)
+    """The probe causes every process of the pod reported (an absent series: not measured)."""
 
     def with_job_checkpoint(self, job_since: float) -> PodReading:
         """This reading with each process's progress at risk counted from the job's checkpoint,
@@ -200,14 +202,17 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
             continue
         figures = processes.setdefault(key, dict.fromkeys(PROBE_USES, 0.0))
         figures[USE_PRODUCTIVE] += value
+    reported: dict[str, set[str]] = {}
     for s in snapshot.samples(names.BADPUT_SECONDS_TOTAL):
         value = _valid(s.value)
         cause = s.label(names.CAUSE_LABEL)
         found = processes.get(s.label(names.RANK_LABEL))
         if value is not None and found is not None and cause in PROBE_CAUSES:
             found[cause] += value
+            reported.setdefault(cause, set()).add(s.label(names.RANK_LABEL))
     if not processes:
         return None
+    measured = frozenset(c for c in PROBE_CAUSES if reported.get(c, set()) >= processes.keys())
     count = len(processes)
     if set(processes) == {""}:
         live = [v for s in snapshot.samples(names.PROBE_PROCESSES) if (v := _valid(s.value)) is not None]
@@ -222,6 +227,7 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
         since,
         per_step,
         saved,
+        measured,
     )
 
 
@@ -320,6 +326,9 @@ class GoodputLedger:
     """Unix seconds the stall being counted began (None: the job progresses)."""
     updated_at: float | None = None
     """The previous update's time (Unix seconds)."""
+    unmeasured: set[str] = field(default_factory=set)
+    """Probe causes some process could not measure (its series absent) at some scrape: absent from
+    ``status.goodput`` for the rest of the job's life, whose ratio is then an upper bound."""
 
     # ------------------------------------------------------------ resume
 
@@ -346,6 +355,9 @@ class GoodputLedger:
             ledger.accelerators_known = True
         restarts = raw.get("restarts")
         ledger.restarts = int(number(restarts))
+        measured = raw.get("measured")
+        if isinstance(measured, list):
+            ledger.unmeasured = {c for c in PROBE_CAUSES if STATUS_KEYS[c] not in measured}
         ledger.resumed_at = parse_time(status.get("lastEvaluationTime"))
         ledger.resume_pending = ledger.resumed_at is None
         return ledger
@@ -386,6 +398,7 @@ class GoodputLedger:
             info = active.get(name)
             if info is None:
                 continue
+            self.unmeasured |= set(PROBE_CAUSES) - reading.measured
             increments, share = self._read(info, reading)
             for use, value in increments.items():
                 process_seconds[use] += value
@@ -525,6 +538,10 @@ class GoodputLedger:
 
     # ------------------------------------------------------------ read
 
+    def measured_uses(self) -> tuple[str, ...]:
+        """The uses of the accelerator-seconds counter the job measures (the others: no series)."""
+        return tuple(u for u in ACCELERATOR_USES if u not in self.unmeasured)
+
     @property
     def elapsed_seconds(self) -> float:
         return math.fsum(self.seconds.values())
@@ -543,9 +560,16 @@ class GoodputLedger:
             "ratio": round(min(1.0, self.seconds[USE_PRODUCTIVE] / elapsed), 4),
             "elapsedSeconds": round(elapsed, 1),
             "productiveSeconds": round(self.seconds[USE_PRODUCTIVE], 1),
-            "badputSeconds": {key: round(self.seconds[cause], 1) for cause, key in STATUS_KEYS.items()},
+            "badputSeconds": {
+                key: round(self.seconds[cause], 1)
+                for cause, key in STATUS_KEYS.items()
+                if cause not in self.unmeasured
+            },
+            "measured": [key for cause, key in STATUS_KEYS.items() if cause not in self.unmeasured],
             "restarts": self.restarts,
         }
+        if self.unmeasured:
+            out["ratioUpperBound"] = True
         lost = self.lost_accelerator_seconds()
         if lost is not None:
             out["acceleratorSecondsLost"] = round(lost, 1)
