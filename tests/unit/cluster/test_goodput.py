@@ -728,3 +728,35 @@ def test_every_cause_measured_gives_no_upper_bound() -> None:
     ledger.update(pods=[_pod("a")], answered={"a": _snap(T0, {"0": {"productive": 60, "communication": 8}})})
     out = ledger.status()
     assert out is not None and "ratioUpperBound" not in out and "communication" in out["badputSeconds"]
+
+
+def test_pods_the_operator_deleted_for_a_stall_are_restarted_by_their_replacements() -> None:
+    """onStall Restart: the deleted Pods vanish (never seen Failed); the Pods that take their ranks
+    are their replacements: deletion to the new processes' first batch is restart, not startup."""
+    ledger = GoodputLedger()
+    old = [_pod("s-0"), _pod("s-1")]
+    answered = {
+        "s-0": _snap(T0, {"0": {"productive": 90, "startup": 10}}),
+        "s-1": _snap(T0, {"1": {"productive": 90, "startup": 10}}),
+    }
+    ledger.update(pods=old, answered=answered, now=T0)
+    ledger.pods_deleted(old, ["s-0", "s-1"], T0 + 5)
+    ledger.update(pods=[], answered={}, now=T0 + 15)  # gone
+    # New processes started 20 s after the deletion and took 4 s to their first batch.
+    new = [
+        _pod("s-0b", restart=RestartRecord(0, None, _iso(T0 + 25), None)),
+        _pod("s-1b", restart=RestartRecord(0, None, _iso(T0 + 25), None)),
+    ]
+    ledger.update(
+        pods=new,
+        answered={
+            "s-0b": _snap(T0 + 40, {"0": {"productive": 11, "startup": 4}}),
+            "s-1b": _snap(T0 + 40, {"1": {"productive": 11, "startup": 4}}),
+        },
+        now=T0 + 40,
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["restarts"] == 2
+    assert out["badputSeconds"]["restart"] == pytest.approx(20.0 + 4.0)
+    assert out["badputSeconds"]["startup"] == pytest.approx(10.0)

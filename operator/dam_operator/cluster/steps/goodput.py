@@ -326,6 +326,8 @@ class GoodputLedger:
     """Unix seconds the stall being counted began (None: the job progresses)."""
     updated_at: float | None = None
     """The previous update's time (Unix seconds)."""
+    deleted: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Pods the operator deleted (``onStall: Restart``) and not yet gone: name -> (uid, Unix time)."""
     unmeasured: set[str] = field(default_factory=set)
     """Probe causes some process could not measure (its series absent) at some scrape: absent from
     ``status.goodput`` for the rest of the job's life, whose ratio is then an upper bound."""
@@ -453,14 +455,30 @@ class GoodputLedger:
                 continue
             del self.pods[name]
             ended = failed.get(name)
-            if ended is None or ended.uid != pod.uid:
+            deleted = self.deleted.pop(name, None)
+            if ended is not None and ended.uid == pod.uid:
+                record = ended.restart
+                at = parse_time(record.terminated_at if record else None) or pod.seen_at
+            elif deleted is not None and deleted[0] == pod.uid:
+                at = deleted[1]  # deleted by the operator (onStall: Restart): its replacement restarts it
+            else:
                 continue
-            record = ended.restart
-            at = parse_time(record.terminated_at if record else None) or pod.seen_at
             self.vacancies.extend(
                 _Vacancy(key, at, pod.processes[key].at_risk) for key in sorted(pod.processes)
             )
         del self.vacancies[:-MAX_VACANCIES]
+        for name in [n for n in self.deleted if n not in self.pods]:
+            del self.deleted[name]
+
+    def pods_deleted(self, pods: Sequence[PodInfo], names: Sequence[str], at: float) -> None:
+        """The operator deletes ``names`` at ``at`` (``onStall: Restart``): when they are gone, the
+        Pods that take their ranks are their replacements, as for a Failed pod (the module
+        docstring's Restarts): the time from the deletion to the new processes' first batch, and
+        the progress since the job's checkpoint, are ``restart``."""
+        uids = {p.name: p.uid for p in pods}
+        for name in names:
+            if name in uids and name in self.pods:
+                self.deleted[name] = (uids[name], at)
 
     def _take_vacancy(self, key: str) -> _Vacancy | None:
         for i, vacancy in enumerate(self.vacancies):
