@@ -180,9 +180,10 @@ BADPUT_SECONDS_TOTAL: Final = _metric(
     "dam_badput_seconds_total",
     COUNTER,
     "Time lost since the process started, by cause: startup (process start to the first "
-    "batch), data-wait, communication (exposed), checkpoint (blocked in torch.save and "
-    "torch.distributed.checkpoint saves), other (the rest of the elapsed time); goodput plus "
-    "badput is the elapsed time (label rank when the process has one).",
+    "batch), data-wait, communication (exposed), checkpoint (blocked in torch.save, "
+    "torch.distributed.checkpoint and safetensors saves), other (the rest of the elapsed time); "
+    "goodput plus badput is the elapsed time; a cause the probe cannot measure in the process "
+    "(its collectives or saves not timed) is absent (label rank when the process has one).",
     (CAUSE_LABEL, RANK_LABEL),
     "probe",
 )

@@ -27,6 +27,9 @@ table that is already imported is patched at once.
   checkpoint badput (``dam_probe._goodput``; once per save, nothing per batch). A failure leaves
   them untouched. The second module loads only with ``torch.distributed.checkpoint``, so in most
   processes the finder stays in ``sys.meta_path``: one dictionary lookup per later import.
+- ``safetensors.torch``: ``save_file`` and ``save_model`` (Hugging Face's format; ``transformers``'
+  ``save_pretrained``) are timed the same way, so a save through them is checkpoint badput, not
+  productive step time.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ PATCHES: Final[dict[str, Callable[[ModuleType], None]]] = {
     STATEFUL_MODULE: _stateful_overrides,
     _goodput.SERIALIZATION: _guarded_checkpoint(_goodput.patch_serialization),
     _goodput.DCP_SAVER: _guarded_checkpoint(_goodput.patch_dcp),
+    _goodput.SAFETENSORS: _guarded_checkpoint(_goodput.patch_safetensors),
 }
 _done: set[str] = set()  # the modules of PATCHES patched in this process
 

@@ -91,6 +91,10 @@ SERIALIZATION: Final = "torch.serialization"
 DCP_SAVER: Final = "torch.distributed.checkpoint.state_dict_saver"
 DCP_PACKAGE: Final = "torch.distributed.checkpoint"
 DCP_FUNCTIONS: Final = ("save", "async_save", "save_state_dict")
+SAFETENSORS: Final = "safetensors.torch"
+SAFETENSORS_FUNCTIONS: Final = ("save_file", "save_model")
+"""Hugging Face's format (``transformers``' ``save_pretrained`` writes through ``save_file``):
+``save_model`` calls ``save_file``, counted once (nested)."""
 _OFF: Final = frozenset({"0", "false", "no", "off"})
 _IMPORTED_NS: Final = time.time_ns()  # fallback process start: when the probe was imported
 _MAX_AGE_NS: Final = 10 * 365 * 86400 * 10**9
@@ -544,6 +548,15 @@ def patch_dcp(module: ModuleType, p: Probe | None = None) -> bool:
         orig = _wrap(module, name, p)
         if orig is not None:
             _rebind(sys.modules.get(DCP_PACKAGE), name, orig, module)
+    _accounting(p).checkpoints_on = True
+    return True
+
+
+def patch_safetensors(module: ModuleType, p: Probe | None = None) -> bool:
+    """Wraps ``save_file`` and ``save_model`` of ``safetensors.torch``, right after its body ran:
+    a later ``from safetensors.torch import save_file`` binds the wrapper."""
+    for name in SAFETENSORS_FUNCTIONS:
+        _wrap(module, name, p)
     _accounting(p).checkpoints_on = True
     return True
 

@@ -12,6 +12,11 @@ so a job of eight ranks that trained an hour reads about 3,600 s, not 28,800 s.
 attributes to it): 0 for a CPU-only job, absent when the accelerators are unknown.
 ``restart`` is the cluster's (the operator adds it); a local run has none.
 
+Unknown is not zero: a cause the probes could not measure in every process of the job (collectives
+not timed in a distributed process, saves not timed: its series is absent) is absent from
+``badputSeconds`` and from ``measured``, and ``ratioUpperBound`` says the ratio may be lower (the
+time it lost counts as productive or other).
+
 Pure: no I/O, no clock.
 """
 
@@ -44,30 +49,22 @@ Seconds = float
 
 
 class BadputSeconds(_Wire):
-    """``status.goodput.badputSeconds``: time lost by cause, seconds."""
+    """``status.goodput.badputSeconds``: time lost by cause, seconds; None: not measured (absent)."""
 
-    startup: Seconds = Field(default=0.0, ge=0.0)
-    data_wait: Seconds = Field(default=0.0, ge=0.0)
-    communication: Seconds = Field(default=0.0, ge=0.0)
-    checkpoint: Seconds = Field(default=0.0, ge=0.0)
-    restart: Seconds = Field(default=0.0, ge=0.0)
-    other: Seconds = Field(default=0.0, ge=0.0)
+    startup: Seconds | None = Field(default=0.0, ge=0.0)
+    data_wait: Seconds | None = Field(default=0.0, ge=0.0)
+    communication: Seconds | None = Field(default=0.0, ge=0.0)
+    checkpoint: Seconds | None = Field(default=0.0, ge=0.0)
+    restart: Seconds | None = Field(default=0.0, ge=0.0)
+    other: Seconds | None = Field(default=0.0, ge=0.0)
 
     def total(self) -> float:
-        return (
-            self.startup + self.data_wait + self.communication + self.checkpoint + self.restart + self.other
-        )
+        return math.fsum(v for _, v in self.items())
 
     def items(self) -> list[tuple[str, float]]:
-        """``(field name, seconds)`` in display order."""
-        return [
-            ("startup", self.startup),
-            ("data_wait", self.data_wait),
-            ("communication", self.communication),
-            ("checkpoint", self.checkpoint),
-            ("restart", self.restart),
-            ("other", self.other),
-        ]
+        """``(field name, seconds)`` of the measured causes, in display order."""
+        order = ("startup", "data_wait", "communication", "checkpoint", "restart", "other")
+        return [(k, v) for k in order if (v := getattr(self, k)) is not None]
 
 
 class Goodput(_Wire):
@@ -79,6 +76,10 @@ class Goodput(_Wire):
     productive_seconds: Seconds = Field(ge=0.0)
     badput_seconds: BadputSeconds
     accelerator_seconds_lost: Seconds | None = Field(default=None, ge=0.0)
+    measured: list[str] | None = None
+    """The causes measured in every process (``badputSeconds`` keys); the others are absent."""
+    ratio_upper_bound: bool | None = None
+    """True when a cause could not be measured: the ratio may be lower."""
 
 
 def _finite(v: float) -> float | None:
@@ -111,13 +112,18 @@ def goodput_of(snapshot: Snapshot, accelerators: int | None = None) -> Goodput |
     if not productive:
         return None
     lost: dict[str, float] = defaultdict(float)
+    seen: dict[str, set[str]] = defaultdict(set)  # field -> the processes that measured it
     for s in snapshot.samples(names.BADPUT_SECONDS_TOTAL):
         field = CAUSE_FIELDS.get(s.label(names.CAUSE_LABEL))
         v = _finite(s.value)
         if field is not None and v is not None and s.label(names.RANK_LABEL) in productive:
             lost[field] += v
+            seen[field].add(s.label(names.RANK_LABEL))
     processes = len(productive)
-    badput = BadputSeconds(**{k: v / processes for k, v in lost.items()})
+    measured = {f for f in CAUSE_FIELDS.values() if seen[f] >= productive.keys()}
+    badput = BadputSeconds(
+        restart=0.0, **{f: (lost[f] / processes if f in measured else None) for f in CAUSE_FIELDS.values()}
+    )
     good = math.fsum(productive.values()) / processes
     elapsed = good + badput.total()
     lost_total = badput.total()
@@ -127,4 +133,14 @@ def goodput_of(snapshot: Snapshot, accelerators: int | None = None) -> Goodput |
         productive_seconds=good,
         badput_seconds=badput,
         accelerator_seconds_lost=None if accelerators is None else lost_total * accelerators,
+        measured=[
+            _camel(f)
+            for f in ("startup", "data_wait", "communication", "checkpoint", "other")
+            if f in measured
+        ],
+        ratio_upper_bound=len(measured) < len(CAUSE_FIELDS),
     )
+
+
+def _camel(field: str) -> str:
+    return to_camel(field)

@@ -112,6 +112,15 @@ def render_goodput(g: Goodput, width: int = GOODPUT_BAR_WIDTH) -> str:
         mark, label = _LABELS[key]
         share = seconds / total if total > 0 else 0.0
         lines.append(f"  {mark} {label:<14}{seconds:8.1f} s {share:6.1%}")
+    if g.ratio_upper_bound:
+        missing = [
+            label
+            for key, (_, label) in _LABELS.items()
+            if key not in {"productive", "restart"} and getattr(g.badput_seconds, key, 0.0) is None
+        ]
+        lines.append(
+            f"  an upper bound: {', '.join(m.strip() for m in missing)} not measured in every process"
+        )
     if g.accelerator_seconds_lost:
         lines.append(f"  accelerator-seconds lost: {g.accelerator_seconds_lost:.1f}")
     return "\n".join(lines) + "\n"

@@ -135,17 +135,24 @@ def _goodput(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
     for r in known:
         rank = rank_value(r.rank)
         good.add_metric([rank], r.productive_seconds or 0.0)
-        causes = {
+        causes: dict[str, float | None] = {
             n.CAUSE_STARTUP: r.startup_seconds,
             n.CAUSE_DATA_WAIT: r.wait_seconds,
-            # Without timed collectives (no torch.distributed) nothing waited on a peer.
-            n.CAUSE_COMMUNICATION: r.collective_exposed_seconds if r.collectives is not None else 0.0,
-            # Without timed saves (torch never loaded) nothing was saved with torch.
-            n.CAUSE_CHECKPOINT: r.checkpoint_seconds or 0.0,
+            # Measured when the collectives are timed; a process without a distributed rank waited
+            # on no peer (0). A ranked process whose collectives are not timed (DAM_PROBE_COLLECTIVES=0,
+            # a failed patch): unknown, its series absent (its exposed time counts as productive).
+            n.CAUSE_COMMUNICATION: (
+                r.collective_exposed_seconds
+                if r.collectives is not None
+                else (0.0 if r.rank is None else None)
+            ),
+            # Measured when its saves are timed (torch.save, dcp, safetensors); otherwise unknown.
+            n.CAUSE_CHECKPOINT: r.checkpoint_seconds,
             n.CAUSE_OTHER: r.other_seconds,
         }
         for cause in n.BADPUT_CAUSES:
-            bad.add_metric([cause, rank], float(causes[cause]))
+            if (value := causes[cause]) is not None:
+                bad.add_metric([cause, rank], float(value))
         if r.checkpoint_seconds is not None:
             saves.add_metric([rank], float(r.checkpoints))
     yield good

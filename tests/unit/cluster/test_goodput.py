@@ -55,7 +55,7 @@ def _pod(
 
 def _snap(
     at: float,
-    processes: Mapping[str, Mapping[str, float]],
+    processes: Mapping[str, Mapping[str, float | None]],
     *,
     gpus: int | None = 1,
     nvml: bool = True,
@@ -70,9 +70,10 @@ def _snap(
             if key in figures:
                 samples.append(Sample(name, labels, figures[key]))
         for cause in PROBE_CAUSES:
-            samples.append(
-                Sample(names.BADPUT_SECONDS_TOTAL, (("cause", cause), *labels), figures.get(cause, 0.0))
-            )
+            if figures.get(cause, 0.0) is not None:  # None: not measured, the series absent
+                samples.append(
+                    Sample(names.BADPUT_SECONDS_TOTAL, (("cause", cause), *labels), figures.get(cause, 0.0))
+                )
     for i in range(gpus or 0):
         samples.append(Sample(names.GPU_INFO, (("gpu", str(i)), ("uuid", f"GPU-{i}"), ("name", "H100")), 1))
     if nvml:
@@ -688,3 +689,74 @@ def test_a_stall_found_after_its_threshold_takes_the_other_time_counted_since_it
     assert out["badputSeconds"]["stalled"] == pytest.approx(60.0)
     assert out["badputSeconds"]["other"] == pytest.approx(7.0)
     assert out["elapsedSeconds"] == pytest.approx(80.0 + 67.0)
+
+
+def test_a_cause_a_rank_could_not_measure_is_absent_for_the_jobs_life_and_the_ratio_an_upper_bound() -> None:
+    """Rank 1's collectives are not timed: communication is absent from status.goodput (not 0),
+    ``measured`` says which causes are, ``ratioUpperBound`` is true, and the operator exports no
+    accelerator-seconds series for it; it stays so after a resume from the status."""
+    ledger = GoodputLedger()
+    pods = [_pod("a"), _pod("b")]
+    answered = {
+        "a": _snap(T0, {"0": {"productive": 60, "communication": 8, "other": 2}}),
+        "b": _snap(T0, {"1": {"productive": 68, "communication": None, "other": 2}}),
+    }
+    ledger.update(pods=pods, answered=answered, now=T0)
+    out = ledger.status()
+    assert out is not None
+    assert "communication" not in out["badputSeconds"]
+    assert out["measured"] == ["startup", "dataWait", "checkpoint", "restart", "other", "stalled"]
+    assert out["ratioUpperBound"] is True
+    registry = CollectorRegistry()
+    OperatorMetrics(registry).observe_goodput(
+        "ns",
+        "p",
+        accelerator_seconds=ledger.accelerator_seconds,
+        ratio=out["ratio"],
+        uses=ledger.measured_uses(),
+    )
+    exported = {use for (_, _, use) in _series(registry, mn.PROFILE_ACCELERATOR_SECONDS_TOTAL)}
+    assert "communication" not in exported and "productive" in exported
+    resumed = GoodputLedger.resume({"goodput": out})
+    resumed.update(pods=pods, answered={"a": answered["a"]}, now=T0 + 30)
+    again = resumed.status()
+    assert again is not None and "communication" not in again["badputSeconds"] and again["ratioUpperBound"]
+
+
+def test_every_cause_measured_gives_no_upper_bound() -> None:
+    ledger = GoodputLedger()
+    ledger.update(pods=[_pod("a")], answered={"a": _snap(T0, {"0": {"productive": 60, "communication": 8}})})
+    out = ledger.status()
+    assert out is not None and "ratioUpperBound" not in out and "communication" in out["badputSeconds"]
+
+
+def test_pods_the_operator_deleted_for_a_stall_are_restarted_by_their_replacements() -> None:
+    """onStall Restart: the deleted Pods vanish (never seen Failed); the Pods that take their ranks
+    are their replacements: deletion to the new processes' first batch is restart, not startup."""
+    ledger = GoodputLedger()
+    old = [_pod("s-0"), _pod("s-1")]
+    answered = {
+        "s-0": _snap(T0, {"0": {"productive": 90, "startup": 10}}),
+        "s-1": _snap(T0, {"1": {"productive": 90, "startup": 10}}),
+    }
+    ledger.update(pods=old, answered=answered, now=T0)
+    ledger.pods_deleted(old, ["s-0", "s-1"], T0 + 5)
+    ledger.update(pods=[], answered={}, now=T0 + 15)  # gone
+    # New processes started 20 s after the deletion and took 4 s to their first batch.
+    new = [
+        _pod("s-0b", restart=RestartRecord(0, None, _iso(T0 + 25), None)),
+        _pod("s-1b", restart=RestartRecord(0, None, _iso(T0 + 25), None)),
+    ]
+    ledger.update(
+        pods=new,
+        answered={
+            "s-0b": _snap(T0 + 40, {"0": {"productive": 11, "startup": 4}}),
+            "s-1b": _snap(T0 + 40, {"1": {"productive": 11, "startup": 4}}),
+        },
+        now=T0 + 40,
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["restarts"] == 2
+    assert out["badputSeconds"]["restart"] == pytest.approx(20.0 + 4.0)
+    assert out["badputSeconds"]["startup"] == pytest.approx(10.0)

@@ -125,3 +125,21 @@ def test_a_configuration_that_keeps_changing_is_given_up_after_three_rounds() ->
     seen, raised = _scripted([missing, CONFLICT, old, CONFLICT, missing, CONFLICT], _apply)
     assert [method for method, _, _ in seen] == ["GET", "POST", "GET", "PUT", "GET", "POST"]
     assert str(raised) == "HTTP 409: MutatingWebhookConfiguration w kept changing under us"
+
+
+def test_a_pod_is_deleted_only_if_it_is_still_the_uid_judged_and_gone_or_replaced_is_no_error() -> None:
+    def delete(kube: KubeClient) -> Awaitable[None]:
+        return kube.delete_pod("ns", "trainer-0", "uid-1")
+
+    seen, raised = _scripted([(200, {"kind": "Pod"})], delete)
+    assert raised is None
+    assert seen == [
+        (
+            "DELETE",
+            "/api/v1/namespaces/ns/pods/trainer-0",
+            {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": "uid-1"}},
+        )
+    ]
+    for status in (404, 409):  # already gone; a replacement of the same name (the precondition failed)
+        _, raised = _scripted([(status, {"message": "x"})], delete)
+        assert raised is None

@@ -403,3 +403,45 @@ def test_a_new_pod_template_starts_the_baseline_again() -> None:
     for i in range(10):
         events += [e.reason for e in slowdown_update(tracker, {}, _window(5.0, 0.05), new, f"b{i}")]
     assert events == []
+
+
+def test_restart_deletes_only_the_instrumented_pods_whose_sidecars_were_judged() -> None:
+    """RBAC cannot narrow pods/delete to a job: a Pod the selector matches that carries no sidecar,
+    is being deleted already, or did not answer the window is never a target."""
+    spec = _spec(onStall="Restart", restartGraceSeconds=0)
+    plain = PodInfo("ns", "notebook", {"app": "t"}, uid="u-n", phase="Running", instrumented=False)
+    going = PodInfo("ns", "old", {"app": "t"}, uid="u-o", phase="Running", instrumented=True, deleting=True)
+    silent = _pod("silent")
+    step = _step(
+        _stalled_pair(T0 + 40),
+        T0 + 40,
+        spec=spec,
+        pods=[_pod("a"), _pod("b"), plain, going, silent],
+        allowed=True,
+    )
+    assert step.delete_pods == ["a", "b"]
+
+
+def test_the_scheduler_deletes_each_listed_pod_by_its_uid_and_goes_on_after_a_refusal() -> None:
+    import asyncio
+
+    from dam_operator.cluster.adapters.kube import ApiError
+    from dam_operator.cluster.runtime.scheduler import delete_stalled_pods
+    from dam_operator.cluster.steps.registry import ProfileEntry
+
+    calls: list[tuple[str, str, str]] = []
+
+    class Api:
+        async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+            calls.append((namespace, name, uid))
+            if name == "a":
+                raise ApiError(403, "forbidden")
+
+    registry = CollectorRegistry()
+    entry = ProfileEntry(namespace="ns", name="p", uid="u", generation=1, spec=None)
+    asyncio.run(
+        delete_stalled_pods(
+            Api(), OperatorMetrics(registry), entry, [_pod("a"), _pod("b")], ["a", "b", "gone"]
+        )
+    )
+    assert calls == [("ns", "a", "uid-a"), ("ns", "b", "uid-b")]  # "gone" is no longer the profile's

@@ -8,6 +8,7 @@ from dam_contract.snapshot import Snapshot, parse_snapshot
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.goodput import goodput_of
 from dam_operator.diagnosis.model import Axis, Hardware, Observation, Regime, Thresholds
+from dam_operator.diagnosis.render import render_goodput
 from dam_operator.diagnosis.window import observation_from_snapshots
 
 
@@ -46,7 +47,11 @@ def test_goodput_is_productive_over_elapsed_with_every_cause() -> None:
         "productiveSeconds",
         "badputSeconds",
         "acceleratorSecondsLost",
+        "measured",
+        "ratioUpperBound",
     }
+    assert doc["measured"] == ["startup", "dataWait", "communication", "checkpoint", "other"]
+    assert doc["ratioUpperBound"] is False
     assert set(doc["badputSeconds"]) == {
         "startup",
         "dataWait",
@@ -153,3 +158,26 @@ def test_a_job_of_several_pods_is_checkpoint_bound_by_its_longest_saver() -> Non
     assert job.checkpoint_ratio == pytest.approx(0.4) and job.checkpoints == 4
     assert job.flops_per_step_source == "measured"
     assert diagnose(job).bottleneck.regime is Regime.CHECKPOINT_BOUND
+
+
+def test_a_cause_one_process_could_not_measure_is_absent_and_the_ratio_an_upper_bound() -> None:
+    """Rank 1's collectives were not timed (its communication series is absent): the job's
+    communication is unknown, not 0 (nor rank 0's figure alone), and the ratio may be lower."""
+    rank0 = _process("0", 60, (10, 15, 8, 0, 7))
+    rank1 = (
+        "\n".join(
+            line for line in _process("1", 68, (10, 15, 0, 0, 7)).splitlines() if "communication" not in line
+        )
+        + "\n"
+    )
+    g = goodput_of(_snap(rank0 + rank1), accelerators=1)
+    assert g is not None
+    assert g.badput_seconds.communication is None
+    assert g.ratio_upper_bound is True
+    assert g.measured is not None and "communication" not in g.measured and "checkpoint" in g.measured
+    doc = g.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert "communication" not in doc["badputSeconds"]
+    # Elapsed is what was measured: productive plus the measured causes, per process.
+    assert g.elapsed_seconds == pytest.approx((60 + 68) / 2 + 10 + 15 + 0 + 7)
+    text = render_goodput(g)
+    assert "an upper bound: communication not measured" in text, text

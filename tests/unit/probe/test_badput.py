@@ -235,3 +235,38 @@ def test_the_automatic_instrumentation_times_torch_save_and_dcp_save(tmp_path: P
     (path,) = probe_files(str(probes))
     r = read_file(path)
     assert r.checkpoints == 2 and r.checkpoint_ns == got["ns"]
+
+
+def test_the_automatic_instrumentation_times_safetensors_saves_once_each(tmp_path: Path) -> None:
+    """Hugging Face's format (``save_pretrained`` writes through it): ``save_file`` and
+    ``save_model`` (which calls ``save_file``: once) are checkpoint badput, bound by a later
+    ``from safetensors.torch import save_file`` too."""
+    site = install_into(str(tmp_path / "site"))
+    probes = tmp_path / "probes"
+    code = f"""
+    import json, time
+    import torch
+    from safetensors.torch import save_file, save_model
+    from torch.utils.data import DataLoader
+    from dam_probe import PROBE
+    model = torch.nn.Linear(512, 512)
+    blocked = 0
+    for i, (x,) in enumerate(DataLoader(torch.utils.data.TensorDataset(torch.zeros(40, 4)), batch_size=4)):
+        if i in (2, 5):
+            t = time.perf_counter_ns()
+            if i == 2:
+                save_file({{"w": torch.zeros(512, 512)}}, {str(tmp_path / "a.safetensors")!r})
+            else:
+                save_model(model, {str(tmp_path / "m.safetensors")!r})
+            blocked += time.perf_counter_ns() - t
+    g = PROBE.goodput
+    print(json.dumps({{"wrapped": hasattr(save_file, "_dam_probe_checkpoint"), "saves": g.ckpt_count,
+                       "ns": g.ckpt_ns, "blocked": blocked}}))
+    """
+    result = run_python(code, python_env(DAM_PROBE_DIR=str(probes), PYTHONPATH=site), timeout=120)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["wrapped"]
+    assert got["saves"] == 2
+    assert 0 < got["ns"] <= got["blocked"]
+    assert got["ns"] >= 0.5 * got["blocked"]

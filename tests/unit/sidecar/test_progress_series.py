@@ -140,3 +140,26 @@ def test_before_the_first_batch_there_are_no_progress_series(tmp_path: Path) -> 
     )
     snap = _snap(c)
     assert not {n.LAST_BATCH_TIMESTAMP_SECONDS, n.RANK_UP, n.COLLECTIVE_SEQUENCE} & snap.names()
+
+
+GOODPUT = {
+    "process_start_ns": 1,
+    "startup_ns": 10**9,
+    "productive_ns": 5 * 10**9,
+    "other_ns": 10**9,
+    "flops_state": 0,
+}
+
+
+def test_a_cause_the_probe_cannot_measure_has_no_badput_series(tmp_path: Path) -> None:
+    """A ranked process whose collectives are not timed (DAM_PROBE_COLLECTIVES=0) and whose saves
+    are not timed: no communication or checkpoint series (unknown, not 0). A process without a rank
+    waited on no peer: its communication is 0, measured."""
+    c = _collector(tmp_path, 10, 11)
+    write_probe(tmp_path / "probe", pid=10, rank=0, world_size=2, steps=9, **GOODPUT)
+    write_probe(tmp_path / "probe", pid=11, steps=9, **GOODPUT)
+    snap = _snap(c)
+    causes = {(s.label("rank"), s.label("cause")) for s in snap.samples(n.BADPUT_SECONDS_TOTAL)}
+    assert ("0", "communication") not in causes and ("0", "checkpoint") not in causes
+    assert {("0", "startup"), ("0", "data-wait"), ("0", "other")} <= causes
+    assert ("", "communication") in causes and ("", "checkpoint") not in causes

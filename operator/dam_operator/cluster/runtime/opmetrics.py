@@ -9,7 +9,7 @@ removed when the profile goes away. Names come from ``dam_operator.cluster.steps
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -83,6 +83,7 @@ class _ProfileFigures:
     accelerator_seconds: dict[str, float] | None = None  # use -> accelerator-seconds, this process
     goodput: float | None = None  # status.goodput.ratio
     progress: tuple[str, float] | None = None  # status.progress.state, seconds without a step while Stalled
+    uses: tuple[str, ...] = n.ACCELERATOR_USES  # the uses the job measures (the others: no series)
 
 
 _PER_PROFILE = ("namespace", "profile")
@@ -195,7 +196,7 @@ class _ProfileFamilies:
 
     def _add_goodput(self, key: list[str], f: _ProfileFigures) -> None:
         if f.accelerator_seconds is not None:
-            for use in n.ACCELERATOR_USES:
+            for use in f.uses:
                 self.accelerator_seconds.add_metric([*key, use], f.accelerator_seconds.get(use, 0.0))
         if f.goodput is not None:
             self.goodput.add_metric(key, f.goodput)
@@ -350,6 +351,7 @@ class OperatorMetrics:
                 accelerator_seconds=old.accelerator_seconds if old else None,
                 goodput=old.goodput if old else None,
                 progress=old.progress if old else None,
+                uses=old.uses if old else n.ACCELERATOR_USES,
             )
             if timestamp_seconds is not None:
                 f.last_evaluation = timestamp_seconds
@@ -373,6 +375,7 @@ class OperatorMetrics:
         *,
         accelerator_seconds: Mapping[str, float] | None,
         ratio: float | None,
+        uses: Sequence[str] | None = None,
     ) -> None:
         """The profile's goodput: accelerator-seconds by use counted since this process started
         (None: its accelerators are unknown, no series) and the life-so-far ratio.
@@ -388,6 +391,8 @@ class OperatorMetrics:
                     for use in n.ACCELERATOR_USES
                 }
             f.goodput = ratio
+            if uses is not None:
+                f.uses = tuple(u for u in n.ACCELERATOR_USES if u in uses)
 
     def observe_progress(
         self, namespace: str, profile: str, state: str | None, stalled_seconds: float

@@ -126,6 +126,7 @@ def observe_window(
         entry.name,
         accelerator_seconds=gp.accelerator_seconds if gp.accelerators_known else None,
         ratio=(gp.status() or {}).get("ratio"),
+        uses=gp.measured_uses(),
     )
     metrics.observe_progress(
         entry.namespace, entry.name, result.progress.state, result.progress.stalled_seconds

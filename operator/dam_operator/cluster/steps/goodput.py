@@ -141,6 +141,8 @@ class PodReading:
     """Process key → productive seconds per step (0 before its first step)."""
     saved: frozenset[str] = frozenset()
     """Process keys that saved a checkpoint (fewer steps since their latest save than steps)."""
+    measured: frozenset[str] = frozenset(PROBE_CAUSES)
+    """The probe causes every process of the pod reported (an absent series: not measured)."""
 
     def with_job_checkpoint(self, job_since: float) -> PodReading:
         """This reading with each process's progress at risk counted from the job's checkpoint,
@@ -200,14 +202,17 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
             continue
         figures = processes.setdefault(key, dict.fromkeys(PROBE_USES, 0.0))
         figures[USE_PRODUCTIVE] += value
+    reported: dict[str, set[str]] = {}
     for s in snapshot.samples(names.BADPUT_SECONDS_TOTAL):
         value = _valid(s.value)
         cause = s.label(names.CAUSE_LABEL)
         found = processes.get(s.label(names.RANK_LABEL))
         if value is not None and found is not None and cause in PROBE_CAUSES:
             found[cause] += value
+            reported.setdefault(cause, set()).add(s.label(names.RANK_LABEL))
     if not processes:
         return None
+    measured = frozenset(c for c in PROBE_CAUSES if reported.get(c, set()) >= processes.keys())
     count = len(processes)
     if set(processes) == {""}:
         live = [v for s in snapshot.samples(names.PROBE_PROCESSES) if (v := _valid(s.value)) is not None]
@@ -222,6 +227,7 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
         since,
         per_step,
         saved,
+        measured,
     )
 
 
@@ -320,6 +326,11 @@ class GoodputLedger:
     """Unix seconds the stall being counted began (None: the job progresses)."""
     updated_at: float | None = None
     """The previous update's time (Unix seconds)."""
+    deleted: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Pods the operator deleted (``onStall: Restart``) and not yet gone: name -> (uid, Unix time)."""
+    unmeasured: set[str] = field(default_factory=set)
+    """Probe causes some process could not measure (its series absent) at some scrape: absent from
+    ``status.goodput`` for the rest of the job's life, whose ratio is then an upper bound."""
 
     # ------------------------------------------------------------ resume
 
@@ -346,6 +357,9 @@ class GoodputLedger:
             ledger.accelerators_known = True
         restarts = raw.get("restarts")
         ledger.restarts = int(number(restarts))
+        measured = raw.get("measured")
+        if isinstance(measured, list):
+            ledger.unmeasured = {c for c in PROBE_CAUSES if STATUS_KEYS[c] not in measured}
         ledger.resumed_at = parse_time(status.get("lastEvaluationTime"))
         ledger.resume_pending = ledger.resumed_at is None
         return ledger
@@ -386,6 +400,7 @@ class GoodputLedger:
             info = active.get(name)
             if info is None:
                 continue
+            self.unmeasured |= set(PROBE_CAUSES) - reading.measured
             increments, share = self._read(info, reading)
             for use, value in increments.items():
                 process_seconds[use] += value
@@ -440,14 +455,30 @@ class GoodputLedger:
                 continue
             del self.pods[name]
             ended = failed.get(name)
-            if ended is None or ended.uid != pod.uid:
+            deleted = self.deleted.pop(name, None)
+            if ended is not None and ended.uid == pod.uid:
+                record = ended.restart
+                at = parse_time(record.terminated_at if record else None) or pod.seen_at
+            elif deleted is not None and deleted[0] == pod.uid:
+                at = deleted[1]  # deleted by the operator (onStall: Restart): its replacement restarts it
+            else:
                 continue
-            record = ended.restart
-            at = parse_time(record.terminated_at if record else None) or pod.seen_at
             self.vacancies.extend(
                 _Vacancy(key, at, pod.processes[key].at_risk) for key in sorted(pod.processes)
             )
         del self.vacancies[:-MAX_VACANCIES]
+        for name in [n for n in self.deleted if n not in self.pods]:
+            del self.deleted[name]
+
+    def pods_deleted(self, pods: Sequence[PodInfo], names: Sequence[str], at: float) -> None:
+        """The operator deletes ``names`` at ``at`` (``onStall: Restart``): when they are gone, the
+        Pods that take their ranks are their replacements, as for a Failed pod (the module
+        docstring's Restarts): the time from the deletion to the new processes' first batch, and
+        the progress since the job's checkpoint, are ``restart``."""
+        uids = {p.name: p.uid for p in pods}
+        for name in names:
+            if name in uids and name in self.pods:
+                self.deleted[name] = (uids[name], at)
 
     def _take_vacancy(self, key: str) -> _Vacancy | None:
         for i, vacancy in enumerate(self.vacancies):
@@ -525,6 +556,10 @@ class GoodputLedger:
 
     # ------------------------------------------------------------ read
 
+    def measured_uses(self) -> tuple[str, ...]:
+        """The uses of the accelerator-seconds counter the job measures (the others: no series)."""
+        return tuple(u for u in ACCELERATOR_USES if u not in self.unmeasured)
+
     @property
     def elapsed_seconds(self) -> float:
         return math.fsum(self.seconds.values())
@@ -543,9 +578,16 @@ class GoodputLedger:
             "ratio": round(min(1.0, self.seconds[USE_PRODUCTIVE] / elapsed), 4),
             "elapsedSeconds": round(elapsed, 1),
             "productiveSeconds": round(self.seconds[USE_PRODUCTIVE], 1),
-            "badputSeconds": {key: round(self.seconds[cause], 1) for cause, key in STATUS_KEYS.items()},
+            "badputSeconds": {
+                key: round(self.seconds[cause], 1)
+                for cause, key in STATUS_KEYS.items()
+                if cause not in self.unmeasured
+            },
+            "measured": [key for cause, key in STATUS_KEYS.items() if cause not in self.unmeasured],
             "restarts": self.restarts,
         }
+        if self.unmeasured:
+            out["ratioUpperBound"] = True
         lost = self.lost_accelerator_seconds()
         if lost is not None:
             out["acceleratorSecondsLost"] = round(lost, 1)

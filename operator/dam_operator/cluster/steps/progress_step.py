@@ -19,7 +19,9 @@ State. Everything that lasts across windows is in ``status.progress`` itself (th
 ``since``, the latest restart and its outcome): an operator restart loses nothing.
 
 The restart (``onStall: Restart``): once a stall has lasted ``restartGraceSeconds`` past its
-threshold, the profile's running Pods are deleted, once per stall (the stall's ``since`` is kept
+threshold, the profile's running Pods are deleted (only instrumented ones whose sidecar answered
+the window: the Pods whose ranks were judged; RBAC cannot narrow ``pods/delete`` to them, so the
+operator does), once per stall (the stall's ``since`` is kept
 in ``status.progress.restart.stallSince``), so that their controller (a Job, a JobSet, a
 StatefulSet) recreates them. What came of it is measured: ``resumed`` with the time the job took a
 step again and what the stall cost (its start to that step), or ``stalled-again``. The operator
@@ -30,7 +32,7 @@ restart is recorded ``refused``, with the setting that grants it.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -188,6 +190,7 @@ def _restart(
     now: str,
     *,
     allowed: bool,
+    answered: Collection[str] = frozenset(),
 ) -> tuple[dict[str, Any] | None, list[str], list[st.EventSpec]]:
     """The restart record to keep, the Pods to delete now and the Events (module docstring)."""
     record = dict(previous) if isinstance(previous, Mapping) else None
@@ -208,7 +211,14 @@ def _restart(
     threshold = spec.evaluation.stall_settings().after_seconds
     if (progress.stalled_seconds or 0.0) < threshold + spec.actions.restart_grace_seconds:
         return record, [], []
-    targets = sorted(p.name for p in pods if p.phase in ("Running", "Pending"))
+    # The job's Pods as judged: instrumented, live, and with a sidecar that answered this window
+    # (their ranks are the stall's). A Pod the selector matches that is not instrumented, or is
+    # being deleted already, is left alone.
+    targets = sorted(
+        p.name
+        for p in pods
+        if p.phase in ("Running", "Pending") and p.instrumented and not p.deleting and p.name in answered
+    )
     new: dict[str, Any] = {
         "at": now,
         "stallSince": progress.since,
@@ -254,7 +264,7 @@ def progress_step(
     progress, changed = tracker.update(found, rfc3339(when))
     now = st.format_time(when)
     restart, delete, restart_events = _restart(
-        spec, previous.get("restart"), progress, pods, now, allowed=restart_allowed
+        spec, previous.get("restart"), progress, pods, now, allowed=restart_allowed, answered=answered.keys()
     )
     wire = progress.model_dump(by_alias=True, exclude_none=True, mode="json")
     if restart is not None:

@@ -464,6 +464,8 @@ def _progress_and_goodput(
             stalled_since=progress.stalled_since,
             now=when.timestamp(),
         )
+        if progress.delete_pods:
+            goodput.pods_deleted(pods, progress.delete_pods, when.timestamp())
         patch["goodput"] = st.goodput_patch(status.get("goodput"), goodput.status())
     return progress
 
