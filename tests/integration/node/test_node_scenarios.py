@@ -416,6 +416,10 @@ def test_a_rank_asleep_before_an_all_reduce_is_the_stalls_culprit_and_the_restar
         for pod in new:
             log = node.kubectl("-n", ns, "logs", pod["metadata"]["name"], "-c", "train").stdout
             assert f"attempt 2 done after {steps} steps" in log, log[-2000:]
+        # The replacements restarted the job: the deletion to their first batch is restart badput.
+        goodput = status_of(node, ns).get("goodput") or {}
+        assert goodput.get("restarts", 0) >= 2, goodput
+        assert (goodput.get("badputSeconds") or {}).get("restart", 0) > 0, goodput
 
 
 # --- faults, on the same operator, after the verdicts above ---------------------------------------
