@@ -119,7 +119,12 @@ def test_the_example_profile_is_accepted_and_defaulted_by_the_server(
         "GET", f"/apis/dam.mlsys.dev/v1alpha1/namespaces/{kube_namespace}/damprofiles/minimal"
     )["spec"]
     assert minimal["sampling"] == {"intervalSeconds": 1}
-    assert minimal["evaluation"] == {"windowSeconds": 30, "hysteresisWindows": 2}
+    assert minimal["evaluation"] == {
+        "windowSeconds": 30,
+        "hysteresisWindows": 2,
+        "stallAfterSeconds": 300,
+        "stallStepMultiple": 10,
+    }
     assert minimal["sidecar"] == {"inject": True, "port": 9450, "shareProcessNamespace": False}
 
 

@@ -12,7 +12,6 @@ must write ``status.bottleneck.straggler`` naming that pod with cause Data, and 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -31,9 +30,10 @@ from tests.support.operator_harness import (
     free_port,
     operator_namespace,
     profile_of,
+    start_rank,
     wait_for,
 )
-from tests.support.procs import spawn, stop_process
+from tests.support.procs import stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -119,36 +119,17 @@ def test_the_operator_names_the_straggler_pod_of_a_three_pod_ddp_job(
             cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(profile))
             for rank in range(RANKS):
                 name, ip = f"trainer-{rank}", f"127.0.0.{rank + 2}"
-                probe_dir = tmp_path / f"probe-{rank}"
-                subprocess.run(
-                    [sys.executable, "-m", "dam_operator.cli", "probe-install", str(probe_dir), "-q"],
-                    check=True,
-                    timeout=60,
+                started = start_rank(
+                    tmp_path,
+                    rank=rank,
+                    world_size=RANKS,
+                    master_port=master_port,
+                    command=[sys.executable, str(script), str(SLOW)],
+                    host=ip,
+                    sidecar_port=port,
+                    log_name=name,
                 )
-                env = {
-                    **{k: v for k, v in os.environ.items() if not k.startswith("DAM_")},
-                    "PYTHONPATH": str(probe_dir),
-                    "DAM_PROBE_DIR": str(probe_dir),
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(RANKS),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(master_port),
-                }
-                with open(tmp_path / f"{name}.log", "wb") as log:
-                    procs.append(
-                        spawn([sys.executable, str(script), str(SLOW)], env=env, stdout=log, stderr=log)
-                    )
-                    procs.append(
-                        spawn(
-                            [
-                                *(sys.executable, "-m", "dam_operator.cli", "sidecar"),
-                                *("--host", ip, "--port", str(port), "--probe-dir", str(probe_dir)),
-                                *("--interval", "1"),
-                            ],
-                            stdout=log,
-                            stderr=log,
-                        )
-                    )
+                procs += [started.trainer, started.sidecar]
                 cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(_pod(name, rank, port)))
                 cp.mark_pod_running(ns, name, pod_ip=ip)
 

@@ -595,3 +595,53 @@ class LocalPod:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             stop_process(proc)
+
+
+@dataclass(frozen=True)
+class RankProcesses:
+    trainer: subprocess.Popen[bytes]
+    sidecar: subprocess.Popen[bytes]
+
+
+def start_rank(
+    workdir: Path,
+    *,
+    rank: int,
+    world_size: int,
+    master_port: int,
+    command: list[str],
+    host: str,
+    sidecar_port: int,
+    log_name: str,
+) -> RankProcesses:
+    """One rank of a ``torch.distributed`` job run here as its "pod" would run it: the probe
+    installed in its own directory, the training ``command`` (RANK, WORLD_SIZE, MASTER_ADDR/PORT)
+    and a real ``dam sidecar`` on ``host`` (a loopback address of its own, the pod IP the test
+    reports through pods/status); both log to ``workdir/LOG_NAME.log``."""
+    probe_dir = workdir / f"probe-{rank}"
+    subprocess.run(
+        [sys.executable, "-m", "dam_operator.cli", "probe-install", str(probe_dir), "-q"],
+        check=True,
+        timeout=60,
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DAM_")},
+        "PYTHONPATH": str(probe_dir),
+        "DAM_PROBE_DIR": str(probe_dir),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+    }
+    with open(workdir / f"{log_name}.log", "wb") as log:
+        trainer = spawn(command, env=env, stdout=log, stderr=log)
+        sidecar = spawn(
+            [
+                *(sys.executable, "-m", "dam_operator.cli", "sidecar"),
+                *("--host", host, "--port", str(sidecar_port), "--probe-dir", str(probe_dir)),
+                *("--interval", "1"),
+            ],
+            stdout=log,
+            stderr=log,
+        )
+    return RankProcesses(trainer, sidecar)
