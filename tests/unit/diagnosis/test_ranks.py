@@ -283,7 +283,7 @@ def test_balanced_ranks_with_high_exposed_communication_are_communication_bound(
 
 
 def test_well_overlapped_but_heavy_communication_asks_for_fewer_syncs() -> None:
-    ranks = [Rank(r, collective_ratio=0.80, exposed_ratio=0.15) for r in range(2)]
+    ranks = [Rank(r, collective_ratio=0.80, exposed_ratio=0.25) for r in range(2)]
     b = verdict_of(one_pod(cpu_job(ranks))).bottleneck
     assert b.regime is Regime.COMMUNICATION_BOUND
     assert b.lever == "accumulate-gradients"
@@ -299,10 +299,10 @@ def test_one_rank_alone_cannot_be_skew_corrected_and_says_so() -> None:
 
 
 def test_communication_suspect_threshold_is_overridable() -> None:
-    ranks = [Rank(r, collective_ratio=0.3, exposed_ratio=0.15) for r in range(2)]
+    ranks = [Rank(r, collective_ratio=0.4, exposed_ratio=0.25) for r in range(2)]
     w = one_pod(cpu_job(ranks))
     assert verdict_of(w).bottleneck.regime is Regime.COMMUNICATION_BOUND
-    relaxed = verdict_of(w, Thresholds(communication_suspect=0.2)).bottleneck
+    relaxed = verdict_of(w, Thresholds(communication_suspect=0.3)).bottleneck
     assert relaxed.regime is not Regime.COMMUNICATION_BOUND
 
 
@@ -399,3 +399,29 @@ def test_an_unranked_series_with_no_step_in_the_window_is_no_rank_of_the_job() -
         parse_snapshot(text_before + idle), parse_snapshot(text_after + idle), pod="p", elapsed_seconds=60.0
     )
     assert set(found) == {RankId("p", 0), RankId("p", 1)}
+
+
+@pytest.mark.parametrize(
+    ("exposed", "wait", "regime"),
+    [
+        (0.105, 0.0, None),  # issue 28: just over the screen, compute ~90 %: a suspect
+        (0.19, 0.0, None),  # under two screens, the rest (81 %) over four times it: a suspect
+        (0.21, 0.0, Regime.COMMUNICATION_BOUND),  # two screens and more: the verdict
+        (0.16, 0.25, Regime.INPUT_BOUND),  # both screens: the larger share, the data wait
+        (0.3, 0.2, Regime.COMMUNICATION_BOUND),  # both, communication larger
+    ],
+)
+def test_communication_is_the_verdict_only_where_its_term_dominates_and_otherwise_a_named_suspect(
+    exposed: float, wait: float, regime: Regime | None
+) -> None:
+    """The regime by the dominant term (DESIGN.md §1): a crossed screen makes a suspect; the
+    verdict is the term that dominates the step, the suspect named in its evidence."""
+    ranks = [
+        Rank(r, collective_ratio=exposed + 0.05, exposed_ratio=exposed, wait_ratio=wait) for r in range(2)
+    ]
+    b = verdict_of(one_pod(cpu_job(ranks))).bottleneck
+    if regime is None:
+        assert b.regime not in (Regime.COMMUNICATION_BOUND, Regime.INPUT_BOUND), b
+        assert any("a suspect, not the bottleneck" in e for e in b.evidence), b.evidence
+    else:
+        assert b.regime is regime, b

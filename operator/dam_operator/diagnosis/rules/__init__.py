@@ -56,5 +56,10 @@ def _first(rules: tuple[Rule, ...], ctx: Context) -> Finding:
 
 
 def decide(ctx: Context, rules: tuple[Rule, ...] = RULES) -> Finding:
-    """The first answer of ``rules`` for the window (the last rule always answers)."""
-    return _first(rules, ctx)
+    """The first answer of ``rules`` for the window (the last rule always answers), with the
+    suspects the rules named on the way (a screen crossed whose term did not dominate)."""
+    found = _first(rules, ctx)
+    for suspect in ctx.suspects:
+        if all(e.sentence != suspect.sentence for e in found.evidence):
+            found.evidence.append(suspect)
+    return found

@@ -59,6 +59,9 @@ class Context:
     t: Thresholds
     hw: Hardware | None
     d: Derived
+    suspects: list[Evidence] = field(default_factory=list)
+    """Screens a rule saw crossed without their term dominating the step (``communication_bound``
+    near its screen): named in the evidence of whichever finding decides."""
 
     def steps(self) -> float | None:
         """The job's steps in the window (per rank for a distributed job)."""
