@@ -43,6 +43,7 @@ from dam_operator.cluster.steps.spec import parse_spec
 from dam_operator.diagnosis.model import Axis, Bottleneck, Observation, Regime, Verdict, WindowMetrics
 from dam_probe.overrides import ENV_LOADER_OVERRIDES, parse_overrides
 from tests.support.kubecluster import ControlPlane
+from tests.support.operator_harness import wait_established
 from tests.support.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,9 +55,7 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 @pytest.fixture(scope="module")
 def damprofile_crd(control_plane: ControlPlane) -> None:
     control_plane.kubectl("apply", "-f", str(ROOT / "crds" / "damprofile.yaml"))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "crd/damprofiles.dam.mlsys.dev", "--timeout=60s"
-    )
+    wait_established(control_plane, "damprofiles.dam.mlsys.dev")
 
 
 class Webhook:

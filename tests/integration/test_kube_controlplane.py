@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.support.kubecluster import REPO, ApiError, ControlPlane, KubeBinaries
+from tests.support.operator_harness import wait_established
 from tests.support.procs import wait_for
 
 CRD = REPO / "crds" / "damprofile.yaml"
@@ -27,7 +28,7 @@ CRD_NAME = "damprofiles.dam.mlsys.dev"
 def damprofile_crd(control_plane: ControlPlane) -> dict[str, Any]:
     """The CRD applied with kubectl and established; the server's copy of it."""
     control_plane.kubectl("apply", "-f", str(CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(control_plane, CRD_NAME)
     crd: dict[str, Any] = json.loads(control_plane.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
     return crd
 

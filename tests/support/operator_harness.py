@@ -478,7 +478,21 @@ def webhook_operator(cp: ControlPlane, timeout_seconds: int) -> Iterator[InProce
 def ensure_crds(cp: ControlPlane) -> None:
     """``kubectl apply -f crds/`` (idempotent) and wait until the CRDs are Established."""
     cp.kubectl("apply", "-f", str(REPO / "crds"))
-    cp.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    wait_established(cp, "damprofiles.dam.mlsys.dev")
+
+
+def wait_established(cp: ControlPlane, name: str, timeout_s: float = 60.0) -> None:
+    """Polls the CRD until its Established condition is True. Not ``kubectl wait``: v1.34's fails
+    at once (".status.conditions accessor error: <nil>") when it reads the CRD before the API
+    server's controller wrote any condition, which a busy machine makes likely (make test, right
+    after the node tier)."""
+
+    def established() -> bool:
+        crd = cp.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    wait_for(established, timeout_s, f"crd/{name} Established")
 
 
 def apply(cp: ControlPlane, namespace: str, manifest: str) -> None:
