@@ -445,3 +445,23 @@ def test_the_scheduler_deletes_each_listed_pod_by_its_uid_and_goes_on_after_a_re
         )
     )
     assert calls == [("ns", "a", "uid-a"), ("ns", "b", "uid-b")]  # "gone" is no longer the profile's
+
+
+def test_restart_waits_its_grace_past_the_stall_threshold_of_a_job_of_long_steps() -> None:
+    """Steps of 6 s: the threshold is 10 x 6 = 60 s, not the 30 s floor, and the grace runs from it."""
+    labels = ((names.RANK_LABEL, "0"),)
+    spec = _spec(onStall="Restart", restartGraceSeconds=20)
+
+    def scrape(now: float) -> dict[str, Snapshot]:
+        samples = [
+            Sample(names.STEPS_TOTAL, labels, 11.0),
+            Sample(names.STEP_SECONDS_TOTAL, labels, 60.0),
+            Sample(names.LAST_BATCH_TIMESTAMP_SECONDS, labels, T0),
+            Sample(names.RANK_UP, labels, 1.0),
+        ]
+        return {"a": Snapshot(samples, now)}
+
+    found = _step(scrape(T0 + 65), T0 + 65, spec=spec, allowed=True)
+    assert found.state == "Stalled" and found.delete_pods == []  # 65 s < 60 s + 20 s
+    due = _step(scrape(T0 + 81), T0 + 81, spec=spec, allowed=True, status=_status(found))
+    assert due.delete_pods == ["a"]

@@ -44,7 +44,14 @@ from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Verdict
-from dam_operator.diagnosis.progress import WHERE_VALUES, Progress, RankPlace, Tracker, judge
+from dam_operator.diagnosis.progress import (
+    WHERE_VALUES,
+    Progress,
+    RankPlace,
+    Tracker,
+    judge,
+    median_step_seconds,
+)
 from dam_operator.diagnosis.slowdown import Slowdown, SlowdownTracker, figures_of
 
 CONDITION_PROGRESSING: Final = "Progressing"
@@ -190,6 +197,7 @@ def _restart(
     now: str,
     *,
     allowed: bool,
+    threshold: float,
     answered: Collection[str] = frozenset(),
 ) -> tuple[dict[str, Any] | None, list[str], list[st.EventSpec]]:
     """The restart record to keep, the Pods to delete now and the Events (module docstring)."""
@@ -208,7 +216,6 @@ def _restart(
         return record, [], []
     if record is not None and record.get("stallSince") == progress.since:
         return record, [], []  # this stall was acted on already
-    threshold = spec.evaluation.stall_settings().after_seconds
     if (progress.stalled_seconds or 0.0) < threshold + spec.actions.restart_grace_seconds:
         return record, [], []
     # The job's Pods as judged: instrumented, live, and with a sidecar that answered this window
@@ -259,12 +266,20 @@ def progress_step(
     previous = previous if isinstance(previous, Mapping) else {}
     now_seconds = when.timestamp()
     ranks = job_places(answered, now_seconds)
-    found = judge(ranks, int(now_seconds * 1e9), spec.evaluation.stall_settings())
+    settings = spec.evaluation.stall_settings()
+    found = judge(ranks, int(now_seconds * 1e9), settings)
     tracker = _tracker(previous)
     progress, changed = tracker.update(found, rfc3339(when))
     now = st.format_time(when)
     restart, delete, restart_events = _restart(
-        spec, previous.get("restart"), progress, pods, now, allowed=restart_allowed, answered=answered.keys()
+        spec,
+        previous.get("restart"),
+        progress,
+        pods,
+        now,
+        allowed=restart_allowed,
+        threshold=settings.threshold_seconds(median_step_seconds(ranks)),
+        answered=answered.keys(),
     )
     wire = progress.model_dump(by_alias=True, exclude_none=True, mode="json")
     if restart is not None:
