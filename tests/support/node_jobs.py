@@ -106,6 +106,7 @@ def profile(
     thresholds: dict[str, float] | None = None,
     evaluation: dict[str, Any] | None = None,
     share_process_namespace: bool = False,
+    hardware: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A DAMProfile for the pods labelled app=trainer: examples/damprofile.yaml's sidecar and
     threshold, shorter windows (the scenarios run side by side for tens of seconds each);
@@ -125,6 +126,8 @@ def profile(
     }
     if actions:
         spec["actions"] = actions
+    if hardware:
+        spec["hardware"] = hardware
     if share_process_namespace:
         spec["sidecar"]["shareProcessNamespace"] = True
     return {

@@ -13,6 +13,7 @@ verdict once no pod is active) lets the Jobs end early.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -60,6 +61,9 @@ class Launched:
     scenarios: dict[str, Scenario] = field(default_factory=dict)
     history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
+    deletion: dict[str, Any] = field(default_factory=dict)
+    """What ``delete_truth_rank`` did: ``pod``, ``at`` (Unix s), ``after`` (the status write it
+    followed, its ``lastEvaluationTime``); ``error`` if it could not."""
 
     def ns(self, name: str) -> str:
         return self.scenarios[name].namespace
@@ -89,6 +93,49 @@ class Launched:
                 seen = self.history.setdefault(item["metadata"]["namespace"], [])
                 if status and (not seen or seen[-1] != status):
                     seen.append(status)
+
+
+def _truth_step(shared: Path, rank: int) -> int:
+    """The latest step rank ``rank``'s truth files (workloads/truth.py) logged, 0 before any."""
+    latest = 0
+    for path in shared.glob(f"truth-{rank}-*.jsonl"):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if record.get("kind") == "step":
+                    latest = max(latest, int(record["step"]))
+    return latest
+
+
+def delete_truth_rank(launched: Launched, shared: Path) -> None:
+    """The truth scenario's fault, driven by the job's own progress (no test races it): once rank
+    1 logged step TRUTH_DELETE_STEP, at the profile's next status write (a scrape just happened),
+    the marker of attempt 2 (the replacements' store) and ``kubectl delete pod`` of rank 1's Pod.
+    Gives up after 10 minutes (the test then fails on ``launched.deletion``)."""
+    deadline = time.monotonic() + 600
+    ns = launched.ns("truth")
+    try:
+        while _truth_step(shared, 1) < TRUTH_DELETE_STEP:
+            if launched.stop.wait(0.5) or time.monotonic() > deadline:
+                return
+        history = launched.history.setdefault(ns, [])
+        seen = len(history)
+        while len(history) == seen:
+            if launched.stop.wait(0.2) or time.monotonic() > deadline:
+                return
+        after = history[-1].get("lastEvaluationTime")
+        pods = launched.node.api("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=job-name%3Dtruth")
+        (pod,) = [
+            p["metadata"]["name"]
+            for p in pods.get("items", [])
+            if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"
+            and p["status"].get("phase") == "Running"
+        ]
+        (shared / "attempt-2").write_text(f"{time.time():.3f}\n")
+        launched.node.kubectl("-n", ns, "delete", "pod", pod, "--wait=false")
+        launched.deletion.update(pod=pod, at=time.time(), after=after)
+    except Exception as exc:  # reported by the test that reads it
+        launched.deletion["error"] = repr(exc)
 
 
 def _two_ranks(job: dict[str, Any], rendezvous: Path) -> dict[str, Any]:
@@ -140,6 +187,51 @@ def _stall_job(rendezvous: Path) -> dict[str, Any]:
     job["spec"] |= {"backoffLimit": 4, "podReplacementPolicy": "Failed"}
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["env"].append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    return job
+
+
+TRUTH_PEAK_FLOPS = 1e10
+"""The truth scenarios' spec.hardware.peakFlops: a CPU-only job's MFU is against the peak its
+profile declares (the GPU table has no CPU)."""
+TRUTH_ARGS = {"steps": 700, "save_every": 100, "delay_ms": 1, "ckpt_mib": 96, "tail_s": 15}
+"""truth.py's STEPS SAVE_EVERY DELAY_MS CKPT_MIB TAIL_S for the two-Pod layout: ~14 steps/s on a
+quiet machine (data wait, compute and the all_reduce about a third each), rank 0 saving 96 MiB
+every 100 steps; the quiet tail outlives a window, so the last scrape has seen every step."""
+TRUTH_DELETE_STEP = 350
+"""Rank 1's step past which (after the save at step 300) the deleter deletes its Pod, right after
+the profile's next status write (a window's scrape just happened: the work no scrape saw is a
+second or two)."""
+
+
+def _truth_job(rendezvous: Path) -> dict[str, Any]:
+    """truth.py's two Pods (workloads/truth.py, layout ``pods``), in a directory of their own (its
+    stores, truth files, checkpoint and attempt markers). Deleting rank 1's Pod fails rank 0's
+    collective: both Pods end (one deleted, one Failed) and the Indexed Job replaces them
+    (backoffLimit leaves room; ``podReplacementPolicy: Failed``: a replacement once its
+    predecessor has ended, so the attempts never overlap)."""
+    shared = rendezvous / "truth"
+    shared.mkdir()
+    args = ["pods", *(str(v) for v in TRUTH_ARGS.values())]
+    job = _two_ranks(training_job("truth", "truth.py", args), shared)
+    job["spec"] |= {"backoffLimit": 4, "podReplacementPolicy": "Failed"}
+    return job
+
+
+def _truth_torchrun_job(rendezvous: Path) -> dict[str, Any]:
+    """The same work as ``_truth_job`` in one Pod: torchrun's two ranks (layout ``torchrun``),
+    400 steps, no restart."""
+    shared = rendezvous / "truth-1pod"
+    shared.mkdir()
+    args = ["torchrun", "400", *(str(v) for k, v in TRUTH_ARGS.items() if k != "steps")]
+    job = training_job("truth", "truth.py", args)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = [
+        "python3", "-m", "torch.distributed.run", "--nproc-per-node", "2", "/train/truth.py", *args,
+    ]  # fmt: skip
+    container["env"].append({"name": "RENDEZVOUS_DIR", "value": "/rdv"})
+    container["volumeMounts"].append({"name": "rdv", "mountPath": "/rdv"})
+    pod = job["spec"]["template"]["spec"]
+    pod["volumes"].append({"name": "rdv", "hostPath": {"path": str(shared), "type": "Directory"}})
     return job
 
 
@@ -201,6 +293,21 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
             ),
             [_stall_job(rendezvous)],
             WORKLOADS / "stall.py",
+        ),
+        # Issue 28's ground truth (test_node_ground_truth.py): a job that logs where its seconds
+        # went, as two Pods (rank 1's deleted mid-run by the deleter thread) and as one Pod of
+        # torchrun's two ranks; goodput by cause and MFU against the job's own figures.
+        Scenario(
+            "truth",
+            profile(hardware={"peakFlops": TRUTH_PEAK_FLOPS}),
+            [_truth_job(rendezvous)],
+            WORKLOADS / "truth.py",
+        ),
+        Scenario(
+            "truth-1pod",
+            profile(hardware={"peakFlops": TRUTH_PEAK_FLOPS}),
+            [_truth_torchrun_job(rendezvous)],
+            WORKLOADS / "truth.py",
         ),
         # A single-thread CPU-bound trainer beside a noisy neighbour Pod (two busy loops, not
         # instrumented), both pinned to the last CPU: the trainer waits for it ~2/3 of the time.
@@ -272,11 +379,16 @@ def scenarios(operator_installed: NodeCluster) -> Iterator[Launched]:
             node.kubectl("-n", s.namespace, "apply", "-f", "-", input=json.dumps(job))
     recorder = threading.Thread(target=launched.record, name="status-history", daemon=True)
     recorder.start()
+    deleter = threading.Thread(
+        target=delete_truth_rank, args=(launched, rendezvous / "truth"), name="truth-deleter", daemon=True
+    )
+    deleter.start()
     try:
         yield launched
     finally:
         launched.stop.set()
         recorder.join(10)
+        deleter.join(10)
         if node.running:
             for s in launched.scenarios.values():
                 node.kubectl("delete", "namespace", s.namespace, "--wait=false", check=False)

@@ -39,7 +39,12 @@ def _iso(t: float) -> str:
 
 
 def _pod(
-    name: str, *, uid: str = "", restart: RestartRecord | None = None, phase: str = "Running"
+    name: str,
+    *,
+    uid: str = "",
+    restart: RestartRecord | None = None,
+    phase: str = "Running",
+    owner: str | None = None,
 ) -> PodInfo:
     return PodInfo(
         "ns",
@@ -50,6 +55,7 @@ def _pod(
         phase=phase,
         instrumented=True,
         restart=restart,
+        owner=owner,
     )
 
 
@@ -61,12 +67,17 @@ def _snap(
     nvml: bool = True,
 ) -> Snapshot:
     """A sidecar's scrape: per process (rank label, "" without) its productive seconds and badput by
-    cause, and, where given, its ``steps`` and ``since`` (steps since its latest checkpoint)."""
+    cause, and, where given, its ``steps``, ``since`` (steps since its latest checkpoint) and ``up``
+    (``dam_rank_up``: 0 once its processes ended)."""
     samples = []
     for rank, figures in processes.items():
         labels = ((names.RANK_LABEL, rank),) if rank else ()
         samples.append(Sample(names.GOODPUT_SECONDS_TOTAL, labels, figures.get("productive", 0.0)))
-        for name, key in ((names.STEPS_TOTAL, "steps"), (names.STEPS_SINCE_CHECKPOINT, "since")):
+        for name, key in (
+            (names.STEPS_TOTAL, "steps"),
+            (names.STEPS_SINCE_CHECKPOINT, "since"),
+            (names.RANK_UP, "up"),
+        ):
             if key in figures:
                 samples.append(Sample(name, labels, figures[key]))
         for cause in PROBE_CAUSES:
@@ -381,10 +392,11 @@ def test_a_failed_pods_replacement_taking_its_rank_adds_the_gap_as_restart() -> 
     out = ledger.status()
     assert out is not None
     assert out["restarts"] == 1
-    # Process-seconds (60 s gap + 5 s startup) over the job's 2 processes.
-    assert out["badputSeconds"]["restart"] == pytest.approx(65.0 / 2)
+    # Process-seconds over the job's 2 processes: from w-1's last scrape (T0; what it did until its
+    # end at T0+5 was never counted) to its replacement's start (T0+65), plus 5 s of startup.
+    assert out["badputSeconds"]["restart"] == pytest.approx(70.0 / 2)
     assert out["badputSeconds"]["startup"] == pytest.approx(10.0)
-    assert out["acceleratorSecondsLost"] == pytest.approx(10 + 10 + 70 + 65)
+    assert out["acceleratorSecondsLost"] == pytest.approx(10 + 10 + 70 + 70)
 
 
 def test_a_failed_pods_replacement_redoes_the_progress_since_its_last_checkpoint() -> None:
@@ -399,11 +411,120 @@ def test_a_failed_pods_replacement_redoes_the_progress_since_its_last_checkpoint
     _replace_failed_w1(ledger)
     out = ledger.status()
     assert out is not None
-    # The 30 steps of 1 s rank 1 did after its last save are redone: (60 + 5 + 30) over 2 processes.
-    assert out["badputSeconds"]["restart"] == pytest.approx(95.0 / 2)
+    # The 30 steps of 1 s rank 1 did after its last save are redone: (65 + 5 + 30) over 2 processes.
+    assert out["badputSeconds"]["restart"] == pytest.approx(100.0 / 2)
     assert out["productiveSeconds"] == pytest.approx(90.0 + (10 + 10 - 30) / 2)
     assert ledger.accelerator_seconds["productive"] == pytest.approx(180.0)  # held, never down
     assert ledger.owed_productive == pytest.approx(10.0)
+
+
+def _w1_deleted_and_replaced(ledger: GoodputLedger, *, up: float) -> None:
+    """w-0 and w-1 (ranks 0 and 1) scraped at T0 (w-1's processes up or not), then w-1 gone from
+    the pods (deleted: never seen Failed or Succeeded) and w-1b taking rank 1, its process started
+    at T0+40 (``_snap``'s start: its time less its seconds), 5 s of them before its first batch."""
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1")],
+        answered={
+            "w-0": _snap(T0, {"0": {"productive": 90, "startup": 10, "steps": 90, "since": 20}}),
+            "w-1": _snap(T0, {"1": {"productive": 90, "startup": 10, "steps": 90, "since": 90, "up": up}}),
+        },
+    )
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1b")],
+        answered={
+            "w-0": _snap(T0 + 60, {"0": {"productive": 100, "startup": 10, "communication": 50}}),
+            "w-1b": _snap(T0 + 60, {"1": {"productive": 15, "startup": 5}}),
+        },
+    )
+
+
+def test_a_pod_deleted_while_it_ran_is_replaced_by_the_pod_taking_its_rank_from_its_last_scrape() -> None:
+    """Issue 28: one Pod of a 2-Pod job deleted mid-run (kubectl delete, an eviction) is never seen
+    Failed; the Pod that takes its rank restarts it. From its last scrape (T0) to the new process's
+    start (T0+40), plus its 5 s of startup, plus the 20 steps of 1 s since the job's checkpoint
+    (rank 0's save: rank 1 never saved), over the job's 2 processes."""
+    ledger = GoodputLedger()
+    _w1_deleted_and_replaced(ledger, up=1.0)
+    out = ledger.status()
+    assert out is not None
+    assert out["restarts"] == 1
+    assert out["badputSeconds"]["restart"] == pytest.approx((40 + 5 + 20) / 2)
+    assert out["badputSeconds"]["startup"] == pytest.approx(10.0)
+    assert out["productiveSeconds"] == pytest.approx(90.0 + (10 + 15 - 20) / 2)
+
+
+def test_a_pod_gone_after_its_processes_ended_is_no_restart_for_the_next_pod_of_its_rank() -> None:
+    """A Pod whose ranks had all ended (``dam_rank_up`` 0) and that vanished before the operator saw
+    it Succeeded (a short ``ttlSecondsAfterFinished``): the next Pod of its rank is a new run."""
+    ledger = GoodputLedger()
+    _w1_deleted_and_replaced(ledger, up=0.0)
+    out = ledger.status()
+    assert out is not None
+    assert out["restarts"] == 0
+    assert out["badputSeconds"]["restart"] == pytest.approx(0.0)
+    assert out["badputSeconds"]["startup"] == pytest.approx(10.0 + 5 / 2)
+
+
+def test_a_deleted_pods_rank_taken_by_a_pod_of_another_job_is_a_new_run_not_a_restart() -> None:
+    """The vacated place belongs to the deleted Pod's controller: the next Job of the same profile
+    (another owner uid) starts a new run, hours later or not."""
+    ledger = GoodputLedger()
+    ledger.update(
+        pods=[_pod("a", owner="job-1")],
+        answered={"a": _snap(T0, {"0": {"productive": 90, "startup": 10, "up": 1.0}})},
+    )
+    ledger.update(
+        pods=[_pod("b", owner="job-2")],
+        answered={"b": _snap(T0 + 600, {"0": {"productive": 10, "startup": 5}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert (out["restarts"], out["badputSeconds"]["restart"]) == (0, 0.0)
+    assert out["badputSeconds"]["startup"] == pytest.approx(15.0)
+
+
+def test_a_pod_of_the_same_job_taking_a_deleted_pods_rank_restarts_it() -> None:
+    ledger = GoodputLedger()
+    ledger.update(
+        pods=[_pod("a", owner="job-1")],
+        answered={
+            "a": _snap(T0, {"0": {"productive": 90, "startup": 10, "steps": 90, "since": 90, "up": 1.0}})
+        },
+    )
+    ledger.update(
+        pods=[_pod("a2", owner="job-1")],
+        answered={"a2": _snap(T0 + 60, {"0": {"productive": 10, "startup": 5}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    # Down from a's last scrape (T0) to a2's process start (T0+45), 5 s of startup, and a's 90 s
+    # of productive time: it never saved.
+    assert out["restarts"] == 1
+    assert out["badputSeconds"]["restart"] == pytest.approx(45 + 5 + 90)
+    assert out["productiveSeconds"] == pytest.approx(10.0)
+
+
+def test_a_failed_pod_scraped_after_its_trainer_ended_restarts_from_its_end_not_its_scrape() -> None:
+    """The sidecar answered once more after the trainer failed (its last scrape after
+    ``finishedAt``): the downtime starts at the end the kubelet recorded."""
+    ledger = GoodputLedger()
+    ledger.update(
+        pods=[_pod("w-1")],
+        answered={"w-1": _snap(T0 + 8, {"1": {"productive": 90, "startup": 10, "since": 0}})},
+    )
+    failed = _pod(
+        "w-1",
+        phase="Failed",
+        restart=RestartRecord(count=0, finished_at=None, started_at=None, terminated_at=_iso(T0 + 5)),
+    )
+    ledger.update(
+        pods=[_pod("w-1b")],
+        finished=[failed],
+        answered={"w-1b": _snap(T0 + 80, {"1": {"productive": 10, "startup": 5}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["restart"] == pytest.approx((80 - 15 - 5) + 5)
 
 
 def test_a_new_pod_without_a_failed_predecessor_is_no_restart() -> None:

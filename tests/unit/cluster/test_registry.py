@@ -123,3 +123,23 @@ def test_webhook_view_lists_only_valid_profiles_of_the_namespace() -> None:
     reg.upsert_profile("other", "x", uid="3", generation=1, spec=_spec({"app": "t"}))
     assert [e.name for e in reg.profiles_in("ns")] == ["good"]
     assert [e.name for e in reg.profiles_in("other")] == ["x"]
+
+
+def test_a_pods_owner_is_its_controllers_uid_not_another_owner_reference() -> None:
+    body = {
+        "metadata": {
+            "namespace": "ns",
+            "name": "train-0",
+            "uid": "u0",
+            "ownerReferences": [
+                {"kind": "ConfigMap", "name": "x", "uid": "cm-1"},
+                {"kind": "Job", "name": "train", "uid": "job-1", "controller": True},
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+    assert PodInfo.from_body(body, instrumented=True).owner == "job-1"
+    body["metadata"]["ownerReferences"] = [{"kind": "ConfigMap", "name": "x", "uid": "cm-1"}]
+    assert PodInfo.from_body(body, instrumented=True).owner is None
+    del body["metadata"]["ownerReferences"]
+    assert PodInfo.from_body(body, instrumented=True).owner is None

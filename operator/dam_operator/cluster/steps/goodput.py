@@ -27,9 +27,12 @@ Restarts. The kubelet raises ``restartCount`` and keeps the old container's end 
 (core/v1 ContainerStatus). A restart seen at a window adds, per process of the pod, that
 downtime plus the new process's startup (its start to its first batch), moved from ``startup``
 to ``restart``: the time from the failure to the next first step. A new pod whose process takes
-the rank (or, without ranks, the place) of a pod that went Failed is that pod's replacement:
-the time from the Failed pod's end (``state.terminated.finishedAt``, else its last scrape) to the
-new process's start counts the same way.
+the rank (or, without ranks, the place) of a pod of the same controller (``PodInfo.owner``) that
+went Failed, or vanished while its processes ran (deleted, evicted: never seen Succeeded or
+Failed, its ranks up at its last scrape), is that pod's replacement: the time from the old pod's
+last scrape (or its end, ``state.terminated.finishedAt``, if that came first; what it did after
+its last scrape was never counted) to the new process's start counts the same way. A pod of
+another controller (the profile's next Job) starts a new run.
 
 Progress lost. The dead process's work since its last checkpoint is redone by the next one, so it
 was not productive after all: at each scrape the ledger keeps, per process, the productive time
@@ -143,6 +146,8 @@ class PodReading:
     """Process keys that saved a checkpoint (fewer steps since their latest save than steps)."""
     measured: frozenset[str] = frozenset(PROBE_CAUSES)
     """The probe causes every process of the pod reported (an absent series: not measured)."""
+    ended: frozenset[str] = frozenset()
+    """Process keys whose every process had ended at this scrape (``dam_rank_up`` 0)."""
 
     def with_job_checkpoint(self, job_since: float) -> PodReading:
         """This reading with each process's progress at risk counted from the job's checkpoint,
@@ -218,6 +223,7 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
         live = [v for s in snapshot.samples(names.PROBE_PROCESSES) if (v := _valid(s.value)) is not None]
         count = max(1, min(MAX_PROCESSES_PER_POD, round(sum(live)))) if live else 1
     at_risk, since, per_step, saved = _at_risk(snapshot, processes)
+    ended = frozenset(s.label(names.RANK_LABEL) for s in snapshot.samples(names.RANK_UP) if s.value == 0.0)
     return PodReading(
         snapshot.timestamp_seconds,
         processes,
@@ -228,6 +234,7 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
         per_step,
         saved,
         measured,
+        ended & processes.keys(),
     )
 
 
@@ -276,11 +283,14 @@ class _Process:
 class _Pod:
     uid: str
     restarts: int
+    owner: str | None = None
     processes: dict[str, _Process] = field(default_factory=dict)
     count: int = 1
     share: float | None = None
     """Accelerators per process (None: unknown)."""
     seen_at: float = 0.0
+    ended: bool = False
+    """Every process of the pod had ended at its last scrape (a vanished pod that ended is no failure)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +301,8 @@ class _Vacancy:
     failed_at: float
     lost: float = 0.0
     """The failed process's productive seconds since its last checkpoint (redone by the next)."""
+    owner: str | None = None
+    """Its pod's controller (``PodInfo.owner``): only a pod of the same one takes the place."""
 
 
 def _downtime(start: float | None, failed_at: float | None) -> float:
@@ -386,7 +398,7 @@ class GoodputLedger:
         counters never go down: theirs starts at the detection). ``now``: this update's time."""
         active = {p.name: p for p in pods}
         failed = {p.name: p for p in finished if p.phase == "Failed"}
-        self._retire(active, failed)
+        self._retire(active, failed, frozenset(p.name for p in finished))
         readings = {name: r for name, snap in sorted(answered.items()) if (r := read_pod(snap)) is not None}
         job_since = job_steps_since_checkpoint(readings)
         if job_since is not None:
@@ -446,25 +458,37 @@ class GoodputLedger:
             figures[USE_STALLED] += figures["other"]
             figures["other"] = 0.0
 
-    def _retire(self, active: Mapping[str, PodInfo], failed: Mapping[str, PodInfo]) -> None:
-        """Pods no longer active leave the ledger; a Failed one leaves its places to a replacement."""
+    def _retire(
+        self, active: Mapping[str, PodInfo], failed: Mapping[str, PodInfo], finished: frozenset[str]
+    ) -> None:
+        """Pods no longer active leave the ledger; one that Failed, or vanished while its processes
+        ran (``finished`` names the pods that ended, Succeeded or Failed), leaves its places to a
+        replacement."""
         for name in list(self.pods):
             pod = self.pods[name]
             info = active.get(name)
             if info is not None and info.uid == pod.uid:
                 continue
             del self.pods[name]
-            ended = failed.get(name)
+            gone = failed.get(name)
             deleted = self.deleted.pop(name, None)
-            if ended is not None and ended.uid == pod.uid:
-                record = ended.restart
-                at = parse_time(record.terminated_at if record else None) or pod.seen_at
+            if gone is not None and gone.uid == pod.uid:
+                record = gone.restart
+                finished_at = parse_time(record.terminated_at if record else None)
+                # From its last scrape when that came before its end: what it did after that
+                # scrape was never counted, and it ended in a failure.
+                at = pod.seen_at if finished_at is None else min(finished_at, pod.seen_at or finished_at)
             elif deleted is not None and deleted[0] == pod.uid:
                 at = deleted[1]  # deleted by the operator (onStall: Restart): its replacement restarts it
+            elif name not in finished and not pod.ended and pod.seen_at:
+                # Gone while its processes ran, neither Succeeded nor Failed: deleted (by a user,
+                # a controller, an eviction) or its node lost. A pod that takes its rank replaces
+                # it, as for a Failed pod, from its last scrape (what came after was never seen).
+                at = pod.seen_at
             else:
                 continue
             self.vacancies.extend(
-                _Vacancy(key, at, pod.processes[key].at_risk) for key in sorted(pod.processes)
+                _Vacancy(key, at, pod.processes[key].at_risk, pod.owner) for key in sorted(pod.processes)
             )
         del self.vacancies[:-MAX_VACANCIES]
         for name in [n for n in self.deleted if n not in self.pods]:
@@ -480,9 +504,9 @@ class GoodputLedger:
             if name in uids and name in self.pods:
                 self.deleted[name] = (uids[name], at)
 
-    def _take_vacancy(self, key: str) -> _Vacancy | None:
+    def _take_vacancy(self, key: str, owner: str | None) -> _Vacancy | None:
         for i, vacancy in enumerate(self.vacancies):
-            if vacancy.key == key:
+            if vacancy.key == key and vacancy.owner == owner:
                 return self.vacancies.pop(i)
         return None
 
@@ -493,7 +517,7 @@ class GoodputLedger:
         pod = self.pods.get(info.name)
         first_sight = pod is None
         if pod is None:
-            pod = self.pods[info.name] = _Pod(uid=info.uid, restarts=restarts)
+            pod = self.pods[info.name] = _Pod(uid=info.uid, restarts=restarts, owner=info.owner)
         restarted = restarts > pod.restarts
         if restarted:
             self.restarts += restarts - pod.restarts
@@ -520,7 +544,7 @@ class GoodputLedger:
                 delta = dict.fromkeys(values, 0.0)
             else:
                 delta = dict(values)
-                vacancy = self._take_vacancy(key) if first_sight else None
+                vacancy = self._take_vacancy(key, info.owner) if first_sight else None
                 if vacancy is not None:
                     replaced, restarting = True, True
                     restart = _downtime(start, vacancy.failed_at)
@@ -552,6 +576,7 @@ class GoodputLedger:
         pod.count = reading.process_count
         pod.share = share
         pod.seen_at = reading.at
+        pod.ended = bool(reading.ended) and reading.ended >= reading.processes.keys()
         return out, share
 
     # ------------------------------------------------------------ read

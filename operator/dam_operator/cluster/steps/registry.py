@@ -158,6 +158,10 @@ class PodInfo:
     """When its sidecar last ended and was restarted (``sidecar_restart``); None when never."""
     started_at: str | None = None
     """``status.startTime`` (RFC 3339): when the kubelet took the pod; None until then."""
+    owner: str | None = None
+    """The uid of its controller (``metadata.ownerReferences`` with ``controller: true``: its Job,
+    StatefulSet, ...); None for a bare pod. A pod replaces a failed or deleted one only under the
+    same owner (a later Job of the same profile starts a new run, it restarts nothing)."""
 
     @property
     def key(self) -> ProfileKey:
@@ -196,7 +200,17 @@ class PodInfo:
             restart=restart_record(status),
             sidecar_restarted_at=sidecar_restart(status),
             started_at=status.get("startTime") or None,
+            owner=controller_uid(meta),
         )
+
+
+def controller_uid(meta: Mapping[str, Any]) -> str | None:
+    """The uid of the pod's managing controller (the owner reference with ``controller: true``;
+    the API server allows at most one), None when it has none."""
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("uid"):
+            return str(ref["uid"])
+    return None
 
 
 def encode_status(status: Mapping[str, Any]) -> bytes:

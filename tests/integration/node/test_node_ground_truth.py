@@ -1,0 +1,205 @@
+"""Issue 28's ground truth on a real node: the status' goodput by cause and MFU against what the job
+itself measured (workloads/truth.py logs where each of its seconds went), for a two-Pod job whose
+rank-1 Pod is deleted mid-run and for the same work as one Pod of torchrun's two ranks.
+
+The truth is the job's: its processes' starts (/proc), first batches, per step the data wait, the
+compute, the all_reduce, rank 0's save and the barrier rank 1 waits in meanwhile, and each
+process's end. In the status' units (seconds *of the job*: each process's seconds summed, divided
+by the job's 2 processes):
+
+- startup: the first attempt's process start to its first batch;
+- restart: from each rank's end in the first attempt to its replacement's first batch (down time
+  and the new process's startup), plus the compute of the steps redone (after rank 0's last save);
+- dataWait, checkpoint (rank 0's saves), communication (all_reduces and the barriers), and
+  productive: the compute of the steps that were not redone.
+
+Each within 10 % or 1 s of the truth. MFU: the job's analytic FLOPs a step (truth.py's formula,
+equal to what PyTorch's FlopCounterMode counts) × its steps a second in the window ÷ the declared
+peak, within 15 %, and the same per step rate for both layouts.
+
+Nothing here races the jobs: the deletion is driven by the job's own progress (conftest's
+``delete_truth_rank``), and the figures are read after the Jobs completed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.node_jobs import pods_of
+
+from .conftest import TRUTH_PEAK_FLOPS, Launched
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@dataclass
+class Process:
+    rank: int
+    start: float
+    first: float | None = None
+    end: float | None = None
+    resumed_from: int = 0
+    flops: float = 0.0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _processes(shared: Path) -> list[Process]:
+    """Every process truth.py ran, from its truth file (one a process), by start."""
+    out = []
+    for path in sorted(shared.glob("truth-*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        head = records[0]
+        proc = Process(rank=int(head["rank"]), start=float(head["at"]), flops=float(head["flops"]))
+        for r in records[1:]:
+            if r["kind"] == "first":
+                proc.first = float(r["at"])
+            elif r["kind"] == "resume":
+                proc.resumed_from = int(r["step"])
+            elif r["kind"] == "step":
+                proc.steps.append(r)
+            elif r["kind"] == "exit":
+                proc.end = float(r["at"])  # SIGTERM, the peer's failure, or done after the tail
+        out.append(proc)
+    return sorted(out, key=lambda p: p.start)
+
+
+def _truth(processes: list[Process], world: int = 2) -> dict[str, float]:
+    """The job's seconds by use, in the status' units (see the module docstring)."""
+    by_rank: dict[int, list[Process]] = {}
+    for p in processes:
+        by_rank.setdefault(p.rank, []).append(p)
+    seconds = dict.fromkeys(
+        ("startup", "restart", "dataWait", "checkpoint", "communication", "productive"), 0.0
+    )
+    for attempts in by_rank.values():
+        first = attempts[0]
+        assert first.first is not None, first
+        seconds["startup"] += first.first - first.start
+        for old, new in itertools.pairwise(attempts):
+            assert old.end is not None and new.first is not None, (old, new)
+            seconds["restart"] += new.first - old.end
+            redone = [s for s in old.steps if s["step"] > new.resumed_from]
+            seconds["restart"] += sum(s["compute"] for s in redone)
+            seconds["productive"] -= sum(s["compute"] for s in redone)
+        for p in attempts:
+            for s in p.steps:
+                seconds["dataWait"] += s["data"]
+                seconds["checkpoint"] += s["save"]
+                seconds["communication"] += s["reduce"] + s["barrier"]
+                seconds["productive"] += s["compute"]
+    return {k: v / world for k, v in seconds.items()}
+
+
+def _final_status(launched: Launched, scenario: str, after: float) -> dict[str, Any]:
+    """The profile's latest status with goodput, once a window after ``after`` (Unix s) passed
+    with no change of it (the Jobs ended; their last scrapes are in)."""
+    history = launched.history.setdefault(launched.ns(scenario), [])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with_goodput = [s for s in history if s.get("goodput")]
+        if with_goodput and time.time() > after + 25:
+            return with_goodput[-1]
+        time.sleep(1)
+    raise AssertionError(f"{scenario}: no goodput in the status history: {history[-1:]}")
+
+
+def _job_done(launched: Launched, scenario: str) -> float:
+    ns = launched.ns(scenario)
+    launched.node.kubectl(
+        "-n", ns, "wait", "--for=condition=Complete", "job/truth", "--timeout=400s", timeout_s=410
+    )
+    return time.time()
+
+
+def _close(measured: float, truth: float, what: str, status: dict[str, Any], t: dict[str, float]) -> None:
+    tolerance = max(0.10 * abs(truth), 1.0)
+    assert abs(measured - truth) <= tolerance, (
+        f"{what}: status {measured:.2f} s, the job's own {truth:.2f} s (tolerance {tolerance:.2f});"
+        f" truth {json.dumps({k: round(v, 2) for k, v in t.items()})};"
+        f" goodput {json.dumps(status['goodput'])}"
+    )
+
+
+def _rate(processes: list[Process], end: float, window: float) -> float:
+    """Rank 0's steps a second in (end - window, end], from its own step times."""
+    steps = [s for p in processes if p.rank == 0 for s in p.steps if end - window < s["at"] <= end]
+    return len(steps) / window
+
+
+def _mfu_ratios(
+    launched: Launched, scenario: str, processes: list[Process]
+) -> tuple[list[float], list[float]]:
+    """Per window with an MFU: the status' MFU over the job's own (analytic FLOPs × its rate ÷
+    the peak), and the status' MFU per step a second (FLOPs a step ÷ peak, whatever the rate)."""
+    from dam_operator.cluster.steps.goodput import parse_time
+
+    flops = processes[0].flops
+    against_truth, per_rate = [], []
+    for status in launched.history.get(launched.ns(scenario), []):
+        metrics = status.get("metrics") or {}
+        at = parse_time(status.get("lastEvaluationTime"))
+        if metrics.get("mfu") is None or not metrics.get("stepsPerSecond") or at is None:
+            continue
+        own = _rate(processes, at, 10.0)
+        if own > 0:
+            against_truth.append(metrics["mfu"] / (flops * own / TRUTH_PEAK_FLOPS))
+        per_rate.append(metrics["mfu"] / metrics["stepsPerSecond"])
+    return against_truth, per_rate
+
+
+def test_two_pods_one_deleted_mid_run_give_goodput_by_cause_and_mfu_within_the_jobs_own_truth(
+    scenarios: Launched,
+) -> None:
+    done = _job_done(scenarios, "truth")
+    assert "error" not in scenarios.deletion and scenarios.deletion.get("pod"), scenarios.deletion
+    status = _final_status(scenarios, "truth", done)
+    processes = _processes(scenarios.rendezvous / "truth")
+    assert sorted(p.rank for p in processes) == [0, 0, 1, 1], [(p.rank, p.start) for p in processes]
+    truth = _truth(processes)
+    goodput = status["goodput"]
+    assert goodput["restarts"] == 2, goodput  # both ranks: rank 1 deleted, rank 0 failed with it
+    for key in ("startup", "restart", "dataWait", "checkpoint", "communication"):
+        _close(goodput["badputSeconds"][key], truth[key], key, status, truth)
+    _close(goodput["productiveSeconds"], truth["productive"], "productive", status, truth)
+    against_truth, _ = _mfu_ratios(scenarios, "truth", processes)
+    assert len(against_truth) >= 3, scenarios.history.get(scenarios.ns("truth"), [])[-1:]
+    assert statistics.median(against_truth) == pytest.approx(1.0, abs=0.15), against_truth
+    (replacement,) = [
+        p
+        for p in pods_of(scenarios.node, scenarios.ns("truth"), "truth")
+        if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"
+        and p["status"]["phase"] == "Succeeded"
+    ]
+    assert replacement["metadata"]["name"] != scenarios.deletion["pod"]
+
+
+def test_one_pod_of_torchrun_ranks_gives_the_same_mfu_per_step_rate_as_two_pods_and_its_own_goodput(
+    scenarios: Launched,
+) -> None:
+    done = _job_done(scenarios, "truth-1pod")
+    status = _final_status(scenarios, "truth-1pod", done)
+    processes = _processes(scenarios.rendezvous / "truth-1pod")
+    assert sorted(p.rank for p in processes) == [0, 1], [(p.rank, p.start) for p in processes]
+    truth = _truth(processes)
+    goodput = status["goodput"]
+    assert goodput["restarts"] == 0, goodput
+    for key in ("startup", "dataWait", "checkpoint", "communication"):
+        _close(goodput["badputSeconds"][key], truth[key], key, status, truth)
+    _close(goodput["productiveSeconds"], truth["productive"], "productive", status, truth)
+    against_truth, per_rate = _mfu_ratios(scenarios, "truth-1pod", processes)
+    assert len(against_truth) >= 2, scenarios.history.get(scenarios.ns("truth-1pod"), [])[-1:]
+    assert statistics.median(against_truth) == pytest.approx(1.0, abs=0.15), against_truth
+    _, two_pods = _mfu_ratios(scenarios, "truth", _processes(scenarios.rendezvous / "truth"))
+    assert two_pods, "the two-Pod layout had no MFU"
+    assert statistics.median(per_rate) == pytest.approx(statistics.median(two_pods), rel=0.15), (
+        per_rate,
+        two_pods,
+    )
