@@ -108,8 +108,9 @@ def test_the_operators_uses_are_productive_the_probes_causes_restart_and_stalled
         "other": 13,
     }
     ledger.update(pods=[_pod("a", restart=before)], answered={"a": _snap(T0, {"": first}, gpus=2)})
-    # Down from T0+10 to T0+27; the new process took 2 s to its first batch.
-    after = RestartRecord(count=1, finished_at=_iso(T0 + 10), started_at=_iso(T0 + 27), terminated_at=None)
+    # Down from T0+37 to T0+54 (the new container's start, and its process's: 6 s before T0+60);
+    # the new process took 2 s to its first batch.
+    after = RestartRecord(count=1, finished_at=_iso(T0 + 37), started_at=_iso(T0 + 54), terminated_at=None)
     ledger.update(
         pods=[_pod("a", restart=after)],
         answered={"a": _snap(T0 + 60, {"": {"productive": 4, "startup": 2}}, gpus=2)},
@@ -527,6 +528,39 @@ def test_a_failed_pod_scraped_after_its_trainer_ended_restarts_from_its_end_not_
     assert out["badputSeconds"]["restart"] == pytest.approx((80 - 15 - 5) + 5)
 
 
+def test_the_time_from_the_containers_start_to_the_training_process_is_startup() -> None:
+    """An entrypoint that installs packages for 30 s before it runs python: the probe's startup
+    starts at the process; the container started 30 s before it (``state.running.startedAt``)."""
+    ledger = GoodputLedger()
+    record = RestartRecord(0, None, None, None, running_since=_iso(T0 - 30))
+    # At T0+20 the process has lived 20 s (its figures add up): it started at T0.
+    ledger.update(
+        pods=[_pod("a", restart=record)],
+        answered={"a": _snap(T0 + 20, {"": {"productive": 15, "startup": 5}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["startup"] == pytest.approx(30 + 5)
+    assert out["elapsedSeconds"] == pytest.approx(50.0)
+
+
+def test_a_restarted_container_adds_its_start_to_the_new_process_to_the_restart() -> None:
+    ledger = GoodputLedger()
+    before = RestartRecord(0, None, None, None, running_since=_iso(T0 - 20))
+    ledger.update(
+        pods=[_pod("a", restart=before)], answered={"a": _snap(T0, {"": {"productive": 15, "startup": 5}})}
+    )
+    # Ended at T0+5, the new container started at T0+15, its process at T0+25 (10 s old at T0+35).
+    after = RestartRecord(1, _iso(T0 + 5), _iso(T0 + 15), None, running_since=_iso(T0 + 15))
+    ledger.update(
+        pods=[_pod("a", restart=after)], answered={"a": _snap(T0 + 35, {"": {"productive": 7, "startup": 3}})}
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["restart"] == pytest.approx(10 + 10 + 3)
+    assert out["badputSeconds"]["startup"] == pytest.approx(5.0)
+
+
 def test_a_new_pod_without_a_failed_predecessor_is_no_restart() -> None:
     ledger = GoodputLedger()
     ledger.update(pods=[_pod("a")], answered={"a": _snap(T0, {"0": {"productive": 10, "startup": 5}})})
@@ -626,7 +660,9 @@ def test_restart_record_reads_the_training_containers_not_the_sidecar() -> None:
         ]
     }
     record = restart_record(status)
-    assert record == RestartRecord(2, "2026-11-30T12:00:10Z", "2026-11-30T12:00:40Z", None)
+    assert record == RestartRecord(
+        2, "2026-11-30T12:00:10Z", "2026-11-30T12:00:40Z", None, "2026-11-30T12:00:40Z"
+    )
     pod = PodInfo.from_body({"metadata": {"name": "p", "namespace": "ns"}, "status": status}, True)
     assert pod.restart == record
     failed = restart_record(

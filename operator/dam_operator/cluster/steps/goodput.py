@@ -5,7 +5,9 @@ Each training process's probe counts, from the process's start, its productive s
 startup, data-wait, communication, checkpoint, other); the probe's ``other`` is the elapsed time
 less everything else, so a process's series add up to its elapsed time. The operator reads them
 at every window from each pod's latest scrape and adds what the cluster alone sees: ``restart``,
-the time a container restart (or a Failed pod's replacement) cost.
+the time a container restart (or a Failed pod's replacement) cost, and the time from the
+training container's start (``state.running.startedAt``) to its process's start (an entrypoint
+script, torchrun's own start: the probe starts counting at the process), as ``startup``.
 
 The ledger counts increments, like Prometheus' ``increase()``: per pod and process (the ``rank``
 label, ``""`` without one) the difference from the previous scrape; a process any of whose
@@ -528,8 +530,10 @@ class GoodputLedger:
         share = pod.share if reading.accelerators is None else reading.accelerators / reading.process_count
         replaced = False
         out = _zeros()
+        running_since = parse_time(record.running_since if record else None)
         for key, values in reading.processes.items():
-            start = reading.at - math.fsum(values.values()) if started is None else started
+            began = reading.at - math.fsum(values.values())  # the process's start: its seconds add up
+            start = began if started is None else started
             prev = pod.processes.get(key)
             restart = 0.0
             lost = 0.0  # productive seconds the dead process did since its last checkpoint
@@ -547,10 +551,13 @@ class GoodputLedger:
                 vacancy = self._take_vacancy(key, info.owner) if first_sight else None
                 if vacancy is not None:
                     replaced, restarting = True, True
-                    restart = _downtime(start, vacancy.failed_at)
+                    restart = _downtime(start, vacancy.failed_at)  # to the process's start
                     lost = vacancy.lost
+                else:  # the container's start to the process's: the job's startup too
+                    delta[STARTUP] = delta.get(STARTUP, 0.0) + _downtime(began, running_since)
             if restarted:
-                restarting, restart = True, downtime
+                # The container's down time, and its start to the new process's start.
+                restarting, restart = True, downtime + _downtime(began, started)
                 lost = prev.at_risk if prev is not None else 0.0
             if restarting:
                 # The new process's start to its first batch belongs to the restart; its startup

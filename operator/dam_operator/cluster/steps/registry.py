@@ -78,6 +78,10 @@ class RestartRecord:
     """RFC 3339 ``state.running.startedAt`` of that container: when the new one started."""
     terminated_at: str | None
     """RFC 3339 ``state.terminated.finishedAt``: when a container that is down now ended (a Failed pod)."""
+    running_since: str | None = None
+    """RFC 3339 ``state.running.startedAt``, the earliest of the running training containers: the
+    time from it to the training process's start (an entrypoint script, ``pip install``, torchrun's
+    own start) is the job's too."""
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -96,6 +100,7 @@ def restart_record(pod_status: Mapping[str, Any], skip: str = SIDECAR_CONTAINER)
     finished: str | None = None
     started: str | None = None
     terminated: str | None = None
+    running: str | None = None
     for cs in pod_status.get("containerStatuses") or ():
         if not isinstance(cs, Mapping) or cs.get("name") == skip:
             continue
@@ -109,7 +114,10 @@ def restart_record(pod_status: Mapping[str, Any], skip: str = SIDECAR_CONTAINER)
         down = str(_mapping(state.get("terminated")).get("finishedAt") or "")
         if down and (terminated is None or down > terminated):
             terminated = down
-    return RestartRecord(count, finished, started, terminated)
+        up = str(_mapping(state.get("running")).get("startedAt") or "")
+        if up and (running is None or up < running):
+            running = up
+    return RestartRecord(count, finished, started, terminated, running)
 
 
 def sidecar_restart(pod_status: Mapping[str, Any], name: str = SIDECAR_CONTAINER) -> str | None:
