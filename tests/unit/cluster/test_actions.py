@@ -233,7 +233,7 @@ def test_a_loader_setting_the_carrier_does_not_run_is_no_change_not_improved() -
     worker, so a faster window is noise, not the setting's gain; the setting is blocked."""
     loop = Loop(_spec())
     loop.window([_pod("a")], {"a": _obs(4.0)})
-    step = loop.window([_pod("b", "1:applied")], {"b": _obs(6.0, worker_count=0)})
+    step = loop.window([_pod("b", "1:applied")], {"b": _obs(6.0, worker_count=0, loader_num_workers=0)})
     (entry,) = loop.entries
     assert entry["outcome"] == "no-change", entry
     assert "did not take effect: its pods run num_workers 0, not 1" in entry["message"]
