@@ -442,10 +442,7 @@ class ProbeRecord:
             math.isfinite(self.measured_flops_per_step) and self.measured_flops_per_step >= 0
         ):
             raise ValueError(f"measured_flops_per_step must be finite, >= 0: {self.measured_flops_per_step}")
-        for name in ("rank", "local_rank", "world_size"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= _I32_MAX:
-                raise ValueError(f"{name} must be between 0 and {_I32_MAX}, got {value}")
+        _check_ranks(self)
         if self.version not in SIZES:
             raise ValueError(f"unknown layout version {self.version}")
 
@@ -484,6 +481,13 @@ class ProbeRecord:
     @property
     def collective_exposed_seconds(self) -> float | None:
         return None if self.collective_exposed_ns is None else self.collective_exposed_ns / 1e9
+
+
+def _check_ranks(record: ProbeRecord) -> None:
+    for name in ("rank", "local_rank", "world_size"):
+        value = getattr(record, name)
+        if value is not None and not 0 <= value <= _I32_MAX:
+            raise ValueError(f"{name} must be between 0 and {_I32_MAX}, got {value}")
 
 
 def _needs(anchor: object, fields: tuple[object, ...], message: str) -> None:
@@ -646,6 +650,11 @@ def _pack_v2(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         (record.place_detail or "").encode("ascii", "replace")[:PLACE_DETAIL_BYTES],
         (record.place_frames or "").encode("ascii", "replace")[:PLACE_FRAMES_BYTES],
     )
+    _pack_loader(buf, record)
+
+
+def _pack_loader(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
+    """The DataLoader settings (offset 120..128, version 2: flag bit 12)."""
     _LOADER.pack_into(
         buf,
         _LOADER_OFFSET,
