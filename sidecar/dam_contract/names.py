@@ -285,6 +285,39 @@ TRAINING_PLACE_INFO: Final = _metric(
     (RANK_LABEL, "where", DETAIL_LABEL, "frames"),
     "probe",
 )
+DATALOADER_NUM_WORKERS: Final = _metric(
+    "dam_dataloader_num_workers",
+    GAUGE,
+    "num_workers of the DataLoader the live process iterated last, as the loader has it after "
+    "any override (DAM_LOADER_OVERRIDES): the setting, not the worker processes alive, which "
+    "are none between epochs without persistent_workers (label rank when the process has one).",
+    RANK_LABELS,
+    "probe",
+)
+DATALOADER_PREFETCH_FACTOR: Final = _metric(
+    "dam_dataloader_prefetch_factor",
+    GAUGE,
+    "prefetch_factor of that DataLoader; absent without workers (torch's None) or when unknown "
+    "(label rank when the process has one).",
+    RANK_LABELS,
+    "probe",
+)
+DATALOADER_PIN_MEMORY: Final = _metric(
+    "dam_dataloader_pin_memory",
+    GAUGE,
+    "1 when that DataLoader pins its batches (pin_memory set and an accelerator to pin for), "
+    "0 when not; absent when unknown (label rank when the process has one).",
+    RANK_LABELS,
+    "probe",
+)
+DATALOADER_PERSISTENT_WORKERS: Final = _metric(
+    "dam_dataloader_persistent_workers",
+    GAUGE,
+    "1 when that DataLoader keeps its workers across epochs (persistent_workers), 0 when not; "
+    "absent when unknown (label rank when the process has one).",
+    RANK_LABELS,
+    "probe",
+)
 
 # --- accelerator (NVML), in the GPU collector's order ----------------------
 NVML_UP: Final = _metric(

@@ -49,7 +49,7 @@ def _loop(it: Iterator[T], p: Probe) -> Iterator[T]:
             s.wait_ns += t1 - t0
             s.last_ns = t1
             if t1 >= s.next_publish_ns:
-                p.slow_path(t0, t1, item)
+                p.slow_path(t0, t1, item, it)
         yield item
 
 

@@ -13,7 +13,9 @@ table that is already imported is patched at once.
   multi-process) inherits it, so any training loop is measured without code
   changes. A failure disables the probe. DataLoader's error for a dead worker ("worker
   (pid N) is killed by signal: Killed", raised in ``next()`` or, from PyTorch's SIGCHLD
-  handler, wherever the main thread is: ``sys.excepthook``) is counted in the probe file.
+  handler, wherever the main thread is: ``sys.excepthook``, and the handler's own check,
+  ``signal_handling._error_if_any_worker_fails``, which sees it first even when the training code
+  catches it) is counted in the probe file and published at once.
 - ``torch.distributed.distributed_c10d`` and ``torch.nn.parallel.distributed``:
   collectives and DDP gradient buckets are timed (``dam_probe._comm``). A
   failure leaves torch untouched and prints one line; the probe stays on.
@@ -48,6 +50,8 @@ from dam_probe._core import PROBE, Probe
 from dam_probe._wrapper import dress
 
 TARGET: Final = "torch.utils.data.dataloader"
+SIGNAL_HANDLING: Final = "torch.utils.data._utils.signal_handling"
+WORKER_CHECK: Final = "_error_if_any_worker_fails"  # what torch's SIGCHLD handler calls
 ITER_CLASS: Final = "_BaseDataLoaderIter"
 MARK: Final = "_dam_probe_wrapped"
 # dam_probe.overrides' STATEFUL_MODULE and ENV_LOADER_OVERRIDES, not imported from there: that
@@ -86,11 +90,39 @@ def timed_next(orig: Callable[[Any], Any], p: Probe = PROBE) -> Callable[[Any], 
             s.wait_ns += t1 - t0
             s.last_ns = t1
             if t1 >= s.next_publish_ns:
-                p.slow_path(t0, t1, item)
+                p.slow_path(t0, t1, item, self)
         return item
 
     dress(__next__, orig, MARK)
     return __next__
+
+
+def counted_check(orig: Callable[[], Any], p: Probe = PROBE) -> Callable[[], Any]:
+    """torch's SIGCHLD check (``_error_if_any_worker_fails``), counting the worker deaths its
+    error names before it propagates: the count is in the file even when the training code
+    catches the error and exits (``sys.exit(1)``, ``os._exit``) without ``sys.excepthook``."""
+
+    def check() -> Any:
+        try:
+            return orig()
+        except RuntimeError as exc:
+            p.worker_failed(exc)
+            raise
+
+    dress(check, orig, MARK)
+    return check
+
+
+def patch_worker_check() -> bool:
+    """Wraps torch's SIGCHLD check once (the handler looks it up in its module at each call);
+    False when torch has none (another version): the other two places still count."""
+    module = sys.modules.get(SIGNAL_HANDLING)
+    orig = getattr(module, WORKER_CHECK, None)
+    if module is None or not callable(orig):
+        return False
+    if not getattr(orig, MARK, False):
+        setattr(module, WORKER_CHECK, counted_check(orig))
+    return True
 
 
 def patch_module(module: ModuleType) -> bool:
@@ -98,6 +130,8 @@ def patch_module(module: ModuleType) -> bool:
     from dam_probe.overrides import patch_dataloader
 
     patch_dataloader(module)  # opt-in DataLoader overrides (DAM_LOADER_OVERRIDES); never raises
+    with contextlib.suppress(Exception):
+        patch_worker_check()
     cls = getattr(module, ITER_CLASS, None)
     if cls is None:
         raise RuntimeError(f"{module.__name__}.{ITER_CLASS} not found (unsupported torch version)")

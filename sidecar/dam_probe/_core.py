@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final, Protocol
 
-from dam_probe._counters import CommCounters, Devices, StepCounters, WorkerKills
+from dam_probe._counters import CommCounters, Devices, LoaderSettings, StepCounters, WorkerKills
 from dam_probe._goodput import Accounting
 from dam_probe._watchdog import Watchdog
 from dam_probe.cgroup import CgroupReader, MemoryReader
@@ -51,6 +51,7 @@ ENV_DIR: Final = "DAM_PROBE_DIR"
 ENV_DISABLE: Final = "DAM_PROBE_DISABLE"
 PUBLISH_INTERVAL_NS: Final = 100_000_000  # 100 ms: at most ten mmap writes per second
 NEVER: Final = 1 << 62  # a publish deadline that is never reached (disabled probe)
+WAIT_SECONDS: Final = 1.0  # the most a publish that must not be skipped waits for another thread's
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
@@ -225,6 +226,7 @@ class Probe:
         "identity",
         "interval_ns",
         "kills",
+        "loader",
         "memory",
         "path",
         "process",
@@ -263,6 +265,7 @@ class Probe:
         # node, for a sidecar that cannot read their /proc/<pid>/schedstat; at most once a second.
         self.run_queue = RunQueueReader()
         self.kills = WorkerKills()  # DataLoader workers that died (``worker_failed``)
+        self.loader = LoaderSettings()  # the settings of the latest DataLoader iterated (slow path)
         # Goodput and badput by cause, checkpoint saves, the measured FLOPs (dam_probe._goodput):
         # updated on the slow path and in the save wrappers only, never per batch.
         self.goodput = Accounting()
@@ -288,6 +291,7 @@ class Probe:
             self.step,
             self.comm,
             self.kills,
+            self.loader,
             self.devices,
             self.goodput,
             self.cgroup,
@@ -336,8 +340,11 @@ class Probe:
             if not self.disabled:
                 s.next_publish_ns = 0  # the next batch takes the slow path and opens a stream
 
-    def slow_path(self, t0_ns: int, t1_ns: int, batch: object) -> None:
-        """Runs when a batch reaches ``next_publish_ns``: opens a stream if none, then publishes."""
+    def slow_path(self, t0_ns: int, t1_ns: int, batch: object, source: object = None) -> None:
+        """Runs when a batch reaches ``next_publish_ns``: opens a stream if none, then publishes.
+        ``source``: the iterator the batch came from (its DataLoader settings are published)."""
+        if source is not None:
+            self.loader.record(source)
         s = self.step
         if not s.in_stream:
             s.in_stream = True
@@ -369,7 +376,9 @@ class Probe:
             for pid, signum in found:
                 self.kills.add(pid, signum)
             if self.active():
-                self.publish(time.perf_counter_ns())
+                # Waits for a publish in flight on another thread (the watchdog's): the process may
+                # exit right after (os._exit, the OOM killer), and a skipped publish loses the count.
+                self.publish(time.perf_counter_ns(), wait=True)
         except Exception:
             pass
 
@@ -399,12 +408,13 @@ class Probe:
             self._fork_registered = True
         return writer
 
-    def publish(self, now_ns: int, batch: object = None, closed: bool = False) -> None:
-        """Writes the counters to the file (opening it first if needed); never raises."""
+    def publish(self, now_ns: int, batch: object = None, closed: bool = False, *, wait: bool = False) -> None:
+        """Writes the counters to the file (opening it first if needed); never raises. ``wait``:
+        for another thread's publish to end (``WAIT_SECONDS`` at most) rather than skip this one."""
         if self.disabled:
             self.step.next_publish_ns = NEVER
             return
-        if self._write(now_ns, batch, closed):
+        if self._write(now_ns, batch, closed, wait=wait):
             self.step.next_publish_ns = now_ns + self.interval_ns
             self.comm.next_ns = now_ns + self.interval_ns
 
@@ -419,9 +429,11 @@ class Probe:
         device query, no sweep of asynchronous collectives), never blocking; False when skipped."""
         return not self.disabled and self._write(now_ns, None, False, watch=True)
 
-    def _write(self, now_ns: int, batch: object, closed: bool, watch: bool = False) -> bool:
+    def _write(
+        self, now_ns: int, batch: object, closed: bool, watch: bool = False, wait: bool = False
+    ) -> bool:
         """One publish under ``publish_lock``; False when skipped (another thread is publishing)."""
-        if not self.publish_lock.acquire(blocking=closed):
+        if not self.publish_lock.acquire(timeout=-1 if closed else WAIT_SECONDS if wait else 0):
             return False
         try:
             writer = self.writer
@@ -517,6 +529,7 @@ def _publish_to(
         measured_flops=measured_flops,
         flops_reason=p.goodput.flops.reason_figures(),
         progress=p.watchdog.figures(p),
+        loader_settings=p.loader.figures,
     )
 
 

@@ -5,6 +5,8 @@
 - ``CommCounters`` (``Probe.comm``): collectives, changed by ``dam_probe._comm`` under ``lock``;
 - ``WorkerKills`` (``Probe.kills``): DataLoader workers that died, from DataLoader's own error;
 - ``Devices`` (``Probe.devices``): the CUDA devices in use, refreshed on the publish path;
+- ``LoaderSettings`` (``Probe.loader``): the settings of the latest DataLoader iterated, read on
+  the slow path from its iterator;
 - goodput (``Probe.goodput``, ``dam_probe._goodput.Accounting``) and the readers of the
   process's cgroup, CPU and memory, and run-queue delay (``dam_probe.cgroup``,
   ``dam_probe.process``, ``dam_probe.schedstat``), which have a ``reset()`` too.
@@ -130,6 +132,54 @@ class WorkerKills(CounterGroup):
     def figures(self) -> tuple[int, int]:
         """``(count, last signal)``, as ``ProbeWriter.publish`` takes them."""
         return len(self.pids), self.last_signal
+
+
+LoaderFigures = tuple[int, int | None, bool | None, bool | None]
+"""``(num_workers, prefetch_factor, pin_memory, persistent_workers)``; None: not known."""
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _optional_bool(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def loader_settings_of(iterator: object) -> LoaderFigures | None:
+    """The settings a DataLoader iterator runs with (torch's ``_BaseDataLoaderIter`` copies them
+    from its loader, after any override): None for another iterator. ``pin_memory`` is whether it
+    pins (the loader's setting and an accelerator to pin for); ``prefetch_factor`` is None
+    without workers. Reads attributes only: never calls into torch."""
+    workers = _optional_int(getattr(iterator, "_num_workers", None))
+    if workers is None:
+        return None
+    return (
+        workers,
+        _optional_int(getattr(iterator, "_prefetch_factor", None)) or None,
+        _optional_bool(getattr(iterator, "_pin_memory", None)),
+        _optional_bool(getattr(iterator, "_persistent_workers", None)),
+    )
+
+
+class LoaderSettings(CounterGroup):
+    """The settings of the latest DataLoader iterated (``loader_settings_of``), read on the slow
+    path: what an override made of the loader, whether or not its workers are alive right now
+    (non-persistent workers are gone between epochs). No reference to the iterator is kept."""
+
+    __slots__ = ("figures",)
+
+    def reset(self) -> None:
+        self.figures: LoaderFigures | None = None
+
+    def record(self, iterator: object) -> None:
+        """Takes the settings of ``iterator`` when it is a DataLoader's; never raises."""
+        try:
+            found = loader_settings_of(iterator)
+        except Exception:
+            return
+        if found is not None:
+            self.figures = found
 
 
 def _format_uuid(raw: object) -> str:

@@ -32,12 +32,19 @@ offset size   type    field
                       bit 8: the checkpoint counters at 688..728 are valid (v2);
                       bit 9: the measured FLOPs at 728..748 are valid (v2);
                       bit 10: why FLOPs are not counted, at 752..800, is valid (v2);
-                      bit 11: the progress fields at 800..1024 are valid (v2))
+                      bit 11: the progress fields at 800..1024 are valid (v2);
+                      bit 12: the DataLoader settings at 120..128 are valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
 104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
 112    8      u64     id of that cgroup: inode of its directory (0 = unknown)
-120    8      -       reserved, zero
+120    2      u16     DataLoader settings of the latest loader iterated, as its iterator
+                      holds them after any override (flag bit 12, v2): ``num_workers``
+122    2      u16     ``prefetch_factor`` (0 = unknown, or None: no workers)
+124    1      u8      ``pin_memory`` as the loader pins: set and an accelerator to pin for
+                      (0 unknown, 1 off, 2 on)
+125    1      u8      ``persistent_workers`` (0 unknown, 1 off, 2 on)
+126    2      -       reserved, zero
 128    8 x 48 8 x 48s device UUIDs, NUL-padded ASCII (``GPU-…``)
 ------ ------ ------- ---------------------------- version 2 only, from here ----
 512    4      i32     distributed rank (-1 = unknown)
@@ -112,7 +119,7 @@ the file as busy. Counters are cumulative, so a missed sample never loses time.
 Unknown is never zero: a version-1 file, or a field whose flag bit is clear,
 reads as ``None`` in ``ProbeRecord`` (rank, local rank, world size, the
 collective counters, the memory fields, the process figures, the run-queue
-delays, the goodput, checkpoint and measured-FLOP fields), whatever the bytes
+delays, the goodput, checkpoint, measured-FLOP and DataLoader settings fields), whatever the bytes
 hold. The cgroup CPU fields (offsets 96..120)
 were reserved zero bytes before they were defined and carry their own flag
 bit, so version-1 files may have them too.
@@ -170,6 +177,7 @@ FLOPS_REASON_MODE_STACK: Final = 9  # the step left another dispatch mode above 
 FLOPS_REASONS: Final = tuple(range(1, 10))
 FLOPS_DETAIL_BYTES: Final = 44
 FLAG_PROGRESS: Final = 2048  # the progress fields (watchdog) are valid (version 2)
+FLAG_LOADER_SETTINGS: Final = 4096  # the DataLoader settings at 120..128 are valid (version 2)
 # Where the training thread was when the watchdog read it (offset 824; status.progress.culprit.where).
 PLACE_NONE: Final = 0
 PLACE_COLLECTIVE: Final = 1
@@ -216,6 +224,9 @@ _FLOPS_REASON = struct.Struct("<I44s")  # reason, detail (752..800, flag bit 10)
 _FLOPS_REASON_OFFSET: Final = 752
 _PROGRESS = struct.Struct("<QQQI4x40s152s")  # entered .. frames (800..1024, flag bit 11)
 _PROGRESS_OFFSET: Final = 800
+_LOADER = struct.Struct("<HHBB2x")  # workers, prefetch, pin, persistent (offset 120..128, flag bit 12)
+_LOADER_OFFSET: Final = 120
+_U16_MAX: Final = 2**16 - 1
 _I32_MAX: Final = 2**31 - 1
 _U32_MAX: Final = 2**32 - 1
 
@@ -348,6 +359,11 @@ class ProbeRecord:
     place: int | None = None  # PLACE_*
     place_detail: str | None = None
     place_frames: str | None = None  # innermost first, one "file:line function" a line
+    # Version 2, flag bit 12: the settings of the latest DataLoader iterated; None: not published.
+    loader_num_workers: int | None = None
+    loader_prefetch_factor: int | None = None  # None also when the loader has no workers
+    loader_pin_memory: bool | None = None  # pins: set, and an accelerator to pin for
+    loader_persistent_workers: bool | None = None
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
@@ -417,14 +433,16 @@ class ProbeRecord:
             ),
             "the six progress fields go together",
         )
+        _needs(
+            self.loader_num_workers,
+            (self.loader_prefetch_factor, self.loader_pin_memory, self.loader_persistent_workers),
+            "the DataLoader settings need loader_num_workers",
+        )
         if self.measured_flops_per_step is not None and not (
             math.isfinite(self.measured_flops_per_step) and self.measured_flops_per_step >= 0
         ):
             raise ValueError(f"measured_flops_per_step must be finite, >= 0: {self.measured_flops_per_step}")
-        for name in ("rank", "local_rank", "world_size"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= _I32_MAX:
-                raise ValueError(f"{name} must be between 0 and {_I32_MAX}, got {value}")
+        _check_ranks(self)
         if self.version not in SIZES:
             raise ValueError(f"unknown layout version {self.version}")
 
@@ -463,6 +481,13 @@ class ProbeRecord:
     @property
     def collective_exposed_seconds(self) -> float | None:
         return None if self.collective_exposed_ns is None else self.collective_exposed_ns / 1e9
+
+
+def _check_ranks(record: ProbeRecord) -> None:
+    for name in ("rank", "local_rank", "world_size"):
+        value = getattr(record, name)
+        if value is not None and not 0 <= value <= _I32_MAX:
+            raise ValueError(f"{name} must be between 0 and {_I32_MAX}, got {value}")
 
 
 def _needs(anchor: object, fields: tuple[object, ...], message: str) -> None:
@@ -509,6 +534,7 @@ _V2_FLAGS: Final = (  # a version-2 flag bit, set when its field is known (not N
     (FLAG_FLOPS_MEASURED, "measured_flops_per_step"),
     (FLAG_FLOPS_REASON, "flops_reason"),
     (FLAG_PROGRESS, "collectives_entered"),
+    (FLAG_LOADER_SETTINGS, "loader_num_workers"),
 )
 
 
@@ -624,6 +650,41 @@ def _pack_v2(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         (record.place_detail or "").encode("ascii", "replace")[:PLACE_DETAIL_BYTES],
         (record.place_frames or "").encode("ascii", "replace")[:PLACE_FRAMES_BYTES],
     )
+    _pack_loader(buf, record)
+
+
+def _pack_loader(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
+    """The DataLoader settings (offset 120..128, version 2: flag bit 12)."""
+    _LOADER.pack_into(
+        buf,
+        _LOADER_OFFSET,
+        min(record.loader_num_workers or 0, _U16_MAX),
+        min(record.loader_prefetch_factor or 0, _U16_MAX),
+        _switch_field(record.loader_pin_memory),
+        _switch_field(record.loader_persistent_workers),
+    )
+
+
+def _switch_field(value: bool | None) -> int:
+    """A setting that is on or off, as one byte: 0 unknown, 1 off, 2 on."""
+    return 0 if value is None else 2 if value else 1
+
+
+def _switch_or_none(raw: int) -> bool | None:
+    return {1: False, 2: True}.get(raw)
+
+
+def _loader_settings_fields(data: bytes, flags: int) -> dict[str, int | bool | None]:
+    """The DataLoader settings of a version-2 image (flag bit 12); {} without the flag."""
+    if not flags & FLAG_LOADER_SETTINGS:
+        return {}
+    workers, prefetch, pin, persistent = _LOADER.unpack_from(data, _LOADER_OFFSET)
+    return {
+        "loader_num_workers": workers,
+        "loader_prefetch_factor": prefetch or None,
+        "loader_pin_memory": _switch_or_none(pin),
+        "loader_persistent_workers": _switch_or_none(persistent),
+    }
 
 
 def _pair_kwargs(
@@ -696,6 +757,20 @@ def _progress_fields(progress: tuple[int, int, int, int, str, str] | None) -> di
     return {} if progress is None else dict(zip(_PROGRESS_NAMES, progress, strict=True))
 
 
+_LOADER_NAMES: Final = (
+    "loader_num_workers",
+    "loader_prefetch_factor",
+    "loader_pin_memory",
+    "loader_persistent_workers",
+)
+
+
+def _loader_fields(
+    settings: tuple[int, int | None, bool | None, bool | None] | None,
+) -> dict[str, int | bool | None]:
+    return {} if settings is None else dict(zip(_LOADER_NAMES, settings, strict=True))
+
+
 def _rank_or_none(value: int) -> int | None:
     return value if value >= 0 else None
 
@@ -754,6 +829,7 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
             if flags & bit:
                 extra.update(zip(names, block.unpack_from(data, offset), strict=True))
         extra.update(_goodput_fields(data, flags))
+        extra.update(_loader_settings_fields(data, flags))
     return sequence, ProbeRecord(
         pid=pid,
         start_time_ns=start,
@@ -989,12 +1065,14 @@ class ProbeWriter:
         measured_flops: tuple[float, int, int] | None = None,
         flops_reason: tuple[int, str] | None = None,
         progress: tuple[int, int, int, int, str, str] | None = None,
+        loader_settings: tuple[int, int | None, bool | None, bool | None] | None = None,
     ) -> None:
         """Publishes one update; each tuple is its ``ProbeRecord`` fields in order (``collectives``:
         count, ns, exposed ns, bytes; ``memory``: usage, limit (0 = none), OOM kills, cgroup id;
         ``process``, ``loader_kills``, ``run_queue``, ``goodput`` (its last: the FLOP counting
-        state), ``checkpoints``, ``measured_flops``, ``flops_reason``, ``progress``, the same way:
-        the table in the module docstring); None = unknown."""
+        state), ``checkpoints``, ``measured_flops``, ``flops_reason``, ``progress``,
+        ``loader_settings`` (num_workers, prefetch_factor, pin_memory, persistent_workers), the
+        same way: the table in the module docstring); None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy) window covers one copy.
         scratch = self._scratch
         known = cgroup_throttled_ns is not None
@@ -1031,6 +1109,7 @@ class ProbeWriter:
                 **_pair_kwargs(loader_kills, run_queue, flops_reason),  # type: ignore[arg-type]
                 **_goodput_kwargs(goodput, checkpoints, measured_flops),  # type: ignore[arg-type]
                 **_progress_fields(progress),  # type: ignore[arg-type]
+                **_loader_fields(loader_settings),  # type: ignore[arg-type]
             ),
         )
         mm = self._mm

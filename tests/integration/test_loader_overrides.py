@@ -65,6 +65,8 @@ TRAIN = textwrap.dedent(
             "prefetch_factor": loader.prefetch_factor,
             "persistent_workers": loader.persistent_workers,
             "steps": PROBE.step.steps,
+            # What the probe publishes (dam_dataloader_*): workers, prefetch, pins, persistent.
+            "published": PROBE.loader.figures,
         }))
 
     if __name__ == "__main__":
@@ -111,6 +113,8 @@ def test_a_starved_map_dataset_gets_workers_and_keeps_its_shuffled_order(tmp_pat
     assert quiet == []
     assert (before["num_workers"], before["prefetch_factor"]) == (0, None)
     assert (after["num_workers"], after["prefetch_factor"], after["persistent_workers"]) == (2, 4, False)
+    assert before["published"] == [0, None, False, False]
+    assert after["published"] == [2, 4, False, False]  # what Apply reads as taken
     # The same shuffled indices in the same order, both epochs; every batch still measured.
     assert sorted(before["seen"][:48]) == list(range(48))
     assert before["seen"][:48] != before["seen"][48:]  # each epoch has its own shuffle
@@ -127,6 +131,7 @@ def test_a_starved_map_dataset_gets_workers_and_keeps_its_shuffled_order(tmp_pat
 def test_a_sequential_loader_also_gets_persistent_workers_and_keeps_its_order(tmp_path: Path) -> None:
     got, said = train(tmp_path, "sequential", **OVERRIDE)
     assert (got["num_workers"], got["prefetch_factor"], got["persistent_workers"]) == (2, 4, True)
+    assert got["published"] == [2, 4, False, True]
     assert got["seen"] == list(range(48)) * 2
     assert said == [
         f"dam-probe: DataLoader at train.py:{LINE['sequential']}: "

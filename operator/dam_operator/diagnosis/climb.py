@@ -169,7 +169,11 @@ class ApplyLever:
     default: int | None = None
     """The value when the job does not say (torch's default); None: unknown."""
     observe: Callable[[Sequence[Observation]], int | None] | None = None
-    """The value the pods run with, read from a window's per-pod observations."""
+    """The value the pods run with, read from a window's per-pod observations: the setting as the
+    probe reports it (None: not reported). What Apply checks a change took effect by."""
+    estimate: Callable[[Sequence[Observation]], int | None] | None = None
+    """A guess of the value where the pods do not report it (the worker processes seen): a climb
+    may start from it, a change is never judged by it."""
     needs: Callable[[Facts], bool] = always
     needs_text: str = ""
     regimes: frozenset[Regime] = field(kw_only=True)
@@ -256,10 +260,32 @@ def has_gpu(facts: Facts) -> bool:
     return facts.gpus > 0
 
 
+def _fewest(values: Sequence[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
 def loader_workers(obs: Sequence[Observation]) -> int | None:
-    """num_workers of one loader: the pod's worker processes per rank (fewest over the pods)."""
+    """num_workers as the probes read it from the loader (fewest over the pods; None: not reported).
+    Not the worker processes alive: non-persistent workers are gone between epochs."""
+    return _fewest([o.loader_num_workers for o in obs])
+
+
+def worker_processes_per_rank(obs: Sequence[Observation]) -> int | None:
+    """The pods' worker processes per rank (fewest over the pods): num_workers where the probe does
+    not report it (an older probe), at an instant the workers are alive."""
     per_loader = [round(o.worker_count / max(1, o.ranks or 1)) for o in obs if o.worker_count is not None]
     return min(per_loader) if per_loader else None
+
+
+def loader_prefetch(obs: Sequence[Observation]) -> int | None:
+    """prefetch_factor as the probes read it (lowest; None: not reported, or no workers)."""
+    return _fewest([o.loader_prefetch_factor for o in obs])
+
+
+def loader_pin_memory(obs: Sequence[Observation]) -> int | None:
+    """Whether the pods' loaders pin their batches (False when any does not; None: not reported)."""
+    return _fewest([None if o.loader_pin_memory is None else int(o.loader_pin_memory) for o in obs])
 
 
 def cpu_limit_cores(obs: Sequence[Observation]) -> float | None:

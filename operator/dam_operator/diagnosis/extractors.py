@@ -43,6 +43,8 @@ class Known:
     """The pod's training container was OOM-killed (Pod status, ``dam run``'s child)."""
     starting: bool | None = None
     """The pod may still be starting (``Observation.starting``)."""
+    oom_exit_code: int | None = None
+    """The OOM-killed container's exit code (``Observation.oom_exit_code``: 137, the main process)."""
 
 
 class KnownArgs(TypedDict, total=False):
@@ -55,6 +57,7 @@ class KnownArgs(TypedDict, total=False):
     gpu_model: str | None
     oom_killed: bool | None
     starting: bool | None
+    oom_exit_code: int | None
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,17 @@ class Observation(_Wire):
     worker_count: Annotated[int, Field(ge=0, le=100_000)] | None = None
     """DataLoader workers seen in the window (the most any sample of it saw, not the count at its
     end: a run's last sample, taken after the command exited, sees none)."""
+    loader_num_workers: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    """``num_workers`` of the DataLoader the training processes iterated last, as the probe read it
+    from its iterator (after any override): the setting, also between epochs when non-persistent
+    workers are gone (``worker_count`` then reads 0). The fewest over the ranks and pods."""
+    loader_prefetch_factor: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    """Its ``prefetch_factor`` (None also without workers: torch's None); the lowest."""
+    loader_pin_memory: bool | None = None
+    """Whether it pins its batches (``pin_memory`` set and an accelerator to pin for); False when
+    any rank does not."""
+    loader_persistent_workers: bool | None = None
+    """Whether it keeps its workers across epochs; False when any rank does not."""
     cpu_wait_ratio: Ratio | None = None
     """Run-queue delay of the main training process (its main thread: time runnable but waiting
     for a CPU, ``/proc/<pid>/schedstat`` field 2) / wall time of the window."""
@@ -163,6 +174,11 @@ class Observation(_Wire):
     oom_killed: bool | None = None
     """Supplied by the caller: the container was OOM-killed (Pod ``lastState.terminated.reason``
     ``OOMKilled``, or ``dam run``'s child killed by the kernel's OOM killer)."""
+    oom_exit_code: Annotated[int, Field(ge=0, le=255)] | None = None
+    """Supplied by the caller with ``oom_killed``: the exit code of the OOM-killed container. 137
+    (128 + SIGKILL): the OOM killer took the training process itself; another (e.g. 1): it took
+    a child, such as a DataLoader worker, and the training process then exited on its own
+    (torch's "DataLoader worker (pid N) exited unexpectedly"). None: not known."""
     starting: bool | None = None
     """Supplied by the caller: the job may still be starting (a Pod within its first minutes, a live
     ``dam run`` window); False when it is past its start-up or has ended (``dam run``'s final

@@ -161,6 +161,34 @@ def _worker_count(s: Scrapes) -> int | None:
     return None if workers is None else round(workers)
 
 
+def _lowest(s: Scrapes, metric: str) -> float | None:
+    """The lowest valid sample of a per-rank gauge in AFTER: a setting every rank has at least."""
+    values = [v for sample in s.after.samples(metric) if (v := series.valid(sample.value)) is not None]
+    return min(values) if values else None
+
+
+def _loader_count(metric: str) -> Custom:
+    def read(s: Scrapes) -> int | None:
+        value = _lowest(s, metric)
+        return None if value is None or not 0 <= value <= 100_000 else round(value)
+
+    return Custom(read, (metric,))
+
+
+def _loader_switch(metric: str) -> Custom:
+    def read(s: Scrapes) -> bool | None:
+        value = _lowest(s, metric)
+        return None if value is None else value >= 0.5
+
+    return Custom(read, (metric,))
+
+
+def _main_killed_first(pods: Sequence[Observation]) -> int | None:
+    """The exit code of an OOM-killed pod: 137 (its training process killed) when any pod has it."""
+    codes = [o.oom_exit_code for o in pods if o.oom_exit_code is not None]
+    return 137 if 137 in codes else (codes[0] if codes else None)
+
+
 def _cpu_wait(s: Scrapes, role: str) -> float | None:
     """Run-queue delay (time runnable but waiting for a CPU) per process and wall second.
 
@@ -574,6 +602,11 @@ SIGNALS: tuple[Signal, ...] = (
         "workerCount",
         "DataLoader workers seen in the window (the most at any sample, not at its end).",
     ),
+    # The settings of the DataLoader the probes read (what Apply checks took effect): the lowest.
+    S("loader_num_workers", U.COUNT, _loader_count(n.DATALOADER_NUM_WORKERS), A.MIN),
+    S("loader_prefetch_factor", U.COUNT, _loader_count(n.DATALOADER_PREFETCH_FACTOR), A.MIN),
+    S("loader_pin_memory", U.FLAG, _loader_switch(n.DATALOADER_PIN_MEMORY), A.MIN),
+    S("loader_persistent_workers", U.FLAG, _loader_switch(n.DATALOADER_PERSISTENT_WORKERS), A.MIN),
     S(
         "cpu_wait_ratio",
         U.RATIO,
@@ -670,6 +703,7 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     S("loader_worker_kills", U.COUNT, Increase(n.DATALOADER_WORKER_KILLS_TOTAL), A.SUM),
     S("oom_killed", U.FLAG, Custom(lambda s: s.known.oom_killed), A.ANY),
+    S("oom_exit_code", U.COUNT, Custom(lambda s: s.known.oom_exit_code), _main_killed_first),
     S("starting", U.FLAG, Custom(lambda s: s.known.starting), A.ANY),
     S(
         "main_rss_bytes",

@@ -387,6 +387,8 @@ class PodWindow:
     """The pod's training container was OOM-killed (Pod status ``lastState.terminated.reason``)."""
     starting: bool | None = None
     """The pod may still be starting (``Observation.starting``: its first minutes, a live run)."""
+    oom_exit_code: int | None = None
+    """The OOM-killed container's exit code (``Observation.oom_exit_code``)."""
 
 
 @dataclass(frozen=True)
@@ -414,7 +416,14 @@ def job_window(
     for name in sorted(pods):
         w = pods[name]
         known = Known(
-            w.elapsed_seconds, w.gpu_uuids, batch_size, flops_per_step, gpu_model, w.oom_killed, w.starting
+            w.elapsed_seconds,
+            w.gpu_uuids,
+            batch_size,
+            flops_per_step,
+            gpu_model,
+            w.oom_killed,
+            w.starting,
+            w.oom_exit_code,
         )
         pod_ranks = _rank_observations(w.before, w.after, name, known)
         per_pod[name] = _pod_observation(w.before, w.after, known, pod_ranks)

@@ -33,6 +33,7 @@ from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Hardware, RankFigures, Thresholds, Verdict
 from dam_operator.diagnosis.ranks import rank_figures
+from dam_operator.diagnosis.rules.memory import MAIN_KILLED_EXIT_CODE
 from dam_operator.diagnosis.window import (
     PodWindow,
     counter_increase,
@@ -171,14 +172,26 @@ def verdict_between(
     judged from its own observation. ``oom_killed``: the command itself was OOM-killed.
     ``starting``: ``Observation.starting`` (False for the final verdict: the command has ended).
     """
+    # dam run calls a command OOM-killed only when it died of SIGKILL itself (local.memory): 137.
+    code = MAIN_KILLED_EXIT_CODE if oom_killed else None
     window = PodWindow(
-        before, after, elapsed_seconds=elapsed_seconds, oom_killed=oom_killed, starting=starting
+        before,
+        after,
+        elapsed_seconds=elapsed_seconds,
+        oom_killed=oom_killed,
+        starting=starting,
+        oom_exit_code=code,
     )
     jw = job_window({"": window})
     if len(jw.ranks) > 1:
         return diagnose(jw.job, thresholds, hardware, ranks=jw.ranks)
     obs = observation_from_snapshots(
-        before, after, elapsed_seconds=elapsed_seconds, oom_killed=oom_killed, starting=starting
+        before,
+        after,
+        elapsed_seconds=elapsed_seconds,
+        oom_killed=oom_killed,
+        starting=starting,
+        oom_exit_code=code,
     )
     return diagnose(obs, thresholds, hardware)
 

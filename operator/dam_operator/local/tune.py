@@ -184,6 +184,8 @@ class Measurement:
     run_seconds: float
     note: str | None = None
     gpu_count: int | None = None
+    seen: Mapping[str, int | None] = field(default_factory=dict)
+    """Each Apply setting as the probe read it from the command's DataLoader (``observe``)."""
 
     @property
     def regime(self) -> Regime:
@@ -235,6 +237,7 @@ def measurement_from(
         run_seconds=run_seconds,
         note=note,
         gpu_count=obs.gpu_count,
+        seen={a.setting: a.observe([obs]) for a in levers.APPLY.values() if a.observe is not None},
     )
 
 
@@ -458,11 +461,12 @@ def _climb_lever(tuner: Runner, state: _Climb, lever: ApplyLever, bound: int | N
         except MeasureError as exc:
             state.stop = f"trial {n} ({_settings_text(settings)}) gave no measurement: {exc}"
             return
-        if lever.setting == NUM_WORKERS and m.worker_count is not None and m.worker_count != value:
+        ran = _ran_with(m, lever)
+        if ran is not None and ran != value:
             probe = "; ".join(tuner.probe_messages()) or "no message from the probe"
             state.stop = (
-                f"the probe could not set num_workers={value} (the command ran {m.worker_count} "
-                f"worker(s)): {probe}"
+                f"the probe could not set {lever.setting}={climb.render(lever.kind, value)} (the "
+                f"command ran {lever.setting}={climb.render(lever.kind, ran)}): {probe}"
             )
             return
         best_m = state.best
@@ -482,6 +486,15 @@ def _climb_lever(tuner: Runner, state: _Climb, lever: ApplyLever, bound: int | N
                 )
 
 
+def _ran_with(m: Measurement, lever: ApplyLever) -> int | None:
+    """The value of the lever's setting the command ran with: as the probe read it from the loader,
+    else (num_workers, an older probe) the worker processes seen; None: not known."""
+    ran = m.seen.get(lever.setting)
+    if ran is None and lever.setting == NUM_WORKERS:
+        ran = m.worker_count
+    return ran
+
+
 def tune(tuner: Runner, bound: int) -> Result:
     """The whole procedure: baseline, then the hill climb over the verdict's levers (see the
     module doc); ``bound``: the CPUs the job may use."""
@@ -492,8 +505,11 @@ def tune(tuner: Runner, bound: int) -> Result:
     except MeasureError as exc:
         return Result(None, [], None, {}, f"no baseline: {exc}")
     base_settings: Settings = {}
-    if baseline.worker_count is not None:
-        base_settings[NUM_WORKERS] = baseline.worker_count
+    workers = baseline.seen.get(NUM_WORKERS)
+    if workers is None:
+        workers = baseline.worker_count
+    if workers is not None:
+        base_settings[NUM_WORKERS] = workers
     baseline = replace(baseline, settings=dict(base_settings))
     say(f"{PROG}: baseline {_summary(baseline)}")
     why_not = _not_tunable(baseline)

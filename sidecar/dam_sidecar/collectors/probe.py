@@ -64,6 +64,7 @@ class ProbeCollector:
         yield from _model(ranks)
         yield from _goodput(ranks)
         yield from _progress(ranks)
+        yield from _loader_settings(ranks)
         if p.rank_info:
             info = gauge(n.PROCESS_RANK_INFO, ("rank", "local_rank", "world_size"))
             for i in p.rank_info:
@@ -181,3 +182,23 @@ def _progress(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
     for family in (last, sequence, up, place):
         if family.samples:
             yield family
+
+
+_LOADER_GAUGES = (
+    (n.DATALOADER_NUM_WORKERS, "num_workers"),
+    (n.DATALOADER_PREFETCH_FACTOR, "prefetch_factor"),
+    (n.DATALOADER_PIN_MEMORY, "pin_memory"),
+    (n.DATALOADER_PERSISTENT_WORKERS, "persistent_workers"),
+)
+
+
+def _loader_settings(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
+    """The DataLoader settings of each live rank's latest loader (what Apply checks took effect)."""
+    for name, attr in _LOADER_GAUGES:
+        g = per_rank(name)
+        for r in ranks:
+            value = getattr(r.loader, attr) if r.live and r.loader is not None else None
+            if value is not None:
+                g.add_metric([rank_value(r.rank)], float(value))
+        if g.samples:
+            yield g

@@ -98,6 +98,28 @@ class RankSample:
     last_batch_seconds: float | None = None
     collective_sequence: int | None = None
     place: RankPlace | None = None
+    # The settings of the DataLoader the rank's newest live record last iterated (layout flag bit
+    # 12): what an override made of it, also between epochs when its workers are gone. None: not
+    # published (no DataLoader iterated yet, an older probe).
+    loader: LoaderSettings | None = None
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """A DataLoader's settings as the probe read them from its iterator (None: not known)."""
+
+    num_workers: int
+    prefetch_factor: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+
+
+def loader_of(r: ProbeRecord) -> LoaderSettings | None:
+    if r.loader_num_workers is None:
+        return None
+    return LoaderSettings(
+        r.loader_num_workers, r.loader_prefetch_factor, r.loader_pin_memory, r.loader_persistent_workers
+    )
 
 
 @dataclass(frozen=True)
@@ -482,6 +504,7 @@ class ProbeReader:
                     ),
                     collective_sequence=n.collectives_entered if n is not None else None,
                     place=place_of(n) if n is not None else None,
+                    loader=loader_of(n) if n is not None else None,
                 )
             )
         return tuple(out)

@@ -233,7 +233,7 @@ def test_a_loader_setting_the_carrier_does_not_run_is_no_change_not_improved() -
     worker, so a faster window is noise, not the setting's gain; the setting is blocked."""
     loop = Loop(_spec())
     loop.window([_pod("a")], {"a": _obs(4.0)})
-    step = loop.window([_pod("b", "1:applied")], {"b": _obs(6.0, worker_count=0)})
+    step = loop.window([_pod("b", "1:applied")], {"b": _obs(6.0, worker_count=0, loader_num_workers=0)})
     (entry,) = loop.entries
     assert entry["outcome"] == "no-change", entry
     assert "did not take effect: its pods run num_workers 0, not 1" in entry["message"]
@@ -550,3 +550,69 @@ def test_a_window_without_a_step_judges_no_action() -> None:
     idle, training = Observation(steps_per_second=0.0), Observation(steps_per_second=2.0, data_wait_ratio=0.1)
     both = figures([idle, training])
     assert both is not None and (both.steps_per_second, both.data_wait_ratio) == (2.0, 0.1)
+
+
+# ---------------------------------------------------------------- every setting is checked as taken
+
+
+def _prefetch_loop(carrier_prefetch: int | None) -> Loop:
+    """prefetch_factor 2 → 4 planned on a pod with 4 workers, then a carrier 50 % faster whose
+    loaders the probe reads with ``carrier_prefetch`` (None: not reported)."""
+    loop = Loop(_spec())
+    base = {"worker_count": 4, "cpu_limit_cores": 4.0, "loader_num_workers": 4, "loader_prefetch_factor": 2}
+    verdict = _verdict("raise-prefetch-factor")
+    loop.window([_pod("a")], {"a": _obs(4.0, **base)}, verdict)
+    (planned,) = loop.entries
+    assert planned["setting"] == {"name": "prefetch_factor", "before": "2", "after": "4"}
+    carrier = {**base, "loader_prefetch_factor": carrier_prefetch}
+    loop.window([_pod("b", "1:applied")], {"b": _obs(6.0, **carrier)}, verdict)
+    return loop
+
+
+def test_a_prefetch_factor_the_carriers_loaders_do_not_have_did_not_take_effect() -> None:
+    (entry,) = _prefetch_loop(2).entries
+    assert entry["outcome"] == "no-change", entry
+    assert "did not take effect: its pods run prefetch_factor 2, not 4" in entry["message"]
+
+
+@pytest.mark.parametrize("seen", [4, None], ids=["taken", "not-reported"])
+def test_a_prefetch_factor_taken_or_not_reported_is_judged_on_steps(seen: int | None) -> None:
+    first = _prefetch_loop(seen).entries[0]
+    assert first["outcome"] == "improved", first
+    assert "did not take effect" not in first["message"]
+
+
+def _pin_loop(carrier_pins: bool | None) -> Loop:
+    loop = Loop(_spec())
+    verdict = _verdict("enable-pin-memory")
+    loop.window([_pod("a")], {"a": _obs(4.0, gpu_count=1, loader_pin_memory=False)}, verdict)
+    (planned,) = loop.entries
+    assert planned["setting"] == {"name": "pin_memory", "before": "false", "after": "true"}
+    loop.window(
+        [_pod("b", "1:applied")], {"b": _obs(6.0, gpu_count=1, loader_pin_memory=carrier_pins)}, verdict
+    )
+    return loop
+
+
+def test_pin_memory_the_carriers_loaders_do_not_pin_did_not_take_effect() -> None:
+    (entry,) = _pin_loop(False).entries
+    assert entry["outcome"] == "no-change", entry
+    assert "did not take effect: its pods run pin_memory false, not true" in entry["message"]
+
+
+@pytest.mark.parametrize("pins", [True, None], ids=["taken", "not-reported"])
+def test_pin_memory_taken_or_not_reported_is_judged_on_steps(pins: bool | None) -> None:
+    first = _pin_loop(pins).entries[0]
+    assert first["outcome"] == "improved", first
+
+
+def test_workers_torn_down_between_epochs_still_read_as_taken() -> None:
+    """Non-persistent workers are gone between epochs: the window's worker processes read 0, while the
+    loader's num_workers (what the probe reads from it) is the value the change gives."""
+    loop = Loop(_spec())
+    loop.window([_pod("a")], {"a": _obs(4.0, loader_num_workers=0)})
+    between_epochs = {"worker_count": 0, "loader_num_workers": 1, "loader_persistent_workers": False}
+    loop.window([_pod("b", "1:applied")], {"b": _obs(6.0, **between_epochs)})
+    first = loop.entries[0]
+    assert first["setting"]["name"] == "num_workers" and first["outcome"] == "improved", first
+    assert "did not take effect" not in first["message"]

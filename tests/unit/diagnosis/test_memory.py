@@ -218,3 +218,54 @@ def test_new_thresholds_have_their_defaults() -> None:
         0.95,
         0.95,
     )
+
+
+# The real node's DataLoader OOM (issue 28 item 8): a CPU-only trainer whose main process holds
+# most of the resident memory, with loader workers beside it; the kernel killed a worker, torch
+# raised "DataLoader worker (pid 30) exited unexpectedly" and the container exited with code 1.
+CHILD_KILLED_JOB: dict[str, Any] = {
+    "wait_ratio": 0.0,
+    "nvml_up": True,
+    "main_cpu_cores": 1.0,
+    "main_rss_bytes": 3 * GIB,
+    "worker_rss_bytes": 1 * GIB,
+}
+
+
+def test_exit_code_137_says_the_training_process_itself_was_oom_killed() -> None:
+    b = verdict(Job(**CHILD_KILLED_JOB), oom_killed=True, oom_exit_code=137).bottleneck
+    assert b.regime is Regime.MEMORY_CAPACITY
+    assert b.evidence[0].startswith("the training process was OOM-killed (reason OOMKilled, exit code 137")
+    assert b.lever != "reduce-loader-memory"  # the main process holds the memory and was killed
+
+
+def test_exit_code_1_after_an_oom_kill_says_a_child_was_killed_and_keeps_the_loader_lever() -> None:
+    b = verdict(Job(**CHILD_KILLED_JOB), oom_killed=True, oom_exit_code=1).bottleneck
+    assert (b.regime, b.lever) == (Regime.MEMORY_CAPACITY, "reduce-loader-memory")
+    assert b.evidence[0].startswith("a child of the training process was OOM-killed")
+    assert "exited with code 1, not 137" in b.evidence[0]
+    assert not any(e.startswith("the training process was OOM-killed") for e in b.evidence)
+    assert any("DataLoader workers run in the container" in e for e in b.evidence)
+
+
+def test_exit_code_1_with_the_probes_worker_kill_names_the_killed_loader_worker() -> None:
+    job = Job(**CHILD_KILLED_JOB, loader_worker_kills=1)
+    b = verdict(job, oom_killed=True, oom_exit_code=1).bottleneck
+    assert (b.regime, b.lever) == (Regime.MEMORY_CAPACITY, "reduce-loader-memory")
+    assert b.confidence == pytest.approx(0.95)
+    assert b.evidence[0].startswith("a child of the training process was OOM-killed")
+    assert any("1 DataLoader worker killed in the window" in e for e in b.evidence)
+
+
+def test_an_unknown_exit_code_does_not_claim_which_process_was_killed() -> None:
+    b = verdict(Job(**CHILD_KILLED_JOB), oom_killed=True).bottleneck
+    assert b.regime is Regime.MEMORY_CAPACITY
+    assert b.evidence[0].startswith("the training container was OOM-killed")
+    assert "is not known" in b.evidence[0]
+
+
+def test_a_job_keeps_exit_code_137_when_any_pod_had_its_training_process_killed() -> None:
+    a = window(Job(**CHILD_KILLED_JOB), oom_killed=True, oom_exit_code=1)
+    b = window(Job(**CHILD_KILLED_JOB), oom_killed=True, oom_exit_code=137)
+    assert aggregate({"a": a, "b": b}).oom_exit_code == 137
+    assert aggregate({"a": a}).oom_exit_code == 1

@@ -43,9 +43,13 @@ try:
 except (RuntimeError, ConnectionError, EOFError) as exc:
     # DataLoader's own error, or (when the worker dies mid-send and is not reaped yet) the broken
     # pipe it re-raises: torch's race, both seen on this machine.
-    print("caught:", type(exc).__name__, exc)
+    print("caught:", type(exc).__name__, exc, flush=True)
     if not CATCH:
         raise
+    if CATCH == "exit":
+        sys.exit(1)  # a launcher's way out: SystemExit never reaches sys.excepthook
+    if CATCH == "os-exit":
+        os._exit(1)  # no exit handler runs: only what was published at the error is there
 """
 
 
@@ -55,13 +59,20 @@ def site_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.parametrize(
-    ("catch", "work"),
-    [(True, 0.0), (False, 0.05)],
-    ids=["raised-in-next", "uncaught-from-the-step"],
+    ("catch", "work", "code"),
+    [
+        ("True", 0.0, 0),
+        ("False", 0.05, 1),
+        ('"exit"', 0.05, 1),
+        ('"os-exit"', 0.05, 1),
+    ],
+    ids=["raised-in-next", "uncaught-from-the-step", "caught-then-sys-exit", "caught-then-os-exit"],
 )
 def test_a_worker_killed_by_sigkill_is_counted_in_the_probe_file(
-    site_dir: str, tmp_path: Path, catch: bool, work: float
+    site_dir: str, tmp_path: Path, catch: str, work: float, code: int
 ) -> None:
+    """However the training process exits after DataLoader's error (the container's exit code 1,
+    not 137: the main process was not the one killed), the probe file read afterwards has the kill."""
     probes = tmp_path / "probes"
     env = python_env(PYTHONPATH=site_dir, DAM_PROBE_DIR=str(probes))
     result = run_python(TRAIN.format(catch=catch, work=work), env, timeout=120)
@@ -69,11 +80,11 @@ def test_a_worker_killed_by_sigkill_is_counted_in_the_probe_file(
     assert any(m in said for m in ("killed by signal: Killed", "exited unexpectedly", "ConnectionReset")), (
         said
     )
-    assert result.returncode == (0 if catch else 1), result.stderr
+    assert result.returncode == code, result.stderr
     assert probe_lines(result.stderr) == []
     (path,) = probe_files(str(probes))
     rec = read_file(path)
-    assert rec.closed
+    assert rec.closed is (catch != '"os-exit"')  # os._exit runs no exit handler
     assert rec.loader_worker_kills == 1
     assert rec.loader_kill_signal == signal.SIGKILL
 

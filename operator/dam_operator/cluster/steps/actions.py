@@ -345,16 +345,18 @@ def _reached(e: ActionEntry, obs: Observation) -> bool:
 
 
 def _not_taken(e: ActionEntry, counted: Sequence[Observation]) -> str | None:
-    """Why the carriers do not run the setting (fewer loader workers than it gives: the probe
-    refused the override, or the job ignores it), or None: it took effect, or the pods do not
-    report it. Judging steps/s then would credit noise to a change that never happened."""
+    """Why the carriers do not run the setting (their loaders, as the probe reads them, have less
+    than it gives: the probe refused the override, or the job ignores it), or None: it took
+    effect, or the pods do not report the setting (unknown is not a refusal). The setting itself
+    is read, not the worker processes alive (none between epochs without persistent workers).
+    Judging steps/s then would credit noise to a change that never happened."""
     lever = levers.APPLY.get(e.lever)
     if lever is None or lever.observe is None or lever.channel is Channel.POD_CPU:
         return None
     seen, wanted = lever.observe(counted), climb.parse(lever.kind, e.setting.after)
     if seen is None or wanted is None or seen >= wanted:
         return None
-    return f"its pods run {e.setting.name} {seen}, not {e.setting.after}"
+    return f"its pods run {e.setting.name} {climb.render(lever.kind, seen)}, not {e.setting.after}"
 
 
 def _progress(
@@ -426,14 +428,17 @@ def _current(name: str, label: str | None, entries: Sequence[ActionEntry]) -> bo
 
 def _value_now(lever: ApplyLever, obs: Sequence[Observation], kept: Mapping[str, str]) -> int | None:
     """A setting's current value: what the pods report (a pod resource: only that), else the
-    value the status gives new pods, else, for a setting the pods do not report, its default.
-    None: unknown, and then it is not climbed."""
+    lever's estimate from the pods (the worker processes seen), else the value the status gives
+    new pods, else its default, for a setting without an estimate. None: unknown, and then it is
+    not climbed."""
     seen = lever.observe(obs) if lever.observe is not None else None
+    if seen is None and lever.estimate is not None:
+        seen = lever.estimate(obs)
     if seen is not None or lever.channel is Channel.POD_CPU:
         return seen
     if lever.setting in kept:
         return climb.parse(lever.kind, kept[lever.setting])
-    return lever.default if lever.observe is None else None
+    return lever.default if lever.estimate is None else None
 
 
 def _bounds(cfg: ActionsSpec, obs: Sequence[Observation]) -> climb.Bounds:

@@ -127,6 +127,13 @@ def _oom_sentence(pod: PodInfo, mark: Snapshot | None) -> str:
     )
 
 
+def oom_exit_code(pod: PodInfo) -> int | None:
+    """The exit code of the pod's latest OOM-killed container (137: its main process was the
+    victim; another: a child was, e.g. a DataLoader worker); None when not known."""
+    code = None if pod.oom is None else pod.oom.exit_code
+    return code if code is not None and 0 <= code <= 255 else None
+
+
 OOM_SLACK_SECONDS = 5.0
 """An OOM kill this much before the window's start still counts (clock skew between nodes)."""
 
@@ -615,12 +622,14 @@ def _pod_windows(
             # window reaches back over this one and holds more steps (up to max_baseline_seconds);
             # meanwhile this window's unknown is held off by the stabilizer.
             new_baselines[name] = before
+        killed = oom_killed_within(by_name[name].last_oom_kill, when, elapsed)
         windows[name] = PodWindow(
             before,
             result,
             elapsed_seconds=elapsed,
-            oom_killed=oom_killed_within(by_name[name].last_oom_kill, when, elapsed),
+            oom_killed=killed,
             starting=pod_starting(by_name[name], when),
+            oom_exit_code=oom_exit_code(by_name[name]) if killed else None,
         )
     return windows, new_baselines
 
@@ -663,7 +672,9 @@ def _oom_windows(  # noqa: PLR0917 (six positional: called once, in window_step)
             ],
             first.timestamp_seconds,
         )
-        windows[pod.name] = PodWindow(first, last, elapsed_seconds=None, oom_killed=True)
+        windows[pod.name] = PodWindow(
+            first, last, elapsed_seconds=None, oom_killed=True, oom_exit_code=oom_exit_code(pod)
+        )
         notes.append(_oom_sentence(pod, mark))
     return notes
 

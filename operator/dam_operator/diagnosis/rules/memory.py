@@ -4,6 +4,11 @@ The container was OOM-killed (the caller's ``oom_killed``), the cgroup counted O
 window, DataLoader said a worker was killed, or the fullest GPU's memory is above
 ``gpu_memory_full``; the container near its memory limit counts only when the processes' resident
 memory corroborates it (page cache fills a limit harmlessly).
+
+The container's exit code (``oom_exit_code``) says whom the OOM killer took: 137 (128 + SIGKILL)
+the training process itself; another code a child of it, after which the training process exited
+on its own. A child killed in a container that runs DataLoader workers is the loader's: the lever
+is then ``reduce-loader-memory`` even when the probe's count of the kill is missing.
 """
 
 from __future__ import annotations
@@ -14,6 +19,37 @@ from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.rules.base import Context, Finding
 
 _LOADER_ALSO = ("raise-memory-limit", "smaller-micro-batch")
+MAIN_KILLED_EXIT_CODE = 137
+"""128 + SIGKILL: the container's main process died of the OOM killer's signal."""
+
+
+def child_killed(ctx: Context) -> bool:
+    """The OOM killer took a child of the training process, not the process itself: the container
+    was OOM-killed and exited with a code other than 137."""
+    code = ctx.obs.oom_exit_code
+    return ctx.obs.oom_killed is True and code is not None and code != MAIN_KILLED_EXIT_CODE
+
+
+def _killed_evidence(ctx: Context) -> Evidence:
+    """Whom the OOM killer took, as the container's exit code says."""
+    code = ctx.obs.oom_exit_code
+    if code == MAIN_KILLED_EXIT_CODE:
+        text = (
+            "the training process was OOM-killed (reason OOMKilled, exit code 137 = 128 + SIGKILL): "
+            "its container's memory ran out"
+        )
+    elif code is not None:
+        text = (
+            f"a child of the training process was OOM-killed (reason OOMKilled), not the process "
+            f"itself: the container exited with code {code}, not 137 (128 + SIGKILL), after the "
+            "kill: its memory ran out"
+        )
+    else:
+        text = (
+            "the training container was OOM-killed (reason OOMKilled; its exit code, which tells the "
+            "training process from a child, is not known): its memory ran out"
+        )
+    return Evidence(Kind.OOM, text, {} if code is None else {"oom_exit_code": float(code)})
 
 
 def _seen(ctx: Context, *, killed: bool, kills: bool, gpu_full: bool) -> list[Evidence]:
@@ -21,12 +57,7 @@ def _seen(ctx: Context, *, killed: bool, kills: bool, gpu_full: bool) -> list[Ev
     o, t = ctx.obs, ctx.t
     out: list[Evidence] = []
     if killed:
-        out.append(
-            Evidence(
-                Kind.OOM,
-                "the training process was OOM-killed (reason OOMKilled): its container's memory ran out",
-            )
-        )
+        out.append(_killed_evidence(ctx))
     if kills:
         n = o.oom_kills or 0.0
         text = f"{n:.0f} OOM kill{'s' if n != 1 else ''} in the container's cgroup in the window"
@@ -81,7 +112,15 @@ def _host(ctx: Context, seen: list[Evidence], *, killed: bool, kills: bool) -> F
     if most is not None:
         seen.append(most)
         return Finding(Regime.MEMORY_CAPACITY, "reduce-loader-memory", conf, evidence=seen, also=_LOADER_ALSO)
-    workers = (o.worker_count or 0) > 0 or (o.worker_rss_bytes or 0.0) > 0
+    workers = (o.worker_count or 0) > 0 or (o.worker_rss_bytes or 0.0) > 0 or (o.loader_num_workers or 0) > 0
+    if workers and child_killed(ctx):
+        seen.append(
+            ev.note(
+                "the OOM killer took a child of the training process and DataLoader workers run in the "
+                "container: the loader was its victim"
+            )
+        )
+        return Finding(Regime.MEMORY_CAPACITY, "reduce-loader-memory", conf, evidence=seen, also=_LOADER_ALSO)
     if workers and not (o.main_rss_bytes is not None and o.worker_rss_bytes is not None):
         missing.append("workerRssBytes and mainRssBytes (which process holds the memory)")
         seen.append(
