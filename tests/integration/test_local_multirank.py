@@ -167,6 +167,61 @@ def test_balanced_compute_heavy_ranks_have_no_straggler(tmp_path: Path) -> None:
     assert sorted(row[0] for row in rows[:2]) == ["0", "1"], table[1]
 
 
+# Rank 0 writes a 128 MB tensor (torch.save, then os.fsync) every 10 steps; rank 1 waits for it at
+# dist.barrier(). The steps themselves are small (a 256-wide layer, 256 rows).
+SAVER = ENDING + textwrap.dedent(
+    """
+    import os, time, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        torch.set_num_threads(1)
+        rank = dist.get_rank()
+        batches = [torch.randn(256, 256) for _ in range(4)]
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        state = torch.randn(32_000_000)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ckpt.pt")
+        deadline = time.monotonic() + 8
+        steps, stop = 0, False
+        while not stop:
+            for x in DataLoader(batches, batch_size=None, num_workers=0):
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                steps += 1
+                if steps % 10 == 0:
+                    if rank == 0:
+                        with open(path, "wb") as fh:
+                            torch.save({"state": state}, fh)
+                            fh.flush()
+                            os.fsync(fh.fileno())
+                    dist.barrier()
+                stop = agreed_stop(deadline)
+                if stop:
+                    break
+        leave()
+    """
+)
+
+
+@pytest.mark.timeout(90)
+def test_rank_0_saving_while_rank_1_waits_at_a_barrier_is_checkpoint_bound(tmp_path: Path) -> None:
+    """Issue 28 item 6: the waiting rank's barrier time is the checkpoint's, not communication."""
+    proc = dam_run_torchrun(tmp_path, SAVER, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    b = doc["bottleneck"]
+    assert b["regime"] == "checkpoint-bound", b
+    assert b["lever"] in ("async-checkpoint", "checkpoint-less-often"), b
+    assert any("rank 1 waits" in e and "in collectives while rank 0 saves" in e for e in b["evidence"]), b
+    ranks = by_rank(doc)
+    # Rank 1 spends most of its step in the barrier; the verdict does not read it as communication.
+    assert ranks[1]["exposedRatio"] > ranks[0]["exposedRatio"] + 0.2, ranks
+
+
 # BALANCED's work, with the job's own truth: each rank writes its steps and its loop's wall time.
 TRUTH = """
 def write_truth(steps, seconds):

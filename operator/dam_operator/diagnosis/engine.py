@@ -16,10 +16,14 @@ in ``docs/method.md``. In short, in order:
 2b. **Checkpoint-bound** (Machine, boundary Data): checkpoint saves block the training thread
    above ``checkpoint_suspect`` of the wall time, more than the data wait or the exposed
    communication; lever ``async-checkpoint``, or ``checkpoint-less-often`` when it saves more
-   often than every ``CHECKPOINT_OFTEN_STEPS`` steps.
+   often than every ``CHECKPOINT_OFTEN_STEPS`` steps. The three are compared as shares of the
+   same wall time. Where one rank saves while the others wait for it in the collectives, their
+   wait is the checkpoint's (``ranks.save_wait``), not communication.
 3. **Communication-bound** (Machine, boundary Algorithm): the *skew-corrected* exposed
    communication — the least-waiting rank's — above ``communication_suspect`` of the step.
    When the job is also input-bound, the larger share of the step wins.
+   A screen crossed (communication or data wait) under two screens, beside a rest of the window
+   four times as large, is a suspect named in the evidence, not the verdict (``rules.dominance``).
 4. **Input-bound** (Data): data wait above the screen *and* the accelerator idle
    (utilization below the starved line). With no GPU counters at all (a CPU-only job,
    or NVML unavailable) the data wait alone decides, at lower confidence. Loader wait
@@ -67,7 +71,14 @@ from dam_operator.diagnosis.model import (
     Verdict,
     WindowMetrics,
 )
-from dam_operator.diagnosis.ranks import find_straggler, is_synchronous, rank_figures, straggler_sentence
+from dam_operator.diagnosis.ranks import (
+    SaveWait,
+    find_straggler,
+    is_synchronous,
+    rank_figures,
+    save_wait,
+    straggler_sentence,
+)
 from dam_operator.diagnosis.rules import decide
 from dam_operator.diagnosis.rules.base import Context, Finding
 from dam_operator.diagnosis.rules.context_lines import add_context_lines
@@ -110,6 +121,15 @@ def _held_by_straggler(
         "every rank of the synchronous job waits for it" + mean_text
     )
     return obs.model_copy(update={"data_wait_ratio": w}), line
+
+
+def _without_save_wait(obs: Observation, waits: SaveWait | None) -> Observation:
+    """The exposed communication without the wait for a saving rank's checkpoint: where the
+    least-waiting rank waits for it (``ranks.save_wait``), that wait is checkpoint time."""
+    x = obs.exposed_communication_ratio
+    if waits is None or waits.exposed_ratio is None or x is None or waits.exposed_ratio >= x:
+        return obs
+    return obs.model_copy(update={"exposed_communication_ratio": waits.exposed_ratio})
 
 
 def _bottleneck(f: Finding, straggler: Straggler | None) -> Bottleneck:
@@ -161,9 +181,11 @@ def diagnose(
     held_by = None
     if ranks:
         obs, held_by = _held_by_straggler(obs, ranks, straggler)
+    waits = save_wait(ranks) if ranks else None
+    obs = _without_save_wait(obs, waits)
     hw = resolve_hardware(obs.gpu_model, hardware)
     d = derive(obs, hw)
-    ctx = Context(obs, t, hw, d)
+    ctx = Context(obs, t, hw, d, save_wait=waits)
     f = decide(ctx)
     if held_by is not None:
         f.evidence.append(held_by)

@@ -157,6 +157,100 @@ def is_synchronous(ranks: Mapping[RankId, Observation]) -> bool:
     return len(timed) >= 2 and any(c for c in timed)
 
 
+# --- one rank saves, the others wait ------------------------------------------------------------
+
+SAVER_SHARE = 0.5
+"""A rank saving less than this share of the heaviest saver's checkpoint time waits for it (the
+pattern "rank 0 saves, the others wait at a barrier"); one saving more saves its own shard."""
+
+
+@dataclass(frozen=True)
+class SaveWait:
+    """One rank saves while its peers wait for it in the collectives: their wait is the save's.
+
+    A save blocks the saver's training thread, so it enters no collective meanwhile; a peer that
+    reaches one waits there (a barrier, the next all-reduce) up to the length of the save. The
+    waiters' exposed communication, up to the saver's checkpoint seconds, is checkpoint time.
+    """
+
+    saver: RankId
+    saver_seconds: float
+    """Seconds the saver's training thread blocked in checkpoint saves in the window."""
+    waiters: tuple[RankId, ...]
+    exposed_seconds: float
+    """The waiters' median exposed communication in the window."""
+    waited_seconds: float
+    """The waiters' median exposed communication that the saves explain (each at most
+    ``saver_seconds``)."""
+    exposed_ratio: float | None
+    """The skew-corrected exposed communication (``cross_rank``) with the wait for the saves taken
+    out, where the least-waiting rank is a waiter; None where it is the saver (nothing to take out)."""
+
+    def evidence(self) -> Evidence:
+        """``rank 1 waits 19.8 s in collectives while rank 0 saves 18.0 s: 18.0 s of it …``"""
+        n = len(self.waiters)
+        who = self.waiters[0].describe() if n == 1 else f"the {n} other ranks"
+        verb = "waits" if n == 1 else "wait (median)"
+        text = (
+            f"{who} {verb} {self.exposed_seconds:.1f} s in collectives while {self.saver.describe()} "
+            f"saves {self.saver_seconds:.1f} s: {self.waited_seconds:.1f} s of that wait is the "
+            "checkpoint's, not communication"
+        )
+        numbers = {
+            "exposed_seconds": self.exposed_seconds,
+            "waited_seconds": self.waited_seconds,
+            "saver_checkpoint_seconds": self.saver_seconds,
+        }
+        return Evidence(Kind.CHECKPOINT, text, numbers | {"waiters": float(n)})
+
+
+def save_wait(ranks: Mapping[RankId, Observation]) -> SaveWait | None:
+    """The saver and its waiters, when one rank of a synchronous job saves and the others do not
+    (less than ``SAVER_SHARE`` of its time) and wait in collectives; None otherwise."""
+    if not is_synchronous(ranks):
+        return None
+    saving = sorted(
+        ((o.checkpoint_seconds, k) for k, o in ranks.items() if o.checkpoint_seconds),
+        key=lambda x: (-x[0], x[1].sort_key()),
+    )
+    if not saving:
+        return None
+    seconds, saver = saving[0]
+    exposed: dict[RankId, float] = {}
+    for key in sorted(ranks, key=RankId.sort_key):
+        o = ranks[key]
+        if (
+            key != saver
+            and (o.checkpoint_seconds or 0.0) < SAVER_SHARE * seconds
+            and o.collective_exposed_seconds
+        ):
+            exposed[key] = o.collective_exposed_seconds
+    if not exposed:
+        return None
+    # A waiter waits for the saves at most as long as they last.
+    waiting = {k: min(v, seconds) for k, v in exposed.items()}
+    return SaveWait(
+        saver,
+        seconds,
+        tuple(waiting),
+        statistics.median(exposed.values()),
+        statistics.median(waiting.values()),
+        _corrected_exposed(ranks, waiting),
+    )
+
+
+def _corrected_exposed(ranks: Mapping[RankId, Observation], waiting: Mapping[RankId, float]) -> float | None:
+    """The least-waiting rank's exposed ratio less its wait for the saves (it is a waiter)."""
+    late = cross_rank(ranks).least_waiting
+    if late is None or late not in waiting:
+        return None
+    o = ranks[late]
+    x, seconds = o.exposed_communication_ratio, o.collective_exposed_seconds
+    if x is None or not seconds:
+        return None
+    return x * max(0.0, seconds - waiting[late]) / seconds
+
+
 # --- the straggler's sentences: one record each ----------------------------------------------
 
 
@@ -319,16 +413,48 @@ def _host_cause(
     return None
 
 
+def _saves_per_step(o: Observation) -> float | None:
+    """Seconds per step the process's training thread blocked in checkpoint saves (0 when it
+    times saves and made none)."""
+    if o.checkpoint_seconds is None or not o.steps:
+        return None
+    return o.checkpoint_seconds / o.steps
+
+
+def _checkpoint_cause(o: Observation, peers: list[Observation], gap_seconds: float | None) -> Evidence | None:
+    """Machine (I/O): a synchronous job's late rank saves checkpoints its peers do not (rank 0
+    saves, the others wait in the next collective), enough to explain half the collective gap."""
+    own = _saves_per_step(o)
+    if own is None or gap_seconds is None or gap_seconds <= 0:
+        return None
+    peer = _median(_saves_per_step(p) for p in peers) or 0.0
+    extra = own - peer
+    if extra <= 0 or extra < DATA_SHARE_OF_GAP * gap_seconds:
+        return None
+    peer_total = _median(p.checkpoint_seconds for p in peers) or 0.0
+    text = (
+        f"its checkpoint saves block it {_ms(extra)} per step of the {_ms(gap_seconds)} gap "
+        f"({o.checkpoint_seconds or 0.0:.1f} s in the window vs a median of {peer_total:.1f} s for its "
+        "peers): they wait in the collectives while it saves"
+    )
+    numbers = {"checkpoint_seconds_per_step": own, "peer_checkpoint_seconds_per_step": peer}
+    return Evidence(Kind.CHECKPOINT, text, numbers)
+
+
 def _cause(
     o: Observation, peers: list[Observation], t: Thresholds, gap_seconds: float | None
 ) -> tuple[Axis, list[Evidence]]:
     """The straggler's cause from its own signals against its peers'; records with the numbers.
 
-    Data (its loader) first, then the Machine (its GPU, then its host); otherwise Unknown, naming
-    what is not measured. ``gap_seconds`` is the collective gap per step (synchronous jobs), None
-    for independent ones.
+    Its own checkpoint saves first (Machine, I/O: the others wait while it saves), then Data (its
+    loader), then the Machine (its GPU, then its host); otherwise Unknown, naming what is not
+    measured. ``gap_seconds`` is the collective gap per step (synchronous jobs), None for
+    independent ones.
     """
     missing: list[str] = []
+    saves = _checkpoint_cause(o, peers, gap_seconds)
+    if saves is not None:
+        return Axis.MACHINE, [saves]
     data = _data_cause(o, peers, t, gap_seconds, missing)
     if data is not None:
         return Axis.DATA, data

@@ -665,7 +665,8 @@ SIGNALS: tuple[Signal, ...] = (
         Quotient(n.COLLECTIVE_EXPOSED_SECONDS_TOTAL, n.STEP_SECONDS_TOTAL, ratio=True, when=_communicated),
         A.MIN,
         "exposedCommunicationRatio",
-        "Communication the backward pass did not hide / step time, skew-corrected (least-waiting rank).",
+        "Communication the backward pass did not hide / step time, skew-corrected (least-waiting rank),"
+        " without its wait for a saving rank's checkpoint.",
     ),
     S(
         "collective_skew",

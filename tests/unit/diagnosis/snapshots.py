@@ -28,6 +28,8 @@ _TYPES = {
     names.GPU_PCIE_BYTES_TOTAL: "counter",
     names.CONTAINER_OOM_KILLS_TOTAL: "counter",
     names.DATALOADER_WORKER_KILLS_TOTAL: "counter",
+    names.BADPUT_SECONDS_TOTAL: "counter",
+    names.CHECKPOINTS_TOTAL: "counter",
 }
 
 GPU_GAUGES = {
@@ -79,6 +81,11 @@ class Rank:
     collectives_per_step: float | None = None
     bytes_per_collective: float | None = None
     local_rank: int | None = None
+    checkpoint_ratio: float | None = None
+    """Time its training thread blocked in checkpoint saves / the window's wall time (None: saves
+    not timed; 0: timed, none made — the probe publishes both for every process that can save)."""
+    checkpoints: float = 0.0
+    """Its checkpoint saves in the window."""
 
 
 @dataclass
@@ -136,6 +143,10 @@ def _rank_counters(job: Job, r: Rank, k: float) -> list[Sample]:
         out.append(
             (names.COLLECTIVE_EXPOSED_SECONDS_TOTAL, labels, base * 0.1 + k * job.seconds * r.exposed_ratio)
         )
+    if r.checkpoint_ratio is not None:
+        saved = {"cause": names.CAUSE_CHECKPOINT, **labels}
+        out.append((names.BADPUT_SECONDS_TOTAL, saved, base * 0.01 + k * job.seconds * r.checkpoint_ratio))
+        out.append((names.CHECKPOINTS_TOTAL, labels, 3.0 + k * r.checkpoints))
     if r.collectives_per_step is not None:
         n = steps * r.collectives_per_step
         out.append((names.COLLECTIVES_TOTAL, labels, base * 10 + k * n))

@@ -425,3 +425,47 @@ def test_communication_is_the_verdict_only_where_its_term_dominates_and_otherwis
         assert any("a suspect, not the bottleneck" in e for e in b.evidence), b.evidence
     else:
         assert b.regime is regime, b
+
+
+@pytest.mark.parametrize(
+    ("wait", "exposed", "regime"),
+    [
+        (0.105, 0.02, Regime.COMPUTE_BOUND),  # just over the screen beside ~87 % compute: a suspect
+        (0.19, 0.02, Regime.COMPUTE_BOUND),  # under two screens, the rest (79 %) over four times it
+        (0.17, 0.08, Regime.COMPUTE_BOUND),  # with communication under its screen, the rest 75 %
+        (0.21, 0.02, Regime.INPUT_BOUND),  # two screens and more: the verdict
+        (0.19, 0.09, Regime.INPUT_BOUND),  # the rest (72 %) under four times the wait (76 %)
+        (0.45, 0.02, Regime.INPUT_BOUND),  # the data wait dominates the step
+    ],
+)
+def test_data_wait_is_the_verdict_only_where_its_term_dominates_and_otherwise_a_named_suspect(
+    wait: float, exposed: float, regime: Regime
+) -> None:
+    """Two gloo ranks on the CPU (each rank's loader waits ``wait`` of its step): a data wait just
+    over its screen beside a dominant compute is a suspect; the CPU's compute is the verdict."""
+    ranks = [
+        Rank(r, collective_ratio=exposed + 0.05, exposed_ratio=exposed, wait_ratio=wait) for r in range(2)
+    ]
+    b = verdict_of(one_pod(cpu_job(ranks))).bottleneck
+    assert b.regime is regime, b
+    suspect = [e for e in b.evidence if e.startswith("data wait") and "a suspect, not the bottleneck" in e]
+    assert bool(suspect) is (regime is Regime.COMPUTE_BOUND), b.evidence
+
+
+@pytest.mark.parametrize(
+    ("util", "wait", "regime", "suspect"),
+    [
+        (0.95, 0.12, Regime.COMPUTE_BOUND, True),  # a fed GPU: the wait is hidden, and named
+        (0.95, 0.30, Regime.COMPUTE_BOUND, False),  # hidden by the queue, too large to be a suspect
+        (0.50, 0.15, Regime.INPUT_BOUND, False),  # the GPU busy 50 %: under four times the wait
+        (0.40, 0.35, Regime.INPUT_BOUND, False),
+    ],
+)
+def test_on_a_gpu_the_data_wait_is_weighed_against_the_gpu_s_busy_time(
+    util: float, wait: float, regime: Regime, suspect: bool
+) -> None:
+    gpus = [{"util": util, "sm": util * 0.95, "tensor": 0.5, "dram": 0.3, "clock": 1.98e9} for _ in range(2)]
+    ranks = [Rank(r, collective_ratio=0.04, exposed_ratio=0.02, wait_ratio=wait) for r in range(2)]
+    b = verdict_of(one_pod(Job(ranks=ranks, gpus=gpus))).bottleneck
+    assert b.regime is regime, b
+    assert any(e.startswith("data wait") and "a suspect" in e for e in b.evidence) is suspect, b.evidence

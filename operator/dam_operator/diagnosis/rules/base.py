@@ -14,6 +14,7 @@ from dam_operator.diagnosis.derived import Derived, positive
 from dam_operator.diagnosis.evidence import Evidence, Kind
 from dam_operator.diagnosis.levers import Axis, Regime
 from dam_operator.diagnosis.model import Hardware, Observation, Thresholds
+from dam_operator.diagnosis.ranks import SaveWait
 
 RSS_CORROBORATES = 0.80
 """Resident memory at this share of the container limit makes a full container a real shortage."""
@@ -60,8 +61,10 @@ class Context:
     hw: Hardware | None
     d: Derived
     suspects: list[Evidence] = field(default_factory=list)
-    """Screens a rule saw crossed without their term dominating the step (``communication_bound``
-    near its screen): named in the evidence of whichever finding decides."""
+    """Screens a rule saw crossed without their term dominating the window (``rules.dominance``):
+    named in the evidence of whichever finding decides."""
+    save_wait: SaveWait | None = None
+    """One rank saves while the others wait for it in the collectives (``ranks.save_wait``)."""
 
     def steps(self) -> float | None:
         """The job's steps in the window (per rank for a distributed job)."""

@@ -1,7 +1,12 @@
 """Checkpoint-bound (Machine, boundary Data): checkpoint saves block the training thread above
 ``checkpoint_suspect`` of the wall time, and more than the data wait or the exposed communication
-does (the largest loss is cut first). Lever ``async-checkpoint``, or ``checkpoint-less-often`` when
-the job saves more often than every ``CHECKPOINT_OFTEN_STEPS`` steps."""
+does, each as a share of the same wall time (``dominance.of_window``; the largest loss is cut
+first). Lever ``async-checkpoint``, or ``checkpoint-less-often`` when the job saves more often than
+every ``CHECKPOINT_OFTEN_STEPS`` steps.
+
+Where one rank saves and the others wait for it in the collectives ("rank 0 saves, the others wait
+at a barrier", ``ranks.save_wait``), their wait is the checkpoint's: the engine takes it out of the
+exposed communication, and the evidence says how long they waited while the saver saved."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.rules.base import Context, Finding
 from dam_operator.diagnosis.rules.communication import communication_bound
 from dam_operator.diagnosis.rules.data import input_bound
+from dam_operator.diagnosis.rules.dominance import of_window
 
 CHECKPOINT_OFTEN_STEPS = 10
 """A job that saves more often than every this many steps is told to save less often first
@@ -22,9 +28,10 @@ def checkpoint_bound(ctx: Context) -> Finding | None:
     x = o.checkpoint_ratio
     if x is None or x <= t.checkpoint_suspect:
         return None
-    if communication_bound(ctx) is not None and (o.exposed_communication_ratio or 0.0) > x:
+    # Like with like: the saves are a share of the wall time, the other two of the step time.
+    if communication_bound(ctx) is not None and of_window(ctx, o.exposed_communication_ratio) > x:
         return None
-    if input_bound(ctx) is not None and (o.data_wait_ratio or 0.0) > x:
+    if input_bound(ctx) is not None and of_window(ctx, o.data_wait_ratio) > x:
         return None
     text = (
         f"checkpoint saves blocked the training thread {ev.pct(x)} of the window "
@@ -46,6 +53,8 @@ def checkpoint_bound(ctx: Context) -> Finding | None:
                 lever = "checkpoint-less-often"
                 text += f" (more often than every {CHECKPOINT_OFTEN_STEPS} steps: save less often)"
         seen.append(Evidence(Kind.CHECKPOINT, text, numbers))
+    if ctx.save_wait is not None:
+        seen.append(ctx.save_wait.evidence())
     if o.data_wait_ratio is not None:
         seen.append(ev.data_wait(o, t))
     if o.gpu_utilization is not None:

@@ -8,36 +8,22 @@ from dam_operator.diagnosis.evidence import Evidence, Kind
 from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.model import Observation
 from dam_operator.diagnosis.rules.base import Context, Finding
+from dam_operator.diagnosis.rules.dominance import CONFIDENT_SCREENS, named_suspect
 
 OVERLAP_HIDDEN_WELL = 0.5
 """Collective time more than this share hidden behind the backward pass: overlap already works."""
-CONFIDENT_SCREENS = 2.0
-"""Exposed communication at least this many times its screen is the verdict whatever else the step holds."""
-REST_DOMINANCE = 4.0
-"""Below that, the rest of the step (compute, once data wait and saves are out) at least this many
-times the exposed communication dominates it: the crossed screen is a suspect, not the verdict
-(the iron law's dominant term decides, DESIGN.md §1; issue 28: 10.6 % exposed beside 85 % compute
-on a saturated host read as communication-bound in 2 of 3 runs)."""
 
 
 def _suspect(ctx: Context, x: float) -> bool:
-    """The exposed communication crossed its screen but does not dominate the step: named as a
-    suspect (``Context.suspects``) for the finding that decides."""
-    o, t = ctx.obs, ctx.t
-    if x >= CONFIDENT_SCREENS * t.communication_suspect:
-        return False
-    rest = 1.0 - x - (o.data_wait_ratio or 0.0) - (o.checkpoint_ratio or 0.0)
-    if rest < REST_DOMINANCE * x:
-        return False
-    screen = ev.pct(t.communication_suspect)
-    text = (
-        f"exposed communication {ev.pct(x)} of the step crossed its screen ({screen}) "
-        f"but the rest of the step ({ev.pct(rest)}) dominates it: a suspect, not the bottleneck"
+    """The exposed communication crossed its screen but does not dominate the window."""
+    return named_suspect(
+        ctx,
+        x,
+        screen=ctx.t.communication_suspect,
+        kind=Kind.COLLECTIVES,
+        what="exposed communication",
+        key="exposed_communication_ratio",
     )
-    found = Evidence(Kind.COLLECTIVES, text, {"exposed_communication_ratio": x, "rest_ratio": rest})
-    if all(e.sentence != text for e in ctx.suspects):
-        ctx.suspects.append(found)
-    return True
 
 
 def _traffic(o: Observation) -> list[Evidence]:
@@ -69,7 +55,7 @@ def communication_bound(ctx: Context) -> Finding | None:
     x = o.exposed_communication_ratio
     if x is None or x <= t.communication_suspect or _suspect(ctx, x):
         return None
-    conf = 0.85 if x >= 2 * t.communication_suspect else 0.7
+    conf = 0.85 if x >= CONFIDENT_SCREENS * t.communication_suspect else 0.7
     seen = [ev.exposed_communication(o, t)]
     missing: list[str] = []
     if o.collective_skew is not None:

@@ -1,11 +1,12 @@
 """Input-bound (Data): data wait above the screen *and* the accelerator idle (utilization below
 the starved line). With no GPU counters at all (a CPU-only job, or NVML unavailable) the data wait
 alone decides, at lower confidence. Loader wait while the GPU stays busy is hidden by the
-asynchronous queue and does not count. Boundary Machine, lever ``raise-cpu-limit``, when the
-container is CPU-throttled or the training process saturates its CPU limit; lever
-``raise-cpu-request`` when a busy node starves the loader. A loader in the main process (no
-workers) on a busy node whose run-queue delay dominates the data wait is left to the busy-node
-rule (``_busy_node_dominates``)."""
+asynchronous queue and does not count. Under two screens, beside a rest of the window four times
+as large, the data wait is a suspect, not the verdict (``rules.dominance``). Boundary Machine,
+lever ``raise-cpu-limit``, when the container is CPU-throttled or the training process saturates
+its CPU limit; lever ``raise-cpu-request`` when a busy node starves the loader. A loader in the
+main process (no workers) on a busy node whose run-queue delay dominates the data wait is left to
+the busy-node rule (``_busy_node_dominates``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dam_operator.diagnosis.evidence import Evidence, Kind
 from dam_operator.diagnosis.levers import Axis, Regime
 from dam_operator.diagnosis.rules.base import Context, Finding
 from dam_operator.diagnosis.rules.communication import communication_bound
+from dam_operator.diagnosis.rules.dominance import named_suspect
 
 
 def _confidence(ctx: Context, seen: list[Evidence], missing: list[str]) -> float | None:
@@ -108,6 +110,10 @@ def input_bound(ctx: Context) -> Finding | None:
     o, t = ctx.obs, ctx.t
     w = o.data_wait_ratio
     if w is None or w <= t.data_wait_suspect or _busy_node_dominates(ctx):
+        return None
+    if named_suspect(
+        ctx, w, screen=t.data_wait_suspect, kind=Kind.DATA_WAIT, what="data wait", key="data_wait_ratio"
+    ):
         return None
     seen = [ev.data_wait(o, t)]
     missing: list[str] = []
