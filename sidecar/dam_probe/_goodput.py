@@ -498,11 +498,11 @@ def timed_save(orig: Callable[..., Any], p: Probe | None = None) -> Callable[...
         if acc.ckpt_depth or ident() != acc.train_thread:
             return orig(*args, **kwargs)
         acc.ckpt_depth = 1
+        t0 = clock()  # the announce's publish blocks the training thread for the save too
         # A save can block in C++ holding the GIL (torch.save opening a file on a dead file system):
         # its place is published on entry, as the watchdog's thread could not read it then.
         if probe.writer is not None:
             probe.watchdog.announce(probe, PLACE_CHECKPOINT, what)
-        t0 = clock()
         try:
             return orig(*args, **kwargs)
         finally:
