@@ -4,12 +4,16 @@ probe's FLOP counter on a real step (torch on CPU), and its place in the probe f
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import dam_probe
+from dam_contract import names as n
 from dam_probe._core import Probe
 from dam_probe._goodput import dominant_precision
 from dam_probe.layout import (
@@ -19,14 +23,18 @@ from dam_probe.layout import (
     PRECISION_FP16,
     PRECISION_FP32,
     PRECISION_FP64,
+    PRECISION_NAMES,
     PRECISION_TF32,
     PRECISION_UNKNOWN,
     ProbeRecord,
     decode,
     encode,
     probe_files,
+    probe_path,
     read_file,
 )
+from dam_sidecar.collector import build_collector
+from dam_sidecar.settings import SidecarSettings
 
 torch = pytest.importorskip("torch")
 
@@ -127,18 +135,18 @@ def test_the_precision_of_the_most_flops_wins() -> None:
 
 
 def _record(**fields: Any) -> ProbeRecord:
-    return ProbeRecord(
-        pid=7,
-        start_time_ns=1,
-        steps=3,
-        wait_ns=0,
-        step_ns=10,
-        last_update_ns=2,
-        batch_size=0,
-        flops_per_step=0.0,
-        closed=False,
-        **fields,
-    )
+    base: dict[str, Any] = {
+        "pid": 7,
+        "start_time_ns": 1,
+        "steps": 3,
+        "wait_ns": 0,
+        "step_ns": 10,
+        "last_update_ns": 2,
+        "batch_size": 0,
+        "flops_per_step": 0.0,
+        "closed": False,
+    }
+    return ProbeRecord(**{**base, **fields})
 
 
 def test_the_precision_round_trips_through_the_file_at_offset_524() -> None:
@@ -163,3 +171,38 @@ def test_an_unknown_code_reads_unknown_not_a_precision() -> None:
     patched = bytearray(encode(_record(matmul_precision=PRECISION_BF16)))
     patched[524:528] = (99).to_bytes(4, "little")
     assert decode(bytes(patched))[1].matmul_precision == PRECISION_UNKNOWN
+
+
+# --- the sidecar's export ------------------------------------------------------------------------
+
+
+def test_the_contract_names_each_probe_code() -> None:
+    assert {code: n.PRECISIONS[code - 1] for code in PRECISION_NAMES} == PRECISION_NAMES
+
+
+def test_the_sidecar_exports_a_real_probe_s_precision_beside_its_flops(fast_probe: Probe) -> None:
+    _train(30, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    fast_probe.publish(time.perf_counter_ns())  # live: a closed file is folded in on its first read
+    collector = build_collector(SidecarSettings(probe_dir=fast_probe.directory, port=0), use_nvml=False)
+    try:
+        collector.sample_now()
+        snap = collector.snapshot()
+    finally:
+        collector.close()
+    (sample,) = snap.samples(n.MODEL_FLOPS_PRECISION)
+    assert sample.label(n.PRECISION_LABEL) == "bf16" and sample.value == 1.0
+    (flops,) = snap.samples(n.MODEL_FLOPS_PER_STEP)
+    assert flops.label(n.SOURCE_LABEL) == "measured"
+
+
+def test_no_precision_series_without_a_known_precision(tmp_path: Path) -> None:
+    directory = str(tmp_path)
+    with open(probe_path(directory, os.getpid()), "wb") as fh:
+        fh.write(encode(_record(pid=os.getpid(), flops_per_step=4e9)))  # declared: nothing counted
+    collector = build_collector(SidecarSettings(probe_dir=directory, port=0), use_nvml=False)
+    try:
+        collector.sample_now()
+        snap = collector.snapshot()
+    finally:
+        collector.close()
+    assert snap.samples(n.MODEL_FLOPS_PER_STEP) and not snap.samples(n.MODEL_FLOPS_PRECISION)
