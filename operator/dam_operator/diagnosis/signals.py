@@ -25,6 +25,7 @@ collector), an ``Observation`` field holds it, one entry here says the rest; the
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -350,6 +351,19 @@ def _gpu_model(s: Scrapes) -> str | None:
     return None
 
 
+def _matmul_precision(s: Scrapes) -> str | None:
+    """The precision the pod's processes counted their matmul FLOPs in: the most processes' (a
+    tie: unknown)."""
+    seen = Counter(
+        p
+        for sample in s.after.samples(names.MODEL_FLOPS_PRECISION)
+        if sample.value == 1.0 and (p := sample.label(names.PRECISION_LABEL)) in names.PRECISIONS
+    ).most_common(2)
+    if not seen or (len(seen) == 2 and seen[0][1] == seen[1][1]):
+        return None
+    return seen[0][0]
+
+
 def _gpu_memory_used(s: Scrapes) -> float | None:
     """Device memory used / total of the fullest of the job's GPUs."""
     totals = {
@@ -547,6 +561,24 @@ SIGNALS: tuple[Signal, ...] = (
         "DRAM bandwidth / theoretical maximum (GPM, Hopper and newer).",
     ),
     S("gpu_model", U.TEXT, Custom(_gpu_model, (n.GPU_INFO,)), A.COMMON),
+    S(
+        "matmul_precision",
+        U.TEXT,
+        Custom(_matmul_precision, (n.MODEL_FLOPS_PRECISION,)),
+        A.COMMON,
+        "matmulPrecision",
+        "The precision most of the counted step's matmul FLOPs ran in (the probe's FLOP counter;"
+        " fp32 on CUDA with TF32 allowed is tf32): MFU divides by that precision's peak (peakBasis).",
+    ),
+    S(
+        "gpu_slice_ratio",
+        U.RATIO,
+        Gauge((n.GPU_SLICE_RATIO,), Combine.MEAN, gpus=True),
+        A.GPU_MEAN,
+        "gpuSliceRatio",
+        "The job's GPUs' share of their physical GPU (1 whole; 3/7 for a MIG 3g slice of a 7-slice"
+        " GPU): the peak is scaled by it.",
+    ),
     S(
         "sm_clock_hertz",
         U.HERTZ,
