@@ -223,8 +223,15 @@ def _worker_cpu_wait(s: Scrapes) -> float | None:
 
 
 def _gpu_count(s: Scrapes) -> int | None:
-    """The job's GPUs with a valid utilization gauge; 0 for a job NVML knows has none."""
+    """The job's GPUs with a valid utilization gauge (else with an info series: MIG devices); 0 for
+    a job NVML knows has none."""
     keys = {key for metric in GPU_RATIO_GAUGES.values() for key, _ in s.gpu_values(metric, Check.RATIO)}
+    if not keys:  # a MIG device has no utilization gauge (NOT_SUPPORTED): its info series says it is there
+        keys = {
+            series.gpu_key(sample)
+            for sample in s.after.samples(names.GPU_INFO)
+            if series.attributed(sample, s.known.gpu_uuids)
+        }
     if keys:
         return len(keys)
     if series.first_gauge(s.after, names.NVML_UP) == 1.0 and series.attribution_state(s.after) != "none":
@@ -531,7 +538,7 @@ SIGNALS: tuple[Signal, ...] = (
     S("checkpoints", U.COUNT, Custom(_checkpoints, (n.CHECKPOINTS_TOTAL,)), A.MAX),
     S("bytes_per_step", U.BYTES, None, A.STEPS_MEAN),
     # --- accelerators (NVML, GPM) ---
-    S("gpu_count", U.COUNT, Custom(_gpu_count, (n.NVML_UP, n.GPU_ATTRIBUTION)), A.COUNT),
+    S("gpu_count", U.COUNT, Custom(_gpu_count, (n.NVML_UP, n.GPU_ATTRIBUTION, n.GPU_INFO)), A.COUNT),
     _gpu_ratio(
         "gpu_utilization",
         n.GPU_UTILIZATION_RATIO,
