@@ -35,6 +35,7 @@ stuck=True`` after ``timeout_seconds``, and /metrics keeps serving.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import time
@@ -349,11 +350,14 @@ class NvmlSampler:
                 handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, k)
             except Exception:
                 continue  # NOT_FOUND: no MIG device in that place
-            uuid = self._quiet(f"GPU {gpu.index}: MIG device {k}", lambda h=handle: nv.nvmlDeviceGetUUID(h))
+            uuid = self._quiet(
+                f"GPU {gpu.index}: MIG device {k}", functools.partial(nv.nvmlDeviceGetUUID, handle)
+            )
             if uuid is None:
                 continue
             attrs = self._quiet(
-                f"GPU {gpu.index}: MIG device {k} attributes", lambda h=handle: nv.nvmlDeviceGetAttributes(h)
+                f"GPU {gpu.index}: MIG device {k} attributes",
+                functools.partial(nv.nvmlDeviceGetAttributes, handle),
             )
             slices = int(getattr(attrs, "gpuInstanceSliceCount", 0) or 0)
             ratio = slices / full if full and 0 < slices <= full else None
