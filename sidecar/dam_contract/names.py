@@ -114,6 +114,10 @@ FLOPS_UNAVAILABLE_REASONS: Final = (
     "mode-stack",  # the step left a dispatch mode of its own open above the counter's
 )
 """By the probe's ``FLOPS_REASON_*`` code (dam_probe.layout): code ``i`` is entry ``i - 1``."""
+# dam_model_flops_precision{precision}: the precision the counted step's matmul FLOPs ran in.
+PRECISION_LABEL: Final = "precision"
+PRECISIONS: Final = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp64")
+"""By the probe's ``PRECISION_*`` code (dam_probe.layout): code ``i`` is entry ``i - 1``."""
 # Labels of the per-rank and interconnect series.
 RANK_LABEL: Final = "rank"
 DIRECTION_LABEL: Final = "direction"
@@ -166,6 +170,15 @@ MODEL_FLOPS_UNAVAILABLE: Final = _metric(
     "detail (the op and the error, for counter-error and higher-order-op); absent when the FLOPs "
     "per step are known or still to be counted (label rank when the process has one).",
     (RANK_LABEL, REASON_LABEL, DETAIL_LABEL),
+    "probe",
+)
+MODEL_FLOPS_PRECISION: Final = _metric(
+    "dam_model_flops_precision",
+    GAUGE,
+    "1 for a process whose probe counted its step's FLOPs, by the precision most of them ran in "
+    "(fp32, tf32, fp16, bf16, fp8, fp64: the matmul-class ops' dtype; fp32 on CUDA with TF32 "
+    "allowed is tf32); absent when unknown (label rank when the process has one).",
+    (RANK_LABEL, PRECISION_LABEL),
     "probe",
 )
 GOODPUT_SECONDS_TOTAL: Final = _metric(
@@ -423,6 +436,16 @@ GPU_NVLINK_BYTES_TOTAL: Final = _metric(
     (*GPU_LABELS, DIRECTION_LABEL),
     "nvml",
     sample=((DIRECTION_TX, "nvlink_tx_bytes"), (DIRECTION_RX, "nvlink_rx_bytes")),
+)
+GPU_SLICE_RATIO: Final = _metric(
+    "dam_gpu_slice_ratio",
+    GAUGE,
+    "The share of its physical GPU a device is: 1 for a whole GPU (MIG mode off), a MIG device's "
+    "GPU-instance slices over the most the GPU has (3/7 for a 3g slice of an A100 or H100); "
+    "absent when NVML cannot tell (no MIG support).",
+    GPU_LABELS,
+    "nvml",
+    sample="slice_ratio",
 )
 
 # --- accelerator (GPM, Hopper and newer) -----------------------------------

@@ -530,6 +530,7 @@ def _publish_to(
         flops_reason=p.goodput.flops.reason_figures(),
         progress=p.watchdog.figures(p),
         loader_settings=p.loader.figures,
+        matmul_precision=p.goodput.flops.precision,
     )
 
 

@@ -35,6 +35,16 @@ run in the user's forward and backward (they raise under ``torch.autograd.grad``
 "A leaf node was passed to _will_engine_execute_node"), it decomposes ops it has no formula for,
 and its ``torch.cond`` handler runs both branches.
 
+The same count says which precision the step's matmuls ran in (what MFU divides by, docs/method.md):
+every op with a FLOP formula is a matmul-class op (``mm``, ``addmm``, ``bmm``, ``baddbmm``,
+``_scaled_mm``, the convolutions, the attention kernels), and its FLOPs are added to the precision
+of its first tensor argument: bf16, fp16, fp64, any float8 dtype as fp8, and fp32 — read as tf32
+on CUDA when TF32 is allowed there (``torch.backends.cuda.matmul.allow_tf32`` or
+``torch.get_float32_matmul_precision() != "highest"`` for matmuls, ``torch.backends.cudnn.allow_tf32``
+for convolutions). The precision of the most FLOPs is published (``PRECISION_*``, layout offset
+524); autocast's casts happen before the mode sees an op, so an autocast step reads as its
+autocast dtype.
+
 Standard library only: torch is looked up in ``sys.modules``; ``torch.utils.flop_counter`` is
 imported only when torch is already loaded.
 """
@@ -71,6 +81,13 @@ from dam_probe.layout import (
     FLOPS_REASON_OFF,
     FLOPS_UNAVAILABLE,
     PLACE_CHECKPOINT,
+    PRECISION_BF16,
+    PRECISION_FP8,
+    PRECISION_FP16,
+    PRECISION_FP32,
+    PRECISION_FP64,
+    PRECISION_TF32,
+    PRECISION_UNKNOWN,
 )
 
 if TYPE_CHECKING:
@@ -152,16 +169,59 @@ def _detail(text: str) -> str:
     return text.encode("ascii", "replace").decode("ascii")[:FLOPS_DETAIL_BYTES]
 
 
+_CONVOLUTIONS: Final = frozenset({"convolution", "_convolution", "convolution_backward"})
+"""The ops whose fp32 runs as TF32 under ``torch.backends.cudnn.allow_tf32`` (the others: matmul's)."""
+
+
+def _dtype_codes(torch: Any) -> dict[Any, int]:
+    """``PRECISION_*`` of each floating dtype of the job's torch (every float8 variant it has)."""
+    codes = {
+        torch.float32: PRECISION_FP32,
+        torch.float16: PRECISION_FP16,
+        torch.bfloat16: PRECISION_BF16,
+        torch.float64: PRECISION_FP64,
+    }
+    for name in dir(torch):
+        if name.startswith("float8_") and isinstance(dtype := getattr(torch, name), torch.dtype):
+            codes[dtype] = PRECISION_FP8
+    return codes
+
+
+def _tf32(torch: Any, op_name: str) -> bool:
+    """Whether fp32 on CUDA runs as TF32 for this op, by the job's settings as the op ran."""
+    if op_name in _CONVOLUTIONS:
+        return bool(torch.backends.cudnn.allow_tf32)
+    return bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+
+
+def _precision_of(torch: Any, codes: dict[Any, int], func: Any, args: Any) -> int:
+    """The precision an op with a FLOP formula ran in: its first tensor argument's dtype."""
+    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if tensor is None:
+        return PRECISION_UNKNOWN
+    code = codes.get(tensor.dtype, PRECISION_UNKNOWN)
+    if (
+        code == PRECISION_FP32
+        and tensor.device.type == "cuda"
+        and _tf32(torch, func._overloadpacket.__name__)
+    ):
+        return PRECISION_TF32
+    return code
+
+
 def _counting_mode() -> Any:
     """A new counting mode: a ``TorchDispatchMode`` that runs each op as it is, then counts it.
 
     Built on first use from the job's own torch (already in ``sys.modules``): the probe never
-    imports torch itself. ``failure`` is ``(FLOPS_REASON_*, detail)`` once counting stopped."""
+    imports torch itself. ``failure`` is ``(FLOPS_REASON_*, detail)`` once counting stopped;
+    ``by_precision`` the FLOPs by ``PRECISION_*``."""
     global _MODE_CLASS
     if _MODE_CLASS is None:
+        torch: Any = sys.modules["torch"]
         dispatch: Any = importlib.import_module("torch.utils._python_dispatch")
         registry: Any = importlib.import_module("torch.utils.flop_counter").flop_registry
         higher_order: Any = importlib.import_module("torch._ops").HigherOrderOperator
+        codes = _dtype_codes(torch)
 
         class CountingMode(dispatch.TorchDispatchMode):  # type: ignore[misc]
             # Higher-order ops come to __torch_dispatch__ (with the mode popped) instead of raising
@@ -183,6 +243,7 @@ def _counting_mode() -> Any:
             def __init__(self) -> None:
                 super().__init__()
                 self.total = 0
+                self.by_precision: dict[int, int] = {}
                 self.failure: tuple[int, str] | None = None
 
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -196,13 +257,25 @@ def _counting_mode() -> Any:
                         else:
                             formula = registry.get(func._overloadpacket)
                             if formula is not None:
-                                self.total += int(formula(*args, **(kwargs or {}), out_val=out))
+                                flops = int(formula(*args, **(kwargs or {}), out_val=out))
+                                self.total += flops
+                                code = _precision_of(torch, codes, func, args)
+                                self.by_precision[code] = self.by_precision.get(code, 0) + flops
                     except Exception as exc:  # the count's error, never the step's
                         self.failure = (FLOPS_REASON_COUNTER_ERROR, _detail(f"{func}: {type(exc).__name__}"))
                 return out
 
         _MODE_CLASS = CountingMode
     return _MODE_CLASS()
+
+
+def dominant_precision(by_precision: dict[int, int]) -> int | None:
+    """The ``PRECISION_*`` of the most FLOPs; None when those are of no known precision."""
+    known = {code: flops for code, flops in by_precision.items() if flops > 0}
+    if not known:
+        return None
+    code = max(known, key=lambda c: (known[c], -c))
+    return None if code == PRECISION_UNKNOWN else code
 
 
 def _on_top(mode: Any) -> bool:
@@ -220,6 +293,7 @@ class FlopCount(CounterGroup):
         "measured_ns",
         "measured_steps",
         "mode",
+        "precision",
         "reason",
         "start_ns",
         "start_steps",
@@ -242,6 +316,7 @@ class FlopCount(CounterGroup):
         self.start_ns = 0
         self.attempts = 0
         self.measured: float | None = None
+        self.precision: int | None = None  # PRECISION_* of the counted step's most FLOPs
         self.measured_ns = 0
         self.measured_steps = 0
 
@@ -318,6 +393,7 @@ class FlopCount(CounterGroup):
             self._unavailable(*mode.failure)
         elif mode.total > 0:
             self.measured = float(mode.total) / steps
+            self.precision = dominant_precision(mode.by_precision)
             self.measured_ns = perf_counter_ns() - self.start_ns
             self.measured_steps = steps
             self.state = FLOPS_MEASURED

@@ -33,7 +33,8 @@ offset size   type    field
                       bit 9: the measured FLOPs at 728..748 are valid (v2);
                       bit 10: why FLOPs are not counted, at 752..800, is valid (v2);
                       bit 11: the progress fields at 800..1024 are valid (v2);
-                      bit 12: the DataLoader settings at 120..128 are valid (v2))
+                      bit 12: the DataLoader settings at 120..128 are valid (v2);
+                      bit 13: the matmul precision at 524 is valid (v2))
 96     8      u64     CFS throttled time of the process's own cgroup, ns, cumulative
                       as the kernel reports it (valid only with flag bit 1)
 104    8      u64     CPU limit of that cgroup in millicores (0 = no limit)
@@ -50,7 +51,8 @@ offset size   type    field
 512    4      i32     distributed rank (-1 = unknown)
 516    4      i32     local rank on the node (-1 = unknown)
 520    4      i32     world size (-1 = unknown)
-524    4      -       reserved, zero
+524    4      u32     the precision the counted step's matmul-class FLOPs ran in, the most
+                      FLOPs' (flag bit 13): ``PRECISION_*``, 0 unknown (``dam_probe._goodput``)
 528    8      u64     collectives completed, cumulative (flag bit 3)
 536    8      u64     time in collectives, launch to completion, ns, cumulative
 544    8      u64     exposed communication (the training thread waited), ns, cumulative
@@ -119,7 +121,8 @@ the file as busy. Counters are cumulative, so a missed sample never loses time.
 Unknown is never zero: a version-1 file, or a field whose flag bit is clear,
 reads as ``None`` in ``ProbeRecord`` (rank, local rank, world size, the
 collective counters, the memory fields, the process figures, the run-queue
-delays, the goodput, checkpoint, measured-FLOP and DataLoader settings fields), whatever the bytes
+delays, the goodput, checkpoint, measured-FLOP and DataLoader settings fields, the matmul
+precision), whatever the bytes
 hold. The cgroup CPU fields (offsets 96..120)
 were reserved zero bytes before they were defined and carry their own flag
 bit, so version-1 files may have them too.
@@ -196,6 +199,25 @@ PLACE_NAMES: Final = {
 }
 PLACE_DETAIL_BYTES: Final = 40
 PLACE_FRAMES_BYTES: Final = 152
+FLAG_PRECISION: Final = 8192  # the matmul precision at 524 is valid (version 2)
+# The precision of the counted step's matmul-class FLOPs (offset 524; the sidecar's
+# dam_model_flops_precision{precision}): the dtype the most FLOPs ran in, fp32 on CUDA with TF32
+# allowed read as tf32.
+PRECISION_UNKNOWN: Final = 0
+PRECISION_FP32: Final = 1
+PRECISION_TF32: Final = 2
+PRECISION_FP16: Final = 3
+PRECISION_BF16: Final = 4
+PRECISION_FP8: Final = 5
+PRECISION_FP64: Final = 6
+PRECISION_NAMES: Final = {
+    PRECISION_FP32: "fp32",
+    PRECISION_TF32: "tf32",
+    PRECISION_FP16: "fp16",
+    PRECISION_BF16: "bf16",
+    PRECISION_FP8: "fp8",
+    PRECISION_FP64: "fp64",
+}
 FILE_PREFIX: Final = "probe-"
 FILE_SUFFIX: Final = ".bin"
 UNKNOWN_RANK: Final = -1
@@ -364,6 +386,8 @@ class ProbeRecord:
     loader_prefetch_factor: int | None = None  # None also when the loader has no workers
     loader_pin_memory: bool | None = None  # pins: set, and an accelerator to pin for
     loader_persistent_workers: bool | None = None
+    # Version 2, flag bit 13: the counted step's matmul precision (PRECISION_*); None: unknown.
+    matmul_precision: int | None = None
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
@@ -535,6 +559,7 @@ _V2_FLAGS: Final = (  # a version-2 flag bit, set when its field is known (not N
     (FLAG_FLOPS_REASON, "flops_reason"),
     (FLAG_PROGRESS, "collectives_entered"),
     (FLAG_LOADER_SETTINGS, "loader_num_workers"),
+    (FLAG_PRECISION, "matmul_precision"),
 )
 
 
@@ -582,7 +607,7 @@ def _pack_v2(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         _rank_field(record.rank),
         _rank_field(record.local_rank),
         _rank_field(record.world_size),
-        0,
+        min(record.matmul_precision or 0, _U32_MAX),
         record.collectives or 0,
         record.collective_ns or 0,
         record.collective_exposed_ns or 0,
@@ -808,12 +833,25 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
     cgroup = bool(flags & FLAG_CGROUP)  # clear in files written before the cgroup fields existed
     extra: dict[str, int | float | str | None] = {}
     if version >= 2:
-        (rank, local_rank, world, _, colls, coll_ns, exposed_ns, coll_bytes, mem, mem_limit, ooms, mem_id) = (
-            _PAYLOAD_V2.unpack_from(data, _V2_OFFSET)
-        )
+        (
+            rank,
+            local_rank,
+            world,
+            precision,
+            colls,
+            coll_ns,
+            exposed_ns,
+            coll_bytes,
+            mem,
+            mem_limit,
+            ooms,
+            mem_id,
+        ) = _PAYLOAD_V2.unpack_from(data, _V2_OFFSET)
         extra.update(
             rank=_rank_or_none(rank), local_rank=_rank_or_none(local_rank), world_size=_rank_or_none(world)
         )
+        if flags & FLAG_PRECISION:
+            extra["matmul_precision"] = precision if precision in PRECISION_NAMES else PRECISION_UNKNOWN
         if flags & FLAG_COLLECTIVES:
             extra.update(
                 collectives=colls,
@@ -1066,6 +1104,7 @@ class ProbeWriter:
         flops_reason: tuple[int, str] | None = None,
         progress: tuple[int, int, int, int, str, str] | None = None,
         loader_settings: tuple[int, int | None, bool | None, bool | None] | None = None,
+        matmul_precision: int | None = None,
     ) -> None:
         """Publishes one update; each tuple is its ``ProbeRecord`` fields in order (``collectives``:
         count, ns, exposed ns, bytes; ``memory``: usage, limit (0 = none), OOM kills, cgroup id;
@@ -1110,6 +1149,7 @@ class ProbeWriter:
                 **_goodput_kwargs(goodput, checkpoints, measured_flops),  # type: ignore[arg-type]
                 **_progress_fields(progress),  # type: ignore[arg-type]
                 **_loader_fields(loader_settings),  # type: ignore[arg-type]
+                matmul_precision=matmul_precision,
             ),
         )
         mm = self._mm

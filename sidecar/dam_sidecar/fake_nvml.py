@@ -4,7 +4,8 @@
 It is injected into the real ``NvmlSampler`` (``NvmlSampler(errors, load=lambda: FakeNvml(8))``)
 so that the real code paths run; only the driver is simulated. Faults can be
 switched on per instance: a missing library, unsupported calls, a lost GPU, a
-hanging call, pre-Hopper GPUs without GPM.
+hanging call, pre-Hopper GPUs without GPM. A ``FakeGpu`` with ``mig`` set is in MIG mode
+(``mig_slices``: its MIG devices' GPU-instance slices; ``max_slices``: its largest profile's).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_DEVICE_MIG_ENABLE = 1
+MIG_HANDLE_BASE = 1000  # a MIG device's handle: base + 100 x its GPU's index + its place
 
 
 class NVMLError(Exception):
@@ -130,6 +134,23 @@ class FakeGpu:
     nvlink_gpu_wide: bool = False
     pcie_bytes_per_read: tuple[int, int] | None = (1 << 20, 1 << 19)
     reads: int = 0
+    # MIG: None = the GPU has no MIG support (nvmlDeviceGetMigMode answers NOT_SUPPORTED), False =
+    # MIG mode off, True = on, with one MIG device per entry of mig_slices (its GPU-instance
+    # slices) out of max_slices (the GPU's largest profile: 7 on an A100 or H100).
+    mig: bool | None = None
+    mig_slices: tuple[int, ...] = ()
+    max_slices: int = 7
+
+
+@dataclass(frozen=True)
+class _Attributes:
+    gpuInstanceSliceCount: int
+    multiprocessorCount: int
+
+
+@dataclass(frozen=True)
+class _ProfileInfo:
+    sliceCount: int
 
 
 class FakeNvml:
@@ -144,6 +165,7 @@ class FakeNvml:
     NVML_PCIE_UTIL_TX_BYTES = NVML_PCIE_UTIL_TX_BYTES
     NVML_PCIE_UTIL_RX_BYTES = NVML_PCIE_UTIL_RX_BYTES
     NVML_GPM_METRICS_GET_VERSION = NVML_GPM_METRICS_GET_VERSION
+    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
 
     def __init__(self, gpus: int | list[FakeGpu] = 1, *, library_missing: bool = False) -> None:
         if isinstance(gpus, int):
@@ -177,6 +199,8 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         if handle is None:
             return None
+        if handle >= MIG_HANDLE_BASE:  # a MIG device answers from its GPU
+            handle = (handle - MIG_HANDLE_BASE) // 100
         if handle in self.lost:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         return self.gpus[handle]
@@ -217,13 +241,46 @@ class FakeNvml:
         return index
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:
-        return self._gpu("nvmlDeviceGetUUID", handle).uuid
+        gpu = self._gpu("nvmlDeviceGetUUID", handle)
+        if handle >= MIG_HANDLE_BASE:
+            return f"MIG-{gpu.uuid.removeprefix('GPU-')[:8]}-{handle % 100:04d}-0000-0000-000000000000"
+        return gpu.uuid
+
+    # --- MIG ----------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetMigMode", handle)
+        if gpu.mig is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [int(gpu.mig), int(gpu.mig)]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
+        return self._gpu("nvmlDeviceGetMaxMigDeviceCount", handle).max_slices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, index: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if not gpu.mig or index >= len(gpu.mig_slices):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return MIG_HANDLE_BASE + 100 * handle + index
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: int, profile: int) -> _ProfileInfo:
+        gpu = self._gpu("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        slices = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}.get(profile)
+        if slices is None or slices > gpu.max_slices:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return _ProfileInfo(sliceCount=slices)
+
+    def nvmlDeviceGetAttributes(self, handle: int) -> _Attributes:
+        gpu = self._gpu("nvmlDeviceGetAttributes", handle)
+        slices = gpu.mig_slices[handle % 100] if handle >= MIG_HANDLE_BASE else gpu.max_slices
+        return _Attributes(gpuInstanceSliceCount=slices, multiprocessorCount=slices * 16)
 
     def nvmlDeviceGetName(self, handle: int) -> bytes:
         return self._gpu("nvmlDeviceGetName", handle).name.encode()
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> _Util:
         g = self._gpu("nvmlDeviceGetUtilizationRates", handle)
+        if handle >= MIG_HANDLE_BASE:  # as the real driver: no utilization for a MIG device
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return _Util(gpu=g.utilization, memory=g.memory_busy)
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Mem:

@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from dam_operator.diagnosis import levers
 from dam_operator.diagnosis.derived import Derived, derive
 from dam_operator.diagnosis.evidence import Evidence, Kind, note, pct
-from dam_operator.diagnosis.gpus import resolve_hardware
+from dam_operator.diagnosis.gpus import Peak, resolve
 from dam_operator.diagnosis.levers import AXES, Axis, Regime
 from dam_operator.diagnosis.model import (
     Bottleneck,
@@ -90,12 +90,15 @@ MIN_CONFIDENCE = 0.05
 MAX_CONFIDENCE = 0.99
 
 
-def _metrics(obs: Observation, d: Derived) -> WindowMetrics:
+def _metrics(obs: Observation, d: Derived, peak: Peak) -> WindowMetrics:
     """``status.metrics``: the signals' own figures (the signal table's ``status``) and the derived."""
+    known = peak.hardware is not None and peak.hardware.peak_flops is not None
     return WindowMetrics(
         **status_values(obs),
         steps_per_second=d.steps_per_second,
         mfu=d.mfu,
+        peak_flops=peak.hardware.peak_flops if known and peak.hardware else None,
+        peak_basis=peak.basis if known else None,
         arithmetic_intensity=d.arithmetic_intensity,
         ridge_point=d.ridge_point,
         iron_law=d.iron_law,
@@ -183,14 +186,15 @@ def diagnose(
         obs, held_by = _held_by_straggler(obs, ranks, straggler)
     waits = save_wait(ranks) if ranks else None
     obs = _without_save_wait(obs, waits)
-    hw = resolve_hardware(obs.gpu_model, hardware)
+    peak = resolve(obs.gpu_model, hardware, precision=obs.matmul_precision, slice_ratio=obs.gpu_slice_ratio)
+    hw = peak.hardware
     d = derive(obs, hw)
     ctx = Context(obs, t, hw, d, save_wait=waits)
     f = decide(ctx)
     if held_by is not None:
         f.evidence.append(held_by)
     add_context_lines(ctx, f)
-    metrics = _metrics(obs, d)
+    metrics = _metrics(obs, d, peak)
     if ranks and len(ranks) > 1:
         metrics = metrics.model_copy(update={"rank_count": len(ranks), "ranks": rank_figures(ranks)})
     return Verdict(bottleneck=_bottleneck(f, straggler if ranks else None), metrics=metrics)

@@ -138,6 +138,12 @@ class Observation(_Wire):
     bytes_per_step: NonNeg | None = None
     """Device-memory bytes moved by one counted step, when a profiler measured it."""
     gpu_model: Annotated[str, Field(max_length=64)] | None = None
+    matmul_precision: Literal["fp32", "tf32", "fp16", "bf16", "fp8", "fp64"] | None = None
+    """The precision most of the counted step's matmul FLOPs ran in (``dam_model_flops_precision``):
+    the peak MFU divides by is that precision's (``gpus.resolve``)."""
+    gpu_slice_ratio: Ratio | None = None
+    """The job's GPUs' share of their physical GPU (``dam_gpu_slice_ratio``): 1 whole, a MIG
+    slice's GPU-instance slices over the GPU's most; the peak is scaled by it."""
 
     # --- distributed jobs: collectives (probe, per rank; summed for a pod or a job) -------
     ranks: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
@@ -289,6 +295,11 @@ class WindowMetrics(_Wire):
     steps_per_second: float | None = None
     """The job's rate (the median rank's for a distributed job; each rank's under ``ranks``)."""
     mfu: float | None = None
+    peak_flops: float | None = None
+    """The peak FLOP/s of one accelerator MFU divided by (``peak_basis`` says which)."""
+    peak_basis: str | None = None
+    """Which peak: the GPU table's figure for the job's matmul precision and MIG slice
+    (``"H100 SXM bf16 dense"``, ``"... (precision unknown, assumed bf16)"``), or ``"declared"``."""
     arithmetic_intensity: float | None = None
     ridge_point: float | None = None
     iron_law: IronLaw | None = None

@@ -24,9 +24,18 @@ def render_line(verdict: Verdict) -> str:
     return " · ".join(parts)
 
 
+def _mfu_lines(verdict: Verdict) -> list[str]:
+    """``mfu:        41.2% of 989 TFLOP/s per accelerator (H100 SXM bf16 dense)``: what MFU divided by."""
+    m = verdict.metrics
+    if m.mfu is None or m.peak_flops is None:
+        return []
+    basis = f" ({m.peak_basis})" if m.peak_basis else ""
+    return [f"mfu:        {m.mfu:.1%} of {m.peak_flops / 1e12:.4g} TFLOP/s per accelerator{basis}"]
+
+
 def render_text(verdict: Verdict) -> str:
     """Axis, regime, lever and its sentence, confidence, evidence, what to avoid, what is missing,
-    the straggler and the worst ranks."""
+    the straggler and the worst ranks, MFU with the peak it divided by, the iron law."""
     b = verdict.bottleneck
     lines = [
         f"axis:       {_axis(verdict)}",
@@ -64,6 +73,7 @@ def render_text(verdict: Verdict) -> str:
                 f"  {_fig(r.data_wait_ratio, '.1%'):>5}  {_fig(r.collective_ratio, '.1%'):>10}"
                 f"  {_fig(r.exposed_ratio, '.1%'):>7}"
             )
+    lines.extend(_mfu_lines(verdict))
     iron = verdict.metrics.iron_law
     if iron is not None and iron.step_seconds is not None:
         terms = [f"step {iron.step_seconds * 1000:.1f} ms"]

@@ -25,6 +25,7 @@ collector), an ``Observation`` field holds it, one entry here says the rest; the
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -222,8 +223,15 @@ def _worker_cpu_wait(s: Scrapes) -> float | None:
 
 
 def _gpu_count(s: Scrapes) -> int | None:
-    """The job's GPUs with a valid utilization gauge; 0 for a job NVML knows has none."""
+    """The job's GPUs with a valid utilization gauge (else with an info series: MIG devices); 0 for
+    a job NVML knows has none."""
     keys = {key for metric in GPU_RATIO_GAUGES.values() for key, _ in s.gpu_values(metric, Check.RATIO)}
+    if not keys:  # a MIG device has no utilization gauge (NOT_SUPPORTED): its info series says it is there
+        keys = {
+            series.gpu_key(sample)
+            for sample in s.after.samples(names.GPU_INFO)
+            if series.attributed(sample, s.known.gpu_uuids)
+        }
     if keys:
         return len(keys)
     if series.first_gauge(s.after, names.NVML_UP) == 1.0 and series.attribution_state(s.after) != "none":
@@ -348,6 +356,19 @@ def _gpu_model(s: Scrapes) -> str | None:
         if model and series.attributed(sample, s.known.gpu_uuids):
             return model[:64]
     return None
+
+
+def _matmul_precision(s: Scrapes) -> str | None:
+    """The precision the pod's processes counted their matmul FLOPs in: the most processes' (a
+    tie: unknown)."""
+    seen = Counter(
+        p
+        for sample in s.after.samples(names.MODEL_FLOPS_PRECISION)
+        if sample.value == 1.0 and (p := sample.label(names.PRECISION_LABEL)) in names.PRECISIONS
+    ).most_common(2)
+    if not seen or (len(seen) == 2 and seen[0][1] == seen[1][1]):
+        return None
+    return seen[0][0]
 
 
 def _gpu_memory_used(s: Scrapes) -> float | None:
@@ -517,7 +538,7 @@ SIGNALS: tuple[Signal, ...] = (
     S("checkpoints", U.COUNT, Custom(_checkpoints, (n.CHECKPOINTS_TOTAL,)), A.MAX),
     S("bytes_per_step", U.BYTES, None, A.STEPS_MEAN),
     # --- accelerators (NVML, GPM) ---
-    S("gpu_count", U.COUNT, Custom(_gpu_count, (n.NVML_UP, n.GPU_ATTRIBUTION)), A.COUNT),
+    S("gpu_count", U.COUNT, Custom(_gpu_count, (n.NVML_UP, n.GPU_ATTRIBUTION, n.GPU_INFO)), A.COUNT),
     _gpu_ratio(
         "gpu_utilization",
         n.GPU_UTILIZATION_RATIO,
@@ -547,6 +568,24 @@ SIGNALS: tuple[Signal, ...] = (
         "DRAM bandwidth / theoretical maximum (GPM, Hopper and newer).",
     ),
     S("gpu_model", U.TEXT, Custom(_gpu_model, (n.GPU_INFO,)), A.COMMON),
+    S(
+        "matmul_precision",
+        U.TEXT,
+        Custom(_matmul_precision, (n.MODEL_FLOPS_PRECISION,)),
+        A.COMMON,
+        "matmulPrecision",
+        "The precision most of the counted step's matmul FLOPs ran in (the probe's FLOP counter;"
+        " fp32 on CUDA with TF32 allowed is tf32): MFU divides by that precision's peak (peakBasis).",
+    ),
+    S(
+        "gpu_slice_ratio",
+        U.RATIO,
+        Gauge((n.GPU_SLICE_RATIO,), Combine.MEAN, gpus=True),
+        A.GPU_MEAN,
+        "gpuSliceRatio",
+        "The job's GPUs' share of their physical GPU (1 whole; 3/7 for a MIG 3g slice of a 7-slice"
+        " GPU): the peak is scaled by it.",
+    ),
     S(
         "sm_clock_hertz",
         U.HERTZ,

@@ -102,6 +102,12 @@ def _model(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
             flops.add_metric([rank_value(r.rank), source], float(r.flops_per_step))
     if flops.samples:
         yield flops
+    precision = labelled(n.MODEL_FLOPS_PRECISION, (n.RANK_LABEL, n.PRECISION_LABEL))
+    for r in ranks:
+        if r.flops_per_step > 0 and r.flops_precision and r.flops_precision <= len(n.PRECISIONS):
+            precision.add_metric([rank_value(r.rank), n.PRECISIONS[r.flops_precision - 1]], 1.0)
+    if precision.samples:
+        yield precision
     unavailable = labelled(n.MODEL_FLOPS_UNAVAILABLE, (n.RANK_LABEL, n.REASON_LABEL, n.DETAIL_LABEL))
     for r in ranks:
         if r.flops_unavailable is not None and 1 <= r.flops_unavailable[0] <= len(

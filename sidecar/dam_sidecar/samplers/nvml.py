@@ -18,6 +18,15 @@ module import). Every NVML call is guarded: ``NOT_SUPPORTED`` makes the series
 absent (and the call is not repeated), a lost GPU drops that GPU's series, and
 other errors are counted in ``dam_sampler_errors_total{sampler="nvml"}``.
 
+MIG: a GPU in MIG mode (``nvmlDeviceGetMigMode``) is sampled as it is, and each of its MIG
+devices (``nvmlDeviceGetMigDeviceHandleByIndex``) as a device of its own, under its ``MIG-`` UUID
+(what a job's probe publishes on a slice) and its GPU's index and name, without GPM. Every device
+says its share of the GPU (``slice_ratio``, ``dam_gpu_slice_ratio``): 1 for a whole GPU (MIG mode
+off, or the GPU itself), a MIG device's GPU-instance slices (``nvmlDeviceGetAttributes``
+``gpuInstanceSliceCount``) over the most the GPU has (the largest ``sliceCount`` of its
+GPU-instance profiles, ``nvmlDeviceGetGpuInstanceProfileInfo``: 7 on an A100 or H100, 4 on an
+A30); None where NVML cannot tell (a GPU without MIG answers ``NOT_SUPPORTED``: no error).
+
 ``Watchdog`` runs any ``NvmlSource`` in a daemon worker thread: an NVML call
 that hangs (the driver lock is held elsewhere) makes the sample ``up=False,
 stuck=True`` after ``timeout_seconds``, and /metrics keeps serving.
@@ -26,6 +35,7 @@ stuck=True`` after ``timeout_seconds``, and /metrics keeps serving.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import time
@@ -94,6 +104,14 @@ FI_NVLINK_DATA_TX = 138
 FI_NVLINK_DATA_RX = 139
 FI_PCIE_COUNT_TX_BYTES = 197
 FI_PCIE_COUNT_RX_BYTES = 198
+# nvml.h NVML_GPU_INSTANCE_PROFILE_{8,7,6,4}_SLICE: the whole-GPU profiles, largest first.
+_FULL_PROFILES = (
+    ("NVML_GPU_INSTANCE_PROFILE_8_SLICE", 5),
+    ("NVML_GPU_INSTANCE_PROFILE_7_SLICE", 4),
+    ("NVML_GPU_INSTANCE_PROFILE_6_SLICE", 6),
+    ("NVML_GPU_INSTANCE_PROFILE_4_SLICE", 3),
+)
+_MIG_ENABLE = 1  # nvml.h NVML_DEVICE_MIG_ENABLE
 # nvmlValueType_t -> the member of the c_nvmlValue_t union that holds it.
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
@@ -160,6 +178,8 @@ class GpuSample:
     nvlink_rx_bytes: float | None = None
     pcie_tx_bytes: float | None = None
     pcie_rx_bytes: float | None = None
+    # Its share of the physical GPU: 1 for a whole GPU, slices / the GPU's most for a MIG device.
+    slice_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +233,7 @@ class _Device:
     pcie_fields: bool | None = None  # None: not asked yet; False: integrate the throughput samples
     last_sample_at: float | None = None
     counters: dict[str, Monotonic] = field(default_factory=dict)
+    slice_ratio: float | None = None  # its share of the physical GPU (None: unknown)
 
 
 class NvmlSampler:
@@ -272,11 +293,78 @@ class NvmlSampler:
             except Exception:
                 name = ""
             dev = _Device(index=i, handle=handle, uuid=uuid, name=name)
+            mig = self._mig_mode(dev)
+            dev.slice_ratio = None if mig is None else 1.0
             self._init_gpm(dev)
             self._devices.append(dev)
+            if mig:
+                self._devices.extend(self._mig_devices(dev))
         if count == 0:
             self._errors.record(SAMPLER, "no_gpus", "NVML sees no GPU")
         return True
+
+    def _quiet(self, what: str, fn: Callable[[], Any]) -> Any:
+        """One NVML call at start-up; None when it fails (``NOT_SUPPORTED``: silently)."""
+        try:
+            return fn()
+        except Exception as exc:
+            reason = self._reason(exc)
+            if reason != "not_supported":
+                self._errors.record(SAMPLER, reason, f"{what} failed: {exc}")
+            return None
+
+    def _mig_mode(self, dev: _Device) -> bool | None:
+        """Whether the GPU is in MIG mode; None when NVML cannot tell (no MIG support)."""
+        nv = self._nv
+        if not hasattr(nv, "nvmlDeviceGetMigMode"):
+            return None
+        got = self._quiet(f"GPU {dev.index}: MIG mode", lambda: nv.nvmlDeviceGetMigMode(dev.handle))
+        if got is None:
+            return None
+        return int(got[0]) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", _MIG_ENABLE))
+
+    def _max_slices(self, dev: _Device) -> int | None:
+        """The most GPU-instance slices the GPU has: its largest whole-GPU profile's."""
+        nv = self._nv
+        found = []
+        for name, value in _FULL_PROFILES:
+            try:  # a profile the GPU lacks answers NOT_SUPPORTED or INVALID_ARGUMENT: not an error
+                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(dev.handle, getattr(nv, name, value))
+                slices = int(info.sliceCount)
+            except Exception:
+                continue
+            if slices > 0:
+                found.append(slices)
+        return max(found) if found else None
+
+    def _mig_devices(self, gpu: _Device) -> list[_Device]:
+        """The MIG devices of a GPU in MIG mode, each with its share of the GPU (no GPM)."""
+        nv = self._nv
+        count = self._quiet(
+            f"GPU {gpu.index}: MIG devices", lambda: nv.nvmlDeviceGetMaxMigDeviceCount(gpu.handle)
+        )
+        full = self._max_slices(gpu)
+        out = []
+        for k in range(int(count or 0)):
+            try:
+                handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, k)
+            except Exception:
+                continue  # NOT_FOUND: no MIG device in that place
+            uuid = self._quiet(
+                f"GPU {gpu.index}: MIG device {k}", functools.partial(nv.nvmlDeviceGetUUID, handle)
+            )
+            if uuid is None:
+                continue
+            attrs = self._quiet(
+                f"GPU {gpu.index}: MIG device {k} attributes",
+                functools.partial(nv.nvmlDeviceGetAttributes, handle),
+            )
+            slices = int(getattr(attrs, "gpuInstanceSliceCount", 0) or 0)
+            ratio = slices / full if full and 0 < slices <= full else None
+            out.append(
+                _Device(index=gpu.index, handle=handle, uuid=_text(uuid), name=gpu.name, slice_ratio=ratio)
+            )
+        return out
 
     def _init_gpm(self, dev: _Device) -> None:
         nv = self._nv
@@ -388,6 +476,7 @@ class NvmlSampler:
             nvlink_rx_bytes=nvlink[1] if nvlink else None,
             pcie_tx_bytes=pcie[0] if pcie else None,
             pcie_rx_bytes=pcie[1] if pcie else None,
+            slice_ratio=dev.slice_ratio,
         )
 
     def _read(self, dev: _Device, r: Reading) -> Any:

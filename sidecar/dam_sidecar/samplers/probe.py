@@ -102,6 +102,9 @@ class RankSample:
     # 12): what an override made of it, also between epochs when its workers are gone. None: not
     # published (no DataLoader iterated yet, an older probe).
     loader: LoaderSettings | None = None
+    # The precision the rank's counted step ran its matmul FLOPs in (layout flag bit 13:
+    # PRECISION_*), kept after the process ended; None: unknown (not counted, declared FLOPs).
+    flops_precision: int | None = None
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,7 @@ class ProbeReader:
     # (a model's FLOPs do not change when it stops; ``dam run``'s last sample comes after the exit).
     _flops_of: dict[RankKey, tuple[float, str]] = field(default_factory=dict)
     _flops_reason_of: dict[RankKey, tuple[int, str]] = field(default_factory=dict)  # why not, likewise
+    _precision_of: dict[RankKey, int] = field(default_factory=dict)  # its matmul precision, likewise
     _last_save_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest save
     _last_batch_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest batch
     _folded: set[Key] = field(default_factory=set)
@@ -474,6 +478,8 @@ class ProbeReader:
                 self._flops_of[rank] = n.effective_flops_per_step
             if n is not None and n.flops_reason and n.flops_detail is not None:
                 self._flops_reason_of[rank] = (n.flops_reason, n.flops_detail)
+            if n is not None and n.matmul_precision:
+                self._precision_of[rank] = n.matmul_precision
             flops, source = self._flops_of.get(rank, (0.0, ""))
             out.append(
                 RankSample(
@@ -505,6 +511,7 @@ class ProbeReader:
                     collective_sequence=n.collectives_entered if n is not None else None,
                     place=place_of(n) if n is not None else None,
                     loader=loader_of(n) if n is not None else None,
+                    flops_precision=self._precision_of.get(rank),
                 )
             )
         return tuple(out)

@@ -251,7 +251,9 @@ def test_every_signal_the_status_shows_is_valid_against_its_schema() -> None:
     values: dict[str, Any] = {}
     for sig in STATUS_SIGNALS.values():
         integer = "int" in str(Observation.model_fields[sig.name].annotation)
-        values[sig.name] = "measured" if sig.unit is Unit.TEXT else (3 if integer else 0.5)
+        choices = re.findall(r"Literal\[['\"]([^'\"]+)", str(Observation.model_fields[sig.name].annotation))
+        text = choices[0] if choices else "measured"
+        values[sig.name] = text if sig.unit is Unit.TEXT else (3 if integer else 0.5)
     metrics = diagnose(Observation.model_validate(values)).to_status()["metrics"]
     assert set(STATUS_SIGNALS) <= set(metrics)
     schema = jsonschema.Draft4Validator(STATUS["properties"]["metrics"])

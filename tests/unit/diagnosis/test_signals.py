@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dam_contract import names
@@ -50,7 +52,9 @@ def _every_shown_signal() -> Observation:
     values: dict[str, object] = {}
     for sig in STATUS_SIGNALS.values():
         integer = "int" in str(Observation.model_fields[sig.name].annotation)
-        values[sig.name] = "measured" if sig.unit is Unit.TEXT else (3 if integer else 0.5)
+        choices = re.findall(r"Literal\[['\"]([^'\"]+)", str(Observation.model_fields[sig.name].annotation))
+        text = choices[0] if choices else "measured"
+        values[sig.name] = text if sig.unit is Unit.TEXT else (3 if integer else 0.5)
     return Observation.model_validate(values)
 
 
