@@ -193,14 +193,15 @@ def _stall_job(rendezvous: Path) -> dict[str, Any]:
 TRUTH_PEAK_FLOPS = 1e10
 """The truth scenarios' spec.hardware.peakFlops: a CPU-only job's MFU is against the peak its
 profile declares (the GPU table has no CPU)."""
-TRUTH_ARGS = {"steps": 700, "save_every": 100, "delay_ms": 1, "ckpt_mib": 96, "tail_s": 15}
+TRUTH_ARGS = {"steps": 360, "save_every": 60, "delay_ms": 1, "ckpt_mib": 96, "tail_s": 15}
 """truth.py's STEPS SAVE_EVERY DELAY_MS CKPT_MIB TAIL_S for the two-Pod layout: ~14 steps/s on a
-quiet machine (data wait, compute and the all_reduce about a third each), rank 0 saving 96 MiB
-every 100 steps; the quiet tail outlives a window, so the last scrape has seen every step."""
-TRUTH_DELETE_STEP = 350
-"""Rank 1's step past which (after the save at step 300) the deleter deletes its Pod, right after
-the profile's next status write (a window's scrape just happened: the work no scrape saw is a
-second or two)."""
+quiet machine (data wait, compute and the all_reduce about a third each), 3-5 beside the tier's
+other Pods; rank 0 saving 96 MiB every 60 steps; the quiet tail outlives a window, so the last
+scrape has seen every step."""
+TRUTH_DELETE_STEP = 220
+"""Rank 1's step past which (40 after the save at step 180) the deleter deletes its Pod, right
+after the profile's next status write (a window's scrape just happened: the work no scrape saw is
+a second or two)."""
 
 
 def _truth_job(rendezvous: Path) -> dict[str, Any]:
@@ -219,10 +220,10 @@ def _truth_job(rendezvous: Path) -> dict[str, Any]:
 
 def _truth_torchrun_job(rendezvous: Path) -> dict[str, Any]:
     """The same work as ``_truth_job`` in one Pod: torchrun's two ranks (layout ``torchrun``),
-    400 steps, no restart."""
+    240 steps, no restart."""
     shared = rendezvous / "truth-1pod"
     shared.mkdir()
-    args = ["torchrun", "400", *(str(v) for k, v in TRUTH_ARGS.items() if k != "steps")]
+    args = ["torchrun", "240", *(str(v) for k, v in TRUTH_ARGS.items() if k != "steps")]
     job = training_job("truth", "truth.py", args)
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["command"] = [
@@ -270,6 +271,15 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
             "loader-oom",
             profile(),
             [training_job("leaky", "leaky_loader.py", ["64", "2"], limits={"memory": "2Gi"})],
+            WORKLOADS / "leaky_loader.py",
+        ),
+        # Issue 28 item 8: the fast loader OOM. Each sample keeps 64 MiB in its worker with no
+        # pause: under a 1200Mi limit the kernel kills a worker about a second after the loop
+        # starts, before any window; the trainer then exits 1 on DataLoader's error.
+        Scenario(
+            "loader-oom-fast",
+            profile(),
+            [training_job("leakyfast", "leaky_loader.py", ["64", "0"], limits={"memory": "1200Mi"})],
             WORKLOADS / "leaky_loader.py",
         ),
         # The training process itself grows 256 MiB a step: killed seconds after it starts, before

@@ -23,21 +23,23 @@ Nothing here races the jobs: the deletion is driven by the job's own progress (c
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.node_jobs import pods_of
+from tests.support.node_jobs import dump, pods_of
 
 from .conftest import TRUTH_PEAK_FLOPS, Launched
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @dataclass
@@ -114,7 +116,7 @@ def _final_status(launched: Launched, scenario: str, after: float) -> dict[str, 
 def _job_done(launched: Launched, scenario: str) -> float:
     ns = launched.ns(scenario)
     launched.node.kubectl(
-        "-n", ns, "wait", "--for=condition=Complete", "job/truth", "--timeout=400s", timeout_s=410
+        "-n", ns, "wait", "--for=condition=Complete", "job/truth", "--timeout=480s", timeout_s=490
     )
     return time.time()
 
@@ -155,9 +157,33 @@ def _mfu_ratios(
     return against_truth, per_rate
 
 
+@contextlib.contextmanager
+def explained(launched: Launched, scenario: str) -> Iterator[None]:
+    """On a failure: the namespace (test_node_scenarios' dump), the deletion, and what each of the
+    job's processes logged, summed."""
+    try:
+        yield
+    except BaseException:
+        dump(launched.node, launched.ns(scenario))
+        print(f"deletion: {launched.deletion}")
+        for p in _processes(launched.rendezvous / scenario):
+            sums = {
+                k: round(sum(s[k] for s in p.steps), 2)
+                for k in ("data", "compute", "reduce", "save", "barrier")
+            }
+            print(f"rank {p.rank} start {p.start:.1f} first {p.first} end {p.end} from {p.resumed_from}: "
+                  f"{len(p.steps)} steps {sums}")  # fmt: skip
+        raise
+
+
 def test_two_pods_one_deleted_mid_run_give_goodput_by_cause_and_mfu_within_the_jobs_own_truth(
     scenarios: Launched,
 ) -> None:
+    with explained(scenarios, "truth"):
+        _two_pods(scenarios)
+
+
+def _two_pods(scenarios: Launched) -> None:
     done = _job_done(scenarios, "truth")
     assert "error" not in scenarios.deletion and scenarios.deletion.get("pod"), scenarios.deletion
     status = _final_status(scenarios, "truth", done)
@@ -184,6 +210,11 @@ def test_two_pods_one_deleted_mid_run_give_goodput_by_cause_and_mfu_within_the_j
 def test_one_pod_of_torchrun_ranks_gives_the_same_mfu_per_step_rate_as_two_pods_and_its_own_goodput(
     scenarios: Launched,
 ) -> None:
+    with explained(scenarios, "truth-1pod"):
+        _one_pod(scenarios)
+
+
+def _one_pod(scenarios: Launched) -> None:
     done = _job_done(scenarios, "truth-1pod")
     status = _final_status(scenarios, "truth-1pod", done)
     processes = _processes(scenarios.rendezvous / "truth-1pod")

@@ -126,6 +126,32 @@ def test_loader_workers_over_the_memory_limit_are_oom_killed_and_give_reduce_loa
         assert pod["status"]["phase"] == "Failed"
 
 
+def test_a_loader_killed_a_second_after_start_gives_reduce_loader_memory_and_says_a_child_was_killed(
+    scenarios: Launched,
+) -> None:
+    """Issue 28 item 8: whichever process the kernel picked and however fast, the loader's lever.
+    The kernel takes a worker within about a second of the loop's start; the trainer exits 1 on
+    DataLoader's error (not 137): the verdict says a child of the training process was killed."""
+    node = scenarios.node
+    with explained(scenarios, "loader-oom-fast") as ns:
+        status = scenarios.seen(
+            "loader-oom-fast",
+            lambda s: (s.get("bottleneck") or {}).get("regime") == "memory-capacity",
+            180,
+            "regime memory-capacity",
+        )
+        (pod,) = pods_of(node, ns, "leakyfast")
+        node.kubectl(
+            "-n", ns, "wait", "--for=jsonpath={.status.phase}=Failed", f"pod/{pod['metadata']['name']}",
+            "--timeout=120s", timeout_s=130,
+        )  # fmt: skip
+        (pod,) = pods_of(node, ns, "leakyfast")
+        assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 1}, pod["status"]
+        assert status["bottleneck"]["lever"] == "reduce-loader-memory", status["bottleneck"]
+        evidence = " ".join(status["bottleneck"]["evidence"])
+        assert "a child of the training process was OOM-killed" in evidence, evidence
+
+
 def test_trainer_container_oom_killed_gives_memory_capacity_from_the_container_status(
     scenarios: Launched,
 ) -> None:
@@ -141,6 +167,7 @@ def test_trainer_container_oom_killed_gives_memory_capacity_from_the_container_s
         assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 137}, pod["status"]
         evidence = " ".join(status["bottleneck"]["evidence"])
         assert f"pod {pod['metadata']['name']}: container train was OOM-killed" in evidence, evidence
+        assert "the training process was OOM-killed (reason OOMKilled, exit code 137" in evidence, evidence
         assert "judged from the kubelet's container status" in evidence, evidence
 
 
