@@ -12,7 +12,7 @@ so a job of eight ranks that trained an hour reads about 3,600 s, not 28,800 s.
 attributes to it): 0 for a CPU-only job, absent when the accelerators are unknown.
 ``restart`` (``restarts_of``): in the cluster the operator adds the container restarts and Failed
 pods' replacements; ``dam run`` adds the restarts inside its one command (``torchrun
---max-restarts``, a retry loop) from every process's life (``ProcessLife``).
+--max-restarts``, a retry loop of ranked processes) from every process's life (``ProcessLife``).
 
 One cause per second, across ranks (``_behind_saves``): in a synchronous job the ranks that saved
 less than the slowest saver wait for it in their next collective, so that wait is ``checkpoint``,
@@ -140,11 +140,14 @@ class Restarts:
     """Productive seconds the dead processes did since the job's checkpoint (moved to ``restart``)."""
 
 
-def _attempts(lives: Iterable[ProcessLife]) -> dict[int | None, list[ProcessLife]]:
-    """Each rank's processes one after another, by start (a rank's processes that overlap in time
-    are not restarts of one another: unranked processes running side by side keep the first)."""
-    by_rank: dict[int | None, list[ProcessLife]] = defaultdict(list)
+def _attempts(lives: Iterable[ProcessLife]) -> dict[int, list[ProcessLife]]:
+    """Each rank's processes one after another, by start (processes of a rank that overlap in time
+    are not restarts of one another). Processes without a rank are none: one unranked program
+    after another (``prep.py && train.py``) cannot be told from a retry."""
+    by_rank: dict[int, list[ProcessLife]] = defaultdict(list)
     for life in sorted(lives, key=lambda x: x.start_seconds):
+        if life.rank is None:
+            continue
         chain = by_rank[life.rank]
         if not chain or life.start_seconds >= chain[-1].end_seconds:
             chain.append(life)
@@ -159,11 +162,12 @@ def _job_since(lives: Sequence[ProcessLife]) -> float | None:
 
 
 def restarts_of(lives: Iterable[ProcessLife]) -> Restarts:
-    """Restarts of a rank (or of the one unranked process) inside one command: each process that
-    takes the place of an ended one of the same rank restarts it. Its cost, per process: the
-    downtime (the old process's last publish to the new one's start), the new process's startup,
-    and the dead process's productive time since the job's checkpoint (``_job_since`` over the
-    processes of the same attempt), which the new one redoes. A surviving rank's time between a
+    """Restarts of a rank inside one command (``torchrun --max-restarts``, a retry loop of ranked
+    processes): each process that takes the place of an ended one of the same rank restarts it.
+    Its cost, per process: the downtime (the old process's last publish to the new one's start),
+    the new process's startup, and the dead process's productive time since the job's checkpoint
+    (``_job_since`` over the processes of the same attempt), which the new one redoes (none when
+    its saves are not timed). A surviving rank's time between a
     peer's failure and its own end keeps the cause its probe gave it (torchrun stops it within
     about its monitor interval)."""
     chains = _attempts(lives)
@@ -200,12 +204,13 @@ def _behind_saves(lost: dict[str, dict[str, float]]) -> None:
 
 
 def goodput_of(
-    snapshot: Snapshot, accelerators: int | None = None, lives: Iterable[ProcessLife] = ()
+    snapshot: Snapshot, accelerators: int | None = None, lives: Iterable[ProcessLife] | None = None
 ) -> Goodput | None:
     """The goodput of the processes in ``snapshot``; None when no probe accounts for it.
 
     ``accelerators``: the job's accelerators (GPUs), None when unknown. ``lives``: every process
-    the run saw (``dam run``): restarts inside it cost ``restart`` (``restarts_of``).
+    the run saw (``dam run``): restarts inside it cost ``restart`` (``restarts_of``); None: not
+    known (``dam evaluate``'s two snapshots), no ``restarts`` field.
     """
     productive: dict[str, float] = {}
     for s in snapshot.samples(names.GOODPUT_SECONDS_TOTAL):
@@ -229,7 +234,7 @@ def goodput_of(
             seen[field].add(rank)
     processes = len(productive)
     measured = {f for f in CAUSE_FIELDS.values() if seen[f] >= productive.keys()}
-    restarts = restarts_of(lives)
+    restarts = restarts_of(lives or ())
     if "startup" in measured:
         lost["startup"] = max(0.0, lost["startup"] - restarts.startup_seconds)
     badput = BadputSeconds(
@@ -251,7 +256,7 @@ def goodput_of(
             if f in measured
         ],
         ratio_upper_bound=len(measured) < len(CAUSE_FIELDS),
-        restarts=restarts.count,
+        restarts=None if lives is None else restarts.count,
     )
 
 

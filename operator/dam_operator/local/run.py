@@ -389,7 +389,7 @@ def run(
     return code
 
 
-def _goodput(session: LocalSession, lives: Sequence[ProcessLife] = ()) -> Goodput | None:
+def _goodput(session: LocalSession, lives: Sequence[ProcessLife] | None = None) -> Goodput | None:
     """Goodput over the command's life, from the last sample (taken after it exited); ``lives``:
     every training process the run saw (restarts inside the command cost ``restart``)."""
     if not session.history:

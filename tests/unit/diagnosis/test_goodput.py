@@ -53,7 +53,7 @@ def test_goodput_is_productive_over_elapsed_with_every_cause() -> None:
         "ratioUpperBound",
         "restarts",
     }
-    assert doc["restarts"] == 0  # no process took the place of an ended one
+    assert doc["restarts"] is None  # without the processes' lives (dam evaluate): not known
     assert doc["measured"] == ["startup", "dataWait", "communication", "checkpoint", "other"]
     assert doc["ratioUpperBound"] is False
     assert set(doc["badputSeconds"]) == {
@@ -220,11 +220,17 @@ def test_a_restart_inside_the_command_costs_downtime_startup_and_progress_since_
 
 
 def test_without_any_save_a_restart_redoes_every_step_and_side_by_side_processes_are_no_restart() -> None:
-    r = restarts_of([_life(None, 0.0, 10.0, steps_since_checkpoint=100), _life(None, 12.0, 20.0)])
+    r = restarts_of([_life(3, 0.0, 10.0, steps_since_checkpoint=100), _life(3, 12.0, 20.0)])
     assert (r.count, r.lost_seconds) == (1, pytest.approx(10.0))
     assert r.restart_seconds == pytest.approx(2.0 + 2.0 + 10.0)
-    side_by_side = restarts_of([_life(None, 0.0, 10.0), _life(None, 1.0, 10.0), _life(0, 0.0, 5.0)])
+    side_by_side = restarts_of([_life(0, 0.0, 10.0), _life(0, 1.0, 10.0), _life(1, 0.0, 5.0)])
     assert side_by_side == Restarts()
+
+
+def test_one_unranked_program_after_another_is_no_restart() -> None:
+    # `dam run -- sh -c "python prep.py && python train.py"`: cannot be told from a retry
+    r = restarts_of([_life(None, 0.0, 10.0, steps_since_checkpoint=100), _life(None, 12.0, 20.0)])
+    assert r == Restarts()
 
 
 def test_goodput_moves_a_restart_from_startup_and_productive_to_restart() -> None:
@@ -248,8 +254,10 @@ def test_goodput_moves_a_restart_from_startup_and_productive_to_restart() -> Non
     ]
     plain = goodput_of(_snap(text))
     g = goodput_of(_snap(text), lives=lives)
-    assert plain is not None and g is not None
-    assert (plain.restarts, g.restarts) == (0, 1)
+    none = goodput_of(_snap(text), lives=[])
+    assert plain is not None and g is not None and none is not None
+    assert none.restarts == 0 and none.badput_seconds == plain.badput_seconds
+    assert (plain.restarts, g.restarts) == (None, 1)  # without the lives: not known
     assert g.badput_seconds.startup == pytest.approx(2.0)
     assert g.productive_seconds == pytest.approx(18.0)  # 10 steps of 0.2 s redone
     assert g.badput_seconds.restart == pytest.approx(1.0 + 3.0 + 2.0)
