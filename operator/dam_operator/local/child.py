@@ -51,7 +51,11 @@ class CollectorSource:
         settings = SidecarSettings(probe_dir=probe_dir, interval_seconds=interval_seconds, port=0)
         errors = ErrorLog(settings.error_log_interval_seconds)
         self._probe = ProbeReader(
-            probe_dir, errors, proc_root=settings.proc_root, stale_seconds=settings.probe_stale_seconds
+            probe_dir,
+            errors,
+            proc_root=settings.proc_root,
+            stale_seconds=settings.probe_stale_seconds,
+            keep_lives=True,
         )
         self._collector = build_collector(settings, errors=errors, probe=self._probe)
 

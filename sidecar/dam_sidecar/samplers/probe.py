@@ -290,6 +290,7 @@ class ProbeReader:
     clock_ns: Callable[[], int] = time.time_ns
     remove: Callable[[str], None] = os.remove
     cleanup: bool = True
+    keep_lives: bool = False  # keep ended processes' latest records for ``lives`` (``dam run``)
     _carried: dict[RankKey, _Totals] = field(default_factory=dict)  # what ended processes counted
     _last: dict[Key, ProbeRecord] = field(default_factory=dict)
     _rank_of: dict[Key, RankKey] = field(default_factory=dict)  # the rank a live process counts under
@@ -314,7 +315,8 @@ class ProbeReader:
     _ended: list[ProbeRecord] = field(default_factory=list)
 
     def lives(self) -> list[ProbeRecord]:
-        """The latest record of every training process seen, ended or live, by start time."""
+        """The latest record of every training process seen, ended (with ``keep_lives``) or live,
+        by start time."""
         return sorted([*self._ended, *self._last.values()], key=lambda r: (r.start_time_ns, r.pid))
 
     def _mark(self, key: Key, r: ProbeRecord) -> None:
@@ -359,8 +361,9 @@ class ProbeReader:
         base = self._base.pop(key, None) or _Totals()
         if last is not None:
             self._carried.setdefault(rank, _Totals()).add(_Totals.of(last).minus(base))
-            self._ended.append(last)
-            del self._ended[:-MAX_LIVES]
+            if self.keep_lives:
+                self._ended.append(last)
+                del self._ended[:-MAX_LIVES]
 
     def _adopt(self, key: Key, rec: ProbeRecord) -> None:
         """Counts a live process under the rank of its latest record (see the module docstring)."""

@@ -44,7 +44,7 @@ def test_an_ended_process_stays_among_the_lives_with_its_last_figures(tmp_path: 
     probe.mkdir()
     proc.mkdir()
     (proc / "11").mkdir()  # pid 10 is gone: its closed file is folded in and removed
-    reader = ProbeReader(str(probe), ErrorLog(), proc_root=str(proc))
+    reader = ProbeReader(str(probe), ErrorLog(), proc_root=str(proc), keep_lives=True)
     write_probe(probe, pid=10, start_time_ns=1, last_update_ns=30 * S, closed=True,
                 **_goodput(1.0, steps=118, since=18, saved=True, rank=0))  # fmt: skip
     reader.sample()
@@ -70,3 +70,13 @@ def test_a_process_without_goodput_or_saves_timed_is_no_life_or_one_with_saves_u
         ProbeRecord(pid=3, start_time_ns=1, wait_ns=0, step_ns=0, last_update_ns=9 * S, **never, **PLAIN)
     )  # type: ignore[arg-type]
     assert life is not None and (life.steps_since_checkpoint, life.saved) == (50, False)
+
+
+def test_the_sidecar_s_reader_keeps_no_ended_process(tmp_path: Path) -> None:
+    probe, proc = tmp_path / "probe", tmp_path / "proc"
+    probe.mkdir()
+    proc.mkdir()
+    reader = ProbeReader(str(probe), ErrorLog(), proc_root=str(proc))  # keep_lives off: bounded memory
+    write_probe(probe, pid=10, closed=True, **_goodput(1.0, steps=5, since=None, saved=False, rank=0))
+    assert reader.sample().steps == 5  # folded in, counted
+    assert reader.lives() == []
