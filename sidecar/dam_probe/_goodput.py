@@ -7,7 +7,10 @@ Where a process's wall time goes, from its start to the latest publish (``elapse
 - ``communication``: exposed communication (``dam_probe._comm``), when collectives are timed;
 - ``checkpoint``: time the training thread blocked in ``torch.save``,
   ``torch.distributed.checkpoint.save`` and the blocking part of ``async_save`` (the staging it
-  does before it returns; the write in its background thread is not counted);
+  does before it returns; the write in its background thread is not counted), and in
+  ``os.fsync``/``os.fdatasync`` after a save and before the next batch (the flush that makes
+  the save durable: ``torch.save(obj, fh); os.fsync(fh.fileno())``; part of that save, not a
+  save of its own; an fsync with a batch since the latest save is the step's own);
 - ``productive``: step time less the data wait, the exposed communication and the checkpoint
   saves that happened inside steps (a save between two batches of a loop is part of the step
   time the probe covers; a save after the loop ended is not);
@@ -508,14 +511,26 @@ class Accounting(CounterGroup):
                 keep.append((end, dt))
         self.pending = keep
 
-    def checkpoint_done(self, p: Probe, t0_ns: int, t1_ns: int) -> None:
-        """A save in the training thread blocked it from ``t0_ns`` to ``t1_ns``. Never raises."""
+    def flushes_save(self, p: Probe) -> bool:
+        """Whether an fsync now is the latest save's flush: in the training thread, outside a
+        save, after a save with no batch since."""
+        return (
+            not self.ckpt_depth
+            and self.ckpt_count > 0
+            and p.step.steps == self.last_ckpt_steps
+            and threading.get_ident() == self.train_thread
+        )
+
+    def checkpoint_done(self, p: Probe, t0_ns: int, t1_ns: int, *, flush: bool = False) -> None:
+        """A save in the training thread blocked it from ``t0_ns`` to ``t1_ns`` (``flush``: the
+        latest save's fsync, its time added to that save's). Never raises."""
         try:
             dt = max(0, t1_ns - t0_ns)
             self.ckpt_ns += dt
-            self.ckpt_count += 1
-            self.last_ckpt_ns = time.time_ns()
-            self.last_ckpt_steps = p.step.steps
+            if not flush:
+                self.ckpt_count += 1
+                self.last_ckpt_ns = time.time_ns()
+                self.last_ckpt_steps = p.step.steps
             if p.step.in_stream and t0_ns >= p.step.stream_start_ns:
                 self.pending.append((t1_ns, dt))
             if not p.disabled:
@@ -590,6 +605,41 @@ def timed_save(orig: Callable[..., Any], p: Probe | None = None) -> Callable[...
     return save
 
 
+FLUSHES: Final = ("fsync", "fdatasync")
+"""``os`` functions whose call right after a save is that save's (``Accounting.flushes_save``)."""
+
+
+def timed_flush(orig: Callable[..., Any], p: Probe | None = None) -> Callable[..., Any]:
+    """An ``os.fsync`` that adds its time to the latest save's when it flushes that save
+    (``Accounting.flushes_save``); any other call passes untouched."""
+    if p is None:
+        from dam_probe._core import PROBE
+
+        p = PROBE
+    acc, probe, clock = p.goodput, p, perf_counter_ns
+
+    @functools.wraps(orig)
+    def flush(*args: Any, **kwargs: Any) -> Any:
+        if not acc.flushes_save(probe):
+            return orig(*args, **kwargs)
+        t0 = clock()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            acc.checkpoint_done(probe, t0, clock(), flush=True)
+
+    setattr(flush, MARK, True)
+    return flush
+
+
+def patch_flushes(p: Probe | None = None) -> None:
+    """Wraps ``os.fsync`` and ``os.fdatasync`` (``timed_flush``), once."""
+    for name in FLUSHES:
+        orig = getattr(os, name, None)
+        if orig is not None and callable(orig) and not getattr(orig, MARK, False):
+            setattr(os, name, timed_flush(orig, p))
+
+
 def _wrap(module: ModuleType, name: str, p: Probe | None) -> Callable[..., Any] | None:
     """Replaces ``module.name`` by its timed version; returns the original (None: absent or done)."""
     orig = module.__dict__.get(name)
@@ -612,6 +662,7 @@ def patch_serialization(module: ModuleType, p: Probe | None = None) -> bool:
     orig = _wrap(module, "save", p)
     if orig is not None:
         _rebind(sys.modules.get("torch"), "save", orig, module)
+    patch_flushes(p)
     _accounting(p).checkpoints_on = True
     return True
 

@@ -224,16 +224,19 @@ def build_collector(
     nvml: NvmlSource | None = None,
     errors: ErrorLog | None = None,
     use_nvml: bool = True,
+    probe: ProbeReader | None = None,
 ) -> SidecarCollector:
     """The collector with the real samplers configured by ``settings``; not started, not registered.
 
-    ``use_nvml=False`` never touches NVML (``dam_nvml_up`` reads 0).
+    ``use_nvml=False`` never touches NVML (``dam_nvml_up`` reads 0). ``probe``: the probe reader
+    to sample (``dam run`` keeps it to read every process's life at the end).
     """
     errors = errors or ErrorLog(settings.error_log_interval_seconds)
     if nvml is None:
         nvml = build_nvml(settings, errors) if use_nvml else NoNvml()
     collectors = standard_collectors(
-        probe=ProbeReader(
+        probe=probe
+        or ProbeReader(
             settings.probe_dir,
             errors,
             proc_root=settings.proc_root,

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dam_contract.snapshot import Snapshot
+from dam_operator.diagnosis.goodput import ProcessLife
 from dam_probe.bootstrap import install_into
+from dam_probe.layout import ProbeRecord
 from dam_probe.overrides import ENV_LOADER_OVERRIDES
 
 
@@ -42,10 +44,24 @@ class CollectorSource:
 
     def __init__(self, probe_dir: str, interval_seconds: float) -> None:
         from dam_sidecar.collector import build_collector
+        from dam_sidecar.errors import ErrorLog
+        from dam_sidecar.samplers.probe import ProbeReader
         from dam_sidecar.settings import SidecarSettings
 
         settings = SidecarSettings(probe_dir=probe_dir, interval_seconds=interval_seconds, port=0)
-        self._collector = build_collector(settings)
+        errors = ErrorLog(settings.error_log_interval_seconds)
+        self._probe = ProbeReader(
+            probe_dir,
+            errors,
+            proc_root=settings.proc_root,
+            stale_seconds=settings.probe_stale_seconds,
+            keep_lives=True,
+        )
+        self._collector = build_collector(settings, errors=errors, probe=self._probe)
+
+    def lives(self) -> list[ProcessLife]:
+        """Every training process the probe files showed, ended or live (``ProcessLife``)."""
+        return [life for r in self._probe.lives() if (life := life_of(r)) is not None]
 
     def snapshot(self) -> Snapshot:
         self._collector.sample_now()
@@ -56,6 +72,34 @@ class CollectorSource:
 
 
 SourceFactory = Callable[[str, float], SnapshotSource]
+
+
+def life_of(r: ProbeRecord) -> ProcessLife | None:
+    """A process's life from its latest record; None before its goodput accounting (no first batch:
+    a DataLoader worker, a launcher)."""
+    if r.process_start_ns is None or r.productive_ns is None or not r.process_start_ns:
+        return None
+    since: int | None = None
+    saved = False
+    if r.last_checkpoint_ns is not None and r.last_checkpoint_steps is not None:
+        saved = r.last_checkpoint_ns > 0
+        since = max(0, r.steps - (r.last_checkpoint_steps if saved else 0))
+    return ProcessLife(
+        rank=None if r.rank is None or r.rank < 0 else r.rank,
+        start_seconds=r.process_start_ns / 1e9,
+        end_seconds=r.last_update_ns / 1e9,
+        startup_seconds=(r.startup_ns or 0) / 1e9,
+        productive_seconds=r.productive_ns / 1e9,
+        steps=r.steps,
+        steps_since_checkpoint=since,
+        saved=saved,
+    )
+
+
+def lives_of(source: SnapshotSource) -> list[ProcessLife]:
+    """The processes' lives a source kept (``CollectorSource``); none for another source."""
+    lives = getattr(source, "lives", None)
+    return list(lives()) if callable(lives) else []
 
 
 def command_after_dashes(parser: argparse.ArgumentParser, rest: list[str], prog: str) -> list[str]:

@@ -35,7 +35,7 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 from dam_contract.snapshot import Snapshot
-from dam_operator.diagnosis.goodput import Goodput, accelerators_of, goodput_of
+from dam_operator.diagnosis.goodput import Goodput, ProcessLife, accelerators_of, goodput_of
 from dam_operator.diagnosis.hysteresis import rfc3339
 from dam_operator.diagnosis.model import Hardware, RankFigures, Verdict
 from dam_operator.diagnosis.progress import STALL_AFTER_SECONDS_DEFAULT, StallSettings
@@ -47,6 +47,7 @@ from dam_operator.local.child import (
     child_environment,
     command_after_dashes,
     default_source,
+    lives_of,
     probe_workspace,
     sample_while_running,
     shell_exit_status,
@@ -382,18 +383,19 @@ def run(
         )
         final = session.final_verdict(oom_killed=None if memory is None else memory.oom_killed(returncode))
         ranks = session.final_ranks()
-        goodput = _goodput(session)
+        goodput = _goodput(session, lives_of(source))
     code = STALL_EXIT_CODE if watch.stops() else shell_exit_status(returncode)
     out(_report(args, final, ranks, goodput, code, watch=watch))
     return code
 
 
-def _goodput(session: LocalSession) -> Goodput | None:
-    """Goodput over the command's life, from the last sample (taken after it exited)."""
+def _goodput(session: LocalSession, lives: Sequence[ProcessLife] | None = None) -> Goodput | None:
+    """Goodput over the command's life, from the last sample (taken after it exited); ``lives``:
+    every training process the run saw (restarts inside the command cost ``restart``)."""
     if not session.history:
         return None
     last = session.history[-1][1]
-    return goodput_of(last, accelerators_of(last, local=True))
+    return goodput_of(last, accelerators_of(last, local=True), lives)
 
 
 def main(argv: Sequence[str]) -> int:

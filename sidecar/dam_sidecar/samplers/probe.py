@@ -54,6 +54,7 @@ SAMPLER = "probe"
 
 Key = tuple[int, int]  # (pid, start_time_ns)
 MAX_CGROUPS = 256  # high-water marks kept; older ones are folded into a carried total
+MAX_LIVES = 1024  # ended processes' latest records kept for ``ProbeReader.lives``
 
 
 RankKey = int | None  # a distributed rank, or None for processes without one
@@ -289,6 +290,7 @@ class ProbeReader:
     clock_ns: Callable[[], int] = time.time_ns
     remove: Callable[[str], None] = os.remove
     cleanup: bool = True
+    keep_lives: bool = False  # keep ended processes' latest records for ``lives`` (``dam run``)
     _carried: dict[RankKey, _Totals] = field(default_factory=dict)  # what ended processes counted
     _last: dict[Key, ProbeRecord] = field(default_factory=dict)
     _rank_of: dict[Key, RankKey] = field(default_factory=dict)  # the rank a live process counts under
@@ -308,6 +310,14 @@ class ProbeReader:
     _ooms: HighWater = field(default_factory=HighWater)  # memory cgroup id -> highest OOM kills
     # Process -> loader workers it saw die (each process's count only grows: a pid is counted once).
     _kills: HighWater = field(default_factory=HighWater)
+    # The latest record of every process that ended (at most MAX_LIVES, the oldest dropped):
+    # ``lives()`` (``dam run``'s restart accounting).
+    _ended: list[ProbeRecord] = field(default_factory=list)
+
+    def lives(self) -> list[ProbeRecord]:
+        """The latest record of every training process seen, ended (with ``keep_lives``) or live,
+        by start time."""
+        return sorted([*self._ended, *self._last.values()], key=lambda r: (r.start_time_ns, r.pid))
 
     def _mark(self, key: Key, r: ProbeRecord) -> None:
         self._throttled.mark(r.cgroup_id or 0, r.cgroup_throttled_ns)
@@ -351,6 +361,9 @@ class ProbeReader:
         base = self._base.pop(key, None) or _Totals()
         if last is not None:
             self._carried.setdefault(rank, _Totals()).add(_Totals.of(last).minus(base))
+            if self.keep_lives:
+                self._ended.append(last)
+                del self._ended[:-MAX_LIVES]
 
     def _adopt(self, key: Key, rec: ProbeRecord) -> None:
         """Counts a live process under the rank of its latest record (see the module docstring)."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dam_contract.snapshot import Snapshot, parse_snapshot
 from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.goodput import goodput_of
+from dam_operator.diagnosis.goodput import ProcessLife, Restarts, goodput_of, restarts_of
 from dam_operator.diagnosis.model import Axis, Hardware, Observation, Regime, Thresholds
 from dam_operator.diagnosis.render import render_goodput
 from dam_operator.diagnosis.window import observation_from_snapshots
@@ -49,7 +51,9 @@ def test_goodput_is_productive_over_elapsed_with_every_cause() -> None:
         "acceleratorSecondsLost",
         "measured",
         "ratioUpperBound",
+        "restarts",
     }
+    assert doc["restarts"] is None  # without the processes' lives (dam evaluate): not known
     assert doc["measured"] == ["startup", "dataWait", "communication", "checkpoint", "other"]
     assert doc["ratioUpperBound"] is False
     assert set(doc["badputSeconds"]) == {
@@ -181,3 +185,94 @@ def test_a_cause_one_process_could_not_measure_is_absent_and_the_ratio_an_upper_
     assert g.elapsed_seconds == pytest.approx((60 + 68) / 2 + 10 + 15 + 0 + 7)
     text = render_goodput(g)
     assert "an upper bound: communication not measured" in text, text
+
+
+# -- restarts inside one command and the wait behind a peer's save (issue 28 items 3, 4) --------
+
+
+def _life(rank: int | None, start: float, end: float, **kw: Any) -> ProcessLife:
+    figures: dict[str, Any] = {
+        "startup_seconds": 2.0,
+        "productive_seconds": 10.0,
+        "steps": 100,
+        "steps_since_checkpoint": None,
+        "saved": False,
+    }
+    figures.update(kw)
+    return ProcessLife(rank, start, end, **figures)
+
+
+def test_a_restart_inside_the_command_costs_downtime_startup_and_progress_since_the_job_s_save() -> None:
+    lives = [
+        # attempt 0: rank 0 saved 20 steps before the failure, rank 1 never saves (every step since)
+        _life(0, 0.0, 30.0, steps_since_checkpoint=20, saved=True),
+        _life(1, 0.0, 29.8, steps_since_checkpoint=100, saved=False),
+        # attempt 1: both restarted by torchrun, 1.5 s after the last of them ended
+        _life(0, 31.5, 60.0, startup_seconds=3.0, steps_since_checkpoint=0, saved=True),
+        _life(1, 31.5, 60.0, startup_seconds=3.5, steps_since_checkpoint=80, saved=False),
+    ]
+    r = restarts_of(lives)
+    assert r.count == 1
+    assert r.startup_seconds == pytest.approx(6.5)
+    # each dead process redid 20 of its 100 steps at 0.1 productive s a step: 2 s each
+    assert r.lost_seconds == pytest.approx(4.0)
+    assert r.restart_seconds == pytest.approx((1.5 + 3.0 + 2.0) + (1.7 + 3.5 + 2.0))
+
+
+def test_without_any_save_a_restart_redoes_every_step_and_side_by_side_processes_are_no_restart() -> None:
+    r = restarts_of([_life(3, 0.0, 10.0, steps_since_checkpoint=100), _life(3, 12.0, 20.0)])
+    assert (r.count, r.lost_seconds) == (1, pytest.approx(10.0))
+    assert r.restart_seconds == pytest.approx(2.0 + 2.0 + 10.0)
+    side_by_side = restarts_of([_life(0, 0.0, 10.0), _life(0, 1.0, 10.0), _life(1, 0.0, 5.0)])
+    assert side_by_side == Restarts()
+
+
+def test_one_unranked_program_after_another_is_no_restart() -> None:
+    # `dam run -- sh -c "python prep.py && python train.py"`: cannot be told from a retry
+    r = restarts_of([_life(None, 0.0, 10.0, steps_since_checkpoint=100), _life(None, 12.0, 20.0)])
+    assert r == Restarts()
+
+
+def test_goodput_moves_a_restart_from_startup_and_productive_to_restart() -> None:
+    text = _process("0", 20, (5, 1, 1, 1, 0)) + _process("1", 20, (5, 1, 1, 1, 0))
+    lives = [
+        _life(
+            0,
+            0.0,
+            10.0,
+            startup_seconds=2.0,
+            productive_seconds=12.0,
+            steps=60,
+            steps_since_checkpoint=10,
+            saved=True,
+        ),
+        _life(
+            1, 0.0, 10.0, startup_seconds=2.0, productive_seconds=12.0, steps=60, steps_since_checkpoint=60
+        ),
+        _life(0, 11.0, 20.0, startup_seconds=3.0, productive_seconds=8.0, steps=40),
+        _life(1, 11.0, 20.0, startup_seconds=3.0, productive_seconds=8.0, steps=40),
+    ]
+    plain = goodput_of(_snap(text))
+    g = goodput_of(_snap(text), lives=lives)
+    none = goodput_of(_snap(text), lives=[])
+    assert plain is not None and g is not None and none is not None
+    assert none.restarts == 0 and none.badput_seconds == plain.badput_seconds
+    assert (plain.restarts, g.restarts) == (None, 1)  # without the lives: not known
+    assert g.badput_seconds.startup == pytest.approx(2.0)
+    assert g.productive_seconds == pytest.approx(18.0)  # 10 steps of 0.2 s redone
+    assert g.badput_seconds.restart == pytest.approx(1.0 + 3.0 + 2.0)
+    assert g.elapsed_seconds == pytest.approx(plain.elapsed_seconds + 1.0)  # the downtime
+
+
+def test_a_rank_s_wait_behind_a_peer_s_save_is_checkpoint_not_communication() -> None:
+    # rank 0 saved for 6 s; rank 1 waited 6.5 s in collectives, 6 of them behind the save
+    text = _process("0", 50, (5, 1, 0.5, 6, 0)) + _process("1", 50, (5, 1, 6.5, 0, 0))
+    g = goodput_of(_snap(text))
+    assert g is not None
+    assert g.badput_seconds.checkpoint == pytest.approx(6.0)
+    assert g.badput_seconds.communication == pytest.approx(0.5)
+    # at most a rank's communication moves; the elapsed time stays
+    short = goodput_of(_snap(_process("0", 50, (5, 1, 0, 6, 0)) + _process("1", 50, (5, 1, 2, 0, 0))))
+    assert short is not None and short.badput_seconds.checkpoint == pytest.approx((6 + 2) / 2)
+    assert short.badput_seconds.communication == 0.0
+    assert short.elapsed_seconds == pytest.approx((62 + 58) / 2)

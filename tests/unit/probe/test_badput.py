@@ -271,3 +271,58 @@ def test_the_automatic_instrumentation_times_safetensors_saves_once_each(tmp_pat
     assert got["saves"] == 2
     assert 0 < got["ns"] <= got["blocked"]
     assert got["ns"] >= 0.5 * got["blocked"]
+
+
+def _flush_that_takes(seconds: float) -> Callable[[int], None]:
+    def fsync(fd: int) -> None:
+        time.sleep(seconds)
+
+    return fsync
+
+
+def test_an_fsync_right_after_a_save_is_that_save_s_time_and_no_save_of_its_own(probe: Probe) -> None:
+    save = _goodput.timed_save(_save_that_takes(0.02), probe)
+    fsync = _goodput.timed_flush(_flush_that_takes(0.05), probe)
+    probe.goodput.checkpoints_on = True
+    for i, _ in enumerate(dam_probe.instrument(list(range(8)))):
+        time.sleep(0.002)
+        if i in (2, 5):
+            save({}, "unused")
+            fsync(3)  # torch.save(obj, fh); os.fsync(fh.fileno())
+    r = _record(probe)
+    assert r.checkpoints == 2
+    assert r.checkpoint_ns is not None and 2 * 70 * MS <= r.checkpoint_ns < 2 * 70 * MS + 300 * MS
+    assert r.checkpoint_step_ns == r.checkpoint_ns  # both inside the loop: out of productive time
+    assert r.last_checkpoint_steps == 6
+
+
+def test_an_fsync_with_a_batch_since_the_save_or_before_any_save_is_the_step_s_own(probe: Probe) -> None:
+    save = _goodput.timed_save(_save_that_takes(0.01), probe)
+    fsync = _goodput.timed_flush(_flush_that_takes(0.04), probe)
+    probe.goodput.checkpoints_on = True
+    for i, _ in enumerate(dam_probe.instrument(list(range(6)))):
+        if i == 1:
+            fsync(3)  # no save yet: a log file's flush, say
+        if i == 2:
+            save({}, "unused")
+        if i == 4:
+            fsync(3)  # two batches after the save
+    r = _record(probe)
+    assert r.checkpoints == 1
+    assert r.checkpoint_ns is not None and 10 * MS <= r.checkpoint_ns < 40 * MS
+
+
+def test_patching_serialization_wraps_os_fsync_once(probe: Probe, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import types
+
+    monkeypatch.setattr(os, "fsync", _flush_that_takes(0.0))
+    monkeypatch.setattr(os, "fdatasync", _flush_that_takes(0.0), raising=False)
+    module = types.ModuleType("torch.serialization")
+    module.save = _save_that_takes(0.0)  # type: ignore[attr-defined]
+    _goodput.patch_serialization(module, probe)
+    wrapped = os.fsync
+    assert getattr(wrapped, _goodput.MARK, False)
+    _goodput.patch_serialization(module, probe)
+    assert os.fsync is wrapped  # not wrapped twice
+    assert getattr(os.fdatasync, _goodput.MARK, False)
