@@ -225,6 +225,23 @@ STEPS_SINCE_CHECKPOINT: Final = _metric(
     RANK_LABELS,
     "probe",
 )
+PROCESS_RESTARTS_TOTAL: Final = _metric(
+    "dam_process_restarts_total",
+    COUNTER,
+    "Training processes that took a rank after a process of that rank ended, inside the "
+    "container (torchrun --max-restarts, a retry loop): restarts the kubelet does not see "
+    "(label rank; processes without a rank are never counted).",
+    RANK_LABELS,
+    "probe",
+)
+PROCESS_RESTART_GAP_SECONDS_TOTAL: Final = _metric(
+    "dam_process_restart_gap_seconds_total",
+    COUNTER,
+    "Time from each ended process's last publish to the start of the process that took its "
+    "rank inside the container: the down time of those restarts (label rank).",
+    RANK_LABELS,
+    "probe",
+)
 COLLECTIVE_SECONDS_TOTAL: Final = _metric(
     "dam_collective_seconds_total",
     COUNTER,

@@ -1113,12 +1113,11 @@ class ProbeWriter:
         ``loader_settings`` (num_workers, prefetch_factor, pin_memory, persistent_workers), the
         same way: the table in the module docstring); None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy) window covers one copy.
-        scratch = self._scratch
         known = cgroup_throttled_ns is not None
         count, coll_ns, exposed_ns, coll_bytes = collectives if collectives is not None else (None,) * 4
         usage, limit, ooms, memory_id = memory if memory is not None else (None,) * 4
         _pack_payload(
-            scratch,
+            self._scratch,
             ProbeRecord(
                 pid=self._base.pid,
                 start_time_ns=self._base.start_time_ns,

@@ -14,7 +14,7 @@ attributes to it): 0 for a CPU-only job, absent when the accelerators are unknow
 pods' replacements; ``dam run`` adds the restarts inside its one command (``torchrun
 --max-restarts``, a retry loop of ranked processes) from every process's life (``ProcessLife``).
 
-One cause per second, across ranks (``_behind_saves``): in a synchronous job the ranks that saved
+One cause per second, across ranks (``behind_saves``): in a synchronous job the ranks that saved
 less than the slowest saver wait for it in their next collective, so that wait is ``checkpoint``,
 not ``communication`` (rank 0 saving for all while rank 1 waits at a barrier: both lost the save).
 
@@ -189,10 +189,11 @@ def restarts_of(lives: Iterable[ProcessLife]) -> Restarts:
     return Restarts(len(attempts) - 1 if count else 0, restart, startup, lost)
 
 
-def _behind_saves(lost: dict[str, dict[str, float]]) -> None:
-    """A rank's wait behind a slower peer's save is checkpoint (``_behind_saves`` in the module
-    docstring): per rank, up to its communication, the slowest saver's checkpoint less its own
-    moves from communication to checkpoint. In place; ``lost``: rank → field → seconds."""
+def behind_saves(lost: dict[str, dict[str, float]]) -> None:
+    """A rank's wait behind a slower peer's save is checkpoint (``behind_saves`` in the module
+    docstring; the cluster's ledger applies it to each window's increments): per rank, up to its
+    communication, the slowest saver's checkpoint less its own moves from communication to
+    checkpoint. In place; ``lost``: rank → field → seconds."""
     saves = [figures["checkpoint"] for figures in lost.values() if "checkpoint" in figures]
     if len(saves) < 2 or any("communication" not in f or "checkpoint" not in f for f in lost.values()):
         return
@@ -225,7 +226,7 @@ def goodput_of(
         v = _finite(s.value)
         if field is not None and v is not None and s.label(names.RANK_LABEL) in productive:
             by_rank[s.label(names.RANK_LABEL)][field] += v
-    _behind_saves(by_rank)
+    behind_saves(by_rank)
     lost: dict[str, float] = defaultdict(float)
     seen: dict[str, set[str]] = defaultdict(set)  # field -> the processes that measured it
     for rank, figures in by_rank.items():

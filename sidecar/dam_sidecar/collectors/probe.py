@@ -166,6 +166,15 @@ def _goodput(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
     yield bad
     if saves.samples:
         yield saves
+    restarts = per_rank(n.PROCESS_RESTARTS_TOTAL)
+    gaps = per_rank(n.PROCESS_RESTART_GAP_SECONDS_TOTAL)
+    for r in known:
+        if r.rank is not None:
+            restarts.add_metric([rank_value(r.rank)], float(r.restarts))
+            gaps.add_metric([rank_value(r.rank)], r.restart_gap_seconds)
+    if restarts.samples:
+        yield restarts
+        yield gaps
 
 
 def _progress(ranks: tuple[RankSample, ...]) -> Iterator[Family]:

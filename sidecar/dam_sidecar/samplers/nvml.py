@@ -236,6 +236,59 @@ class _Device:
     slice_ratio: float | None = None  # its share of the physical GPU (None: unknown)
 
 
+Quiet = Callable[[str, Callable[[], Any]], Any]
+"""``NvmlSampler._quiet``: one NVML call at start-up, None when it fails."""
+
+
+def _mig_mode(nv: Any, quiet: Quiet, dev: _Device) -> bool | None:
+    """Whether the GPU is in MIG mode; None when NVML cannot tell (no MIG support)."""
+    if not hasattr(nv, "nvmlDeviceGetMigMode"):
+        return None
+    got = quiet(f"GPU {dev.index}: MIG mode", lambda: nv.nvmlDeviceGetMigMode(dev.handle))
+    if got is None:
+        return None
+    return int(got[0]) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", _MIG_ENABLE))
+
+
+def _max_slices(nv: Any, dev: _Device) -> int | None:
+    """The most GPU-instance slices the GPU has: its largest whole-GPU profile's."""
+    found = []
+    for name, value in _FULL_PROFILES:
+        try:  # a profile the GPU lacks answers NOT_SUPPORTED or INVALID_ARGUMENT: not an error
+            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(dev.handle, getattr(nv, name, value))
+            slices = int(info.sliceCount)
+        except Exception:
+            continue
+        if slices > 0:
+            found.append(slices)
+    return max(found) if found else None
+
+
+def _mig_devices(nv: Any, quiet: Quiet, gpu: _Device) -> list[_Device]:
+    """The MIG devices of a GPU in MIG mode, each with its share of the GPU (no GPM)."""
+    count = quiet(f"GPU {gpu.index}: MIG devices", lambda: nv.nvmlDeviceGetMaxMigDeviceCount(gpu.handle))
+    full = _max_slices(nv, gpu)
+    out = []
+    for k in range(int(count or 0)):
+        try:
+            handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, k)
+        except Exception:
+            continue  # NOT_FOUND: no MIG device in that place
+        uuid = quiet(f"GPU {gpu.index}: MIG device {k}", functools.partial(nv.nvmlDeviceGetUUID, handle))
+        if uuid is None:
+            continue
+        attrs = quiet(
+            f"GPU {gpu.index}: MIG device {k} attributes",
+            functools.partial(nv.nvmlDeviceGetAttributes, handle),
+        )
+        slices = int(getattr(attrs, "gpuInstanceSliceCount", 0) or 0)
+        ratio = slices / full if full and 0 < slices <= full else None
+        out.append(
+            _Device(index=gpu.index, handle=handle, uuid=_text(uuid), name=gpu.name, slice_ratio=ratio)
+        )
+    return out
+
+
 class NvmlSampler:
     """The real NVML sampler. ``load`` returns a pynvml-like module (a fake one in tests)."""
 
@@ -293,12 +346,12 @@ class NvmlSampler:
             except Exception:
                 name = ""
             dev = _Device(index=i, handle=handle, uuid=uuid, name=name)
-            mig = self._mig_mode(dev)
+            mig = _mig_mode(self._nv, self._quiet, dev)
             dev.slice_ratio = None if mig is None else 1.0
             self._init_gpm(dev)
             self._devices.append(dev)
             if mig:
-                self._devices.extend(self._mig_devices(dev))
+                self._devices.extend(_mig_devices(self._nv, self._quiet, dev))
         if count == 0:
             self._errors.record(SAMPLER, "no_gpus", "NVML sees no GPU")
         return True
@@ -312,59 +365,6 @@ class NvmlSampler:
             if reason != "not_supported":
                 self._errors.record(SAMPLER, reason, f"{what} failed: {exc}")
             return None
-
-    def _mig_mode(self, dev: _Device) -> bool | None:
-        """Whether the GPU is in MIG mode; None when NVML cannot tell (no MIG support)."""
-        nv = self._nv
-        if not hasattr(nv, "nvmlDeviceGetMigMode"):
-            return None
-        got = self._quiet(f"GPU {dev.index}: MIG mode", lambda: nv.nvmlDeviceGetMigMode(dev.handle))
-        if got is None:
-            return None
-        return int(got[0]) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", _MIG_ENABLE))
-
-    def _max_slices(self, dev: _Device) -> int | None:
-        """The most GPU-instance slices the GPU has: its largest whole-GPU profile's."""
-        nv = self._nv
-        found = []
-        for name, value in _FULL_PROFILES:
-            try:  # a profile the GPU lacks answers NOT_SUPPORTED or INVALID_ARGUMENT: not an error
-                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(dev.handle, getattr(nv, name, value))
-                slices = int(info.sliceCount)
-            except Exception:
-                continue
-            if slices > 0:
-                found.append(slices)
-        return max(found) if found else None
-
-    def _mig_devices(self, gpu: _Device) -> list[_Device]:
-        """The MIG devices of a GPU in MIG mode, each with its share of the GPU (no GPM)."""
-        nv = self._nv
-        count = self._quiet(
-            f"GPU {gpu.index}: MIG devices", lambda: nv.nvmlDeviceGetMaxMigDeviceCount(gpu.handle)
-        )
-        full = self._max_slices(gpu)
-        out = []
-        for k in range(int(count or 0)):
-            try:
-                handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, k)
-            except Exception:
-                continue  # NOT_FOUND: no MIG device in that place
-            uuid = self._quiet(
-                f"GPU {gpu.index}: MIG device {k}", functools.partial(nv.nvmlDeviceGetUUID, handle)
-            )
-            if uuid is None:
-                continue
-            attrs = self._quiet(
-                f"GPU {gpu.index}: MIG device {k} attributes",
-                functools.partial(nv.nvmlDeviceGetAttributes, handle),
-            )
-            slices = int(getattr(attrs, "gpuInstanceSliceCount", 0) or 0)
-            ratio = slices / full if full and 0 < slices <= full else None
-            out.append(
-                _Device(index=gpu.index, handle=handle, uuid=_text(uuid), name=gpu.name, slice_ratio=ratio)
-            )
-        return out
 
     def _init_gpm(self, dev: _Device) -> None:
         nv = self._nv

@@ -54,6 +54,9 @@ SAMPLER = "probe"
 
 Key = tuple[int, int]  # (pid, start_time_ns)
 MAX_CGROUPS = 256  # high-water marks kept; older ones are folded into a carried total
+RESTART_SLACK_NS = 1_000_000_000
+"""A process that started up to this long before its rank's ended process last published still
+replaces it (the ended one's last publish may come a little after its successor's start)."""
 MAX_LIVES = 1024  # ended processes' latest records kept for ``ProbeReader.lives``
 
 
@@ -106,6 +109,11 @@ class RankSample:
     # The precision the rank's counted step ran its matmul FLOPs in (layout flag bit 13:
     # PRECISION_*), kept after the process ended; None: unknown (not counted, declared FLOPs).
     flops_precision: int | None = None
+    # Restarts inside the container (``ProbeReader._restarts``): processes that took the rank after
+    # one of it ended (torchrun's --max-restarts, a retry loop), and the seconds from each ended
+    # process's last publish to its successor's start. Counted for ranked processes only.
+    restarts: int = 0
+    restart_gap_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -274,6 +282,42 @@ def classify(error: ProbeFormatError) -> str:
 
 
 @dataclass
+class RestartCounter:
+    """Restarts inside the container, per rank: a live ranked process that started after a process
+    of its rank ended took its place (torchrun restarting its workers, a retry loop), with the time
+    from the ended one's last publish to its start. Counted once a process; a process without a
+    rank is never one (``prep.py && train.py`` is no retry). Monotonic."""
+
+    _ended_ns: dict[int, int] = field(default_factory=dict)  # rank -> its latest ended last publish
+    _counted: set[Key] = field(default_factory=set)  # live processes counted as a restart
+    _restarts: dict[int, int] = field(default_factory=dict)
+    _gap_ns: dict[int, int] = field(default_factory=dict)
+
+    def ended(self, key: Key, rank: RankKey, last: ProbeRecord | None) -> None:
+        self._counted.discard(key)
+        if last is not None and rank is not None and last.last_update_ns > self._ended_ns.get(rank, 0):
+            self._ended_ns[rank] = last.last_update_ns
+
+    def count(self, live: dict[Key, tuple[RankKey, ProbeRecord]]) -> None:
+        for key, (rank, rec) in live.items():
+            ended = self._ended_ns.get(rank) if rank is not None else None
+            if ended is None or rank is None or key in self._counted:
+                continue
+            start = rec.process_start_ns or rec.start_time_ns
+            if start + RESTART_SLACK_NS < ended:
+                continue  # it ran beside the ended one: no replacement
+            self._counted.add(key)
+            self._restarts[rank] = self._restarts.get(rank, 0) + 1
+            self._gap_ns[rank] = self._gap_ns.get(rank, 0) + max(0, start - ended)
+
+    def of(self, rank: RankKey) -> int:
+        return self._restarts.get(rank, 0) if rank is not None else 0
+
+    def gap_seconds(self, rank: RankKey) -> float:
+        return self._gap_ns.get(rank, 0) / 1e9 if rank is not None else 0.0
+
+
+@dataclass
 class ProbeReader:
     """Reads ``probe-*.bin`` in ``probe_dir`` each tick.
 
@@ -310,6 +354,7 @@ class ProbeReader:
     _ooms: HighWater = field(default_factory=HighWater)  # memory cgroup id -> highest OOM kills
     # Process -> loader workers it saw die (each process's count only grows: a pid is counted once).
     _kills: HighWater = field(default_factory=HighWater)
+    _restarts: RestartCounter = field(default_factory=RestartCounter)
     # The latest record of every process that ended (at most MAX_LIVES, the oldest dropped):
     # ``lives()`` (``dam run``'s restart accounting).
     _ended: list[ProbeRecord] = field(default_factory=list)
@@ -359,6 +404,7 @@ class ProbeReader:
         last = self._last.pop(key, None)
         rank = self._rank_of.pop(key, None)
         base = self._base.pop(key, None) or _Totals()
+        self._restarts.ended(key, rank, last)
         if last is not None:
             self._carried.setdefault(rank, _Totals()).add(_Totals.of(last).minus(base))
             if self.keep_lives:
@@ -398,6 +444,7 @@ class ProbeReader:
         for key in [k for k in self._last if k not in current]:
             self._fold(key)
         self._prune_folded(paths)
+        self._restarts.count({k: (self._rank_of.get(k, r.rank), r) for k, r in current.items()})
         return self._summary(current, len(paths))
 
     def _paths(self) -> list[str]:
@@ -525,6 +572,8 @@ class ProbeReader:
                     place=place_of(n) if n is not None else None,
                     loader=loader_of(n) if n is not None else None,
                     flops_precision=self._precision_of.get(rank),
+                    restarts=self._restarts.of(rank),
+                    restart_gap_seconds=self._restarts.gap_seconds(rank),
                 )
             )
         return tuple(out)

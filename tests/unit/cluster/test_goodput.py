@@ -77,6 +77,8 @@ def _snap(
             (names.STEPS_TOTAL, "steps"),
             (names.STEPS_SINCE_CHECKPOINT, "since"),
             (names.RANK_UP, "up"),
+            (names.PROCESS_RESTARTS_TOTAL, "restarts"),
+            (names.PROCESS_RESTART_GAP_SECONDS_TOTAL, "gap"),
         ):
             if key in figures:
                 samples.append(Sample(name, labels, figures[key]))
@@ -559,6 +561,71 @@ def test_a_restarted_container_adds_its_start_to_the_new_process_to_the_restart(
     assert out is not None
     assert out["badputSeconds"]["restart"] == pytest.approx(10 + 10 + 3)
     assert out["badputSeconds"]["startup"] == pytest.approx(5.0)
+
+
+def test_torchrun_restarting_its_ranks_inside_the_container_costs_the_gap_startup_and_lost_progress() -> None:
+    """No container restart (the kubelet sees none): the sidecar counted rank 0's and rank 1's
+    processes replaced, 6 s each from the old one's last publish to the new one's start; the new
+    ones took 4 s to their first batch; the job's checkpoint (rank 0's save) was 10 steps of 1 s
+    before. One restart (torchrun restarts its ranks together), 6 + 4 + 10 s a process."""
+    ledger = GoodputLedger()
+    first = {"productive": 50, "startup": 5, "steps": 50}
+    ledger.update(
+        pods=[_pod("a")],
+        answered={"a": _snap(T0, {"0": first | {"since": 10}, "1": first | {"since": 50}})},
+    )
+    later = {"productive": 55, "startup": 9, "steps": 55, "restarts": 1, "gap": 6}
+    ledger.update(pods=[_pod("a")], answered={"a": _snap(T0 + 30, {"0": later, "1": later})})
+    out = ledger.status()
+    assert out is not None
+    assert out["restarts"] == 1
+    assert out["badputSeconds"]["restart"] == pytest.approx(6 + 4 + 10)
+    assert out["badputSeconds"]["startup"] == pytest.approx(5.0)
+    assert out["productiveSeconds"] == pytest.approx(50 + 5 - 10)
+
+
+def test_a_container_restart_the_sidecar_also_sees_as_a_new_process_of_the_rank_counts_once() -> None:
+    """The kubelet restarted the training container (restartCount 1); the native sidecar, which
+    lived on, counts the new process of rank 0 a restart too, a window later: not again."""
+    ledger = GoodputLedger()
+    before = RestartRecord(0, None, None, None)
+    ledger.update(
+        pods=[_pod("a", restart=before)], answered={"a": _snap(T0, {"0": {"productive": 50, "startup": 5}})}
+    )
+    after = RestartRecord(1, _iso(T0 + 5), _iso(T0 + 15), None, running_since=_iso(T0 + 15))
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 20, {"0": {"productive": 50, "startup": 10}})},
+    )
+    ledger.update(
+        pods=[_pod("a", restart=after)],
+        answered={"a": _snap(T0 + 40, {"0": {"productive": 65, "startup": 10, "restarts": 1, "gap": 10}})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["restarts"] == 1
+    assert out["badputSeconds"]["restart"] == pytest.approx(10 + 5)  # down 10 s, 5 s to its first batch
+
+
+def test_a_ranks_wait_behind_rank_0s_save_in_another_pod_is_checkpoint_not_communication() -> None:
+    """Rank 0 (pod a) saved 8 s in the window; rank 1 (pod b) waited 9 s in collectives, 8 of
+    them behind the save: checkpoint 8 s a process, communication 1 s over the two."""
+    ledger = GoodputLedger()
+    zero = {"productive": 10, "startup": 2, "checkpoint": 0, "communication": 0}
+    ledger.update(
+        pods=[_pod("a"), _pod("b")], answered={"a": _snap(T0, {"0": zero}), "b": _snap(T0, {"1": zero})}
+    )
+    ledger.update(
+        pods=[_pod("a"), _pod("b")],
+        answered={
+            "a": _snap(T0 + 30, {"0": zero | {"productive": 30, "checkpoint": 8}}),
+            "b": _snap(T0 + 30, {"1": zero | {"productive": 29, "communication": 9}}),
+        },
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["checkpoint"] == pytest.approx(8.0)
+    assert out["badputSeconds"]["communication"] == pytest.approx(0.5)
 
 
 def test_a_new_pod_without_a_failed_predecessor_is_no_restart() -> None:

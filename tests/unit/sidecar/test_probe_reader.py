@@ -10,7 +10,7 @@ import pytest
 
 from dam_probe.layout import FILE_SIZE, ProbeWriter, encode, probe_path
 from dam_sidecar.errors import ErrorLog
-from dam_sidecar.samplers.probe import ProbeReader
+from dam_sidecar.samplers.probe import ProbeReader, ProbeSample, RankSample
 
 from .conftest import write_probe
 
@@ -303,3 +303,70 @@ def test_loader_worker_kills_are_summed_over_processes_and_kept_after_they_end(t
     write_probe(tmp_path / "probe", pid=10, loader_worker_kills=2, loader_kill_signal=9, closed=True)
     r.sample()
     assert r.sample().loader_worker_kills == 3
+
+
+def _rank_of(sample: ProbeSample, rank: int | None) -> RankSample:
+    return next(r for r in sample.ranks if r.rank == rank)
+
+
+def test_a_process_taking_the_rank_of_one_that_ended_is_a_restart_with_the_gap_between(
+    tmp_path: Path,
+) -> None:
+    """torchrun --max-restarts inside one container: rank 1's first process published last at
+    t=100 s and ended; the process that took rank 1 started at t=104 s. One restart, 4 s down; rank
+    0, never restarted, none; the next sample counts it once."""
+    tmp = tmp_path
+    r, _ = reader(tmp)
+    alive(tmp, 10, 11, 12)
+    s = 10**9
+    write_probe(tmp / "probe", pid=10, rank=0, world_size=2, start_time_ns=90 * s, last_update_ns=200 * s)
+    write_probe(
+        tmp / "probe",
+        pid=11,
+        rank=1,
+        world_size=2,
+        start_time_ns=90 * s,
+        last_update_ns=100 * s,
+        closed=True,
+    )
+    first = r.sample()
+    assert (_rank_of(first, 1).restarts, _rank_of(first, 0).restarts) == (0, 0)
+    write_probe(tmp / "probe", pid=12, rank=1, world_size=2, start_time_ns=104 * s, last_update_ns=200 * s)
+    for _ in range(2):
+        again = r.sample()
+        one = _rank_of(again, 1)
+        assert (one.restarts, one.restart_gap_seconds) == (1, pytest.approx(4.0))
+        assert _rank_of(again, 0).restarts == 0
+
+
+def test_a_process_that_ran_beside_an_ended_one_of_its_rank_is_no_restart(tmp_path: Path) -> None:
+    """Two processes publishing under one rank at once (a wrapper that imports torch and its
+    child): the one that ends leaves no place for the other to take."""
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 20, 21)
+    s = 10**9
+    write_probe(
+        tmp_path / "probe", pid=20, rank=0, world_size=1, start_time_ns=10 * s, last_update_ns=100 * s
+    )
+    write_probe(
+        tmp_path / "probe",
+        pid=21,
+        rank=0,
+        world_size=1,
+        start_time_ns=12 * s,
+        last_update_ns=90 * s,
+        closed=True,
+    )
+    sample = r.sample()
+    assert _rank_of(sample, 0).restarts == 0
+
+
+def test_processes_without_a_rank_are_never_counted_as_restarts(tmp_path: Path) -> None:
+    """``prep.py && train.py``: the second is no retry of the first."""
+    r, _ = reader(tmp_path)
+    alive(tmp_path, 30, 31)
+    s = 10**9
+    write_probe(tmp_path / "probe", pid=30, start_time_ns=10 * s, last_update_ns=20 * s, closed=True)
+    r.sample()
+    write_probe(tmp_path / "probe", pid=31, start_time_ns=25 * s, last_update_ns=40 * s)
+    assert _rank_of(r.sample(), None).restarts == 0

@@ -75,6 +75,7 @@ from dam_contract import names
 from dam_contract.snapshot import Snapshot
 from dam_operator.cluster.steps.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART, USE_STALLED
 from dam_operator.cluster.steps.registry import PodInfo
+from dam_operator.diagnosis.goodput import behind_saves
 
 PROBE_CAUSES: tuple[str, ...] = names.BADPUT_CAUSES
 """``cause`` values of ``dam_badput_seconds_total`` (the probe's; ``restart`` is the operator's)."""
@@ -91,6 +92,8 @@ STATUS_KEYS: Mapping[str, str] = {
 }
 """``status.goodput.badputSeconds`` keys by cause."""
 STARTUP = "startup"
+CHECKPOINT = names.CAUSE_CHECKPOINT
+COMMUNICATION = names.CAUSE_COMMUNICATION
 MAX_VACANCIES = 256
 """Failed pods' places kept for a replacement; the oldest go first beyond this."""
 MAX_PROCESSES_PER_POD = 1024
@@ -150,6 +153,10 @@ class PodReading:
     """The probe causes every process of the pod reported (an absent series: not measured)."""
     ended: frozenset[str] = frozenset()
     """Process keys whose every process had ended at this scrape (``dam_rank_up`` 0)."""
+    restarts: dict[str, float] = field(default_factory=dict)
+    """Process key → restarts inside the container so far (``dam_process_restarts_total``)."""
+    gaps: dict[str, float] = field(default_factory=dict)
+    """Process key → their down time so far (``dam_process_restart_gap_seconds_total``)."""
 
     def with_job_checkpoint(self, job_since: float) -> PodReading:
         """This reading with each process's progress at risk counted from the job's checkpoint,
@@ -237,7 +244,17 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
         saved,
         measured,
         ended & processes.keys(),
+        _per_process(snapshot, names.PROCESS_RESTARTS_TOTAL, processes),
+        _per_process(snapshot, names.PROCESS_RESTART_GAP_SECONDS_TOTAL, processes),
     )
+
+
+def _per_process(snapshot: Snapshot, name: str, processes: Mapping[str, object]) -> dict[str, float]:
+    return {
+        key: v
+        for s in snapshot.samples(name)
+        if (key := s.label(names.RANK_LABEL)) in processes and (v := _valid(s.value)) is not None
+    }
 
 
 def _at_risk(
@@ -279,6 +296,27 @@ class _Process:
     at_risk: float = 0.0
     """Productive seconds since its latest checkpoint at the last scrape that told (what a
     failure now would make the next process redo)."""
+    inside: float = 0.0
+    """Restarts inside the container the sidecar had counted (``PodReading.restarts``), and
+    their down time (``gap``), at the last scrape."""
+    gap: float = 0.0
+    absorb: float = 0.0
+    """Restarts the kubelet's record counted already, which the sidecar counts as well once the
+    new container's process publishes: not counted again."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Scrape:
+    """What one pod's scrape tells every process of it (``GoodputLedger._read``)."""
+
+    reading: PodReading
+    owner: str | None
+    first_sight: bool
+    restarted: int
+    """Container restarts the kubelet recorded since the last scrape."""
+    downtime: float
+    started: float | None
+    running_since: float | None
 
 
 @dataclass(slots=True)
@@ -351,32 +389,7 @@ class GoodputLedger:
     @classmethod
     def resume(cls, status: Mapping[str, Any]) -> GoodputLedger:
         """A ledger that continues the totals of ``status.goodput`` (none there: from zero)."""
-        ledger = cls()
-        raw = status.get("goodput")
-        if not isinstance(raw, Mapping):
-            return ledger
-
-        def number(value: Any) -> float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            return max(0.0, float(value)) if ok else 0.0
-
-        ledger.seconds[USE_PRODUCTIVE] = number(raw.get("productiveSeconds"))
-        found = raw.get("badputSeconds")
-        badput: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-        for cause, key in STATUS_KEYS.items():
-            ledger.seconds[cause] = number(badput.get(key))
-        lost = raw.get("acceleratorSecondsLost")
-        if lost is not None:
-            ledger.lost_before = number(lost)
-            ledger.accelerators_known = True
-        restarts = raw.get("restarts")
-        ledger.restarts = int(number(restarts))
-        measured = raw.get("measured")
-        if isinstance(measured, list):
-            ledger.unmeasured = {c for c in PROBE_CAUSES if STATUS_KEYS[c] not in measured}
-        ledger.resumed_at = parse_time(status.get("lastEvaluationTime"))
-        ledger.resume_pending = ledger.resumed_at is None
-        return ledger
+        return _resumed(cls(), status)
 
     # ------------------------------------------------------------ update
 
@@ -408,20 +421,27 @@ class GoodputLedger:
         if self.resume_pending and readings:
             self.resumed_at = min(r.at for r in readings.values())
             self.resume_pending = False
-        process_seconds = _zeros()
-        accel = _zeros()
+        deltas: dict[str, dict[str, float]] = {}
+        share_of: dict[str, float | None] = {}
         for name, reading in readings.items():
             info = active.get(name)
             if info is None:
                 continue
             self.unmeasured |= set(PROBE_CAUSES) - reading.measured
-            increments, share = self._read(info, reading)
-            for use, value in increments.items():
+            increments, share_of[name] = self._read(info, reading)
+            deltas |= {f"{name}\x00{key}": delta for key, delta in increments.items()}
+        if not {CHECKPOINT, COMMUNICATION} & self.unmeasured:
+            behind_saves(deltas)  # a rank's wait behind a peer's save is the save's
+        process_seconds = _zeros()
+        accel = _zeros()
+        for process, delta in deltas.items():
+            share = share_of[process.split("\x00", 1)[0]]
+            for use, value in delta.items():
                 process_seconds[use] += value
                 if share is not None:
                     accel[use] += value * share
         live = sum(p.count for p in self.pods.values())
-        self._stall(stalled_since, now, process_seconds, accel)
+        _stall(self, stalled_since, now, process_seconds, accel)
         if live > 0:
             for use in ACCELERATOR_USES:
                 self.seconds[use] += process_seconds[use] / live
@@ -439,26 +459,6 @@ class GoodputLedger:
             self.accelerators = math.fsum(s * c for s, c in shares)
         elif self.pods:
             self.accelerators = None
-
-    def _stall(
-        self,
-        since: float | None,
-        now: float | None,
-        process_seconds: dict[str, float],
-        accel: dict[str, float],
-    ) -> None:
-        """A stalled window's ``other`` is ``stalled`` (``update``)."""
-        if since is None:
-            self.stall_since, self.updated_at = None, now
-            return
-        if since != self.stall_since and self.updated_at is not None:
-            earlier = min(self.seconds["other"], max(0.0, self.updated_at - since))
-            self.seconds["other"] -= earlier
-            self.seconds[USE_STALLED] += earlier
-        self.stall_since, self.updated_at = since, now
-        for figures in (process_seconds, accel):
-            figures[USE_STALLED] += figures["other"]
-            figures["other"] = 0.0
 
     def _retire(
         self, active: Mapping[str, PodInfo], failed: Mapping[str, PodInfo], finished: frozenset[str]
@@ -512,79 +512,109 @@ class GoodputLedger:
                 return self.vacancies.pop(i)
         return None
 
-    def _read(self, info: PodInfo, reading: PodReading) -> tuple[dict[str, float], float | None]:
-        """Increments of one pod's processes (process-seconds by use) and its accelerators per process."""
+    def _read(self, info: PodInfo, reading: PodReading) -> tuple[dict[str, dict[str, float]], float | None]:
+        """Increments of one pod's processes (process key → process-seconds by use) and its
+        accelerators per process."""
         record = info.restart
         restarts = record.count if record is not None else 0
         pod = self.pods.get(info.name)
         first_sight = pod is None
         if pod is None:
             pod = self.pods[info.name] = _Pod(uid=info.uid, restarts=restarts, owner=info.owner)
-        restarted = restarts > pod.restarts
-        if restarted:
-            self.restarts += restarts - pod.restarts
+        restarted = max(0, restarts - pod.restarts)
+        self.restarts += restarted
         started = parse_time(record.started_at if record else None)
         downtime = (
             _downtime(started, parse_time(record.finished_at if record else None)) if restarted else 0.0
         )
         share = pod.share if reading.accelerators is None else reading.accelerators / reading.process_count
-        replaced = False
-        out = _zeros()
-        running_since = parse_time(record.running_since if record else None)
+        scrape = _Scrape(
+            reading,
+            info.owner,
+            first_sight,
+            restarted,
+            downtime,
+            started,
+            parse_time(record.running_since if record else None),
+        )
+        vacancies, out, inside = len(self.vacancies), {}, 0
         for key, values in reading.processes.items():
-            began = reading.at - math.fsum(values.values())  # the process's start: its seconds add up
-            start = began if started is None else started
-            prev = pod.processes.get(key)
-            restart = 0.0
-            lost = 0.0  # productive seconds the dead process did since its last checkpoint
-            restarting = prev is not None and prev.restarting
-            if prev is not None:
-                if any(v < prev.last[u] for u, v in values.items()):
-                    delta = dict(values)  # a new process's file replaced the old one's
-                else:
-                    delta = {u: v - prev.last[u] for u, v in values.items()}
-            elif first_sight and self.resumed_at is not None and start < self.resumed_at:
-                # Counted by the operator before its restart (to within the status' tolerance).
-                delta = dict.fromkeys(values, 0.0)
-            else:
-                delta = dict(values)
-                vacancy = self._take_vacancy(key, info.owner) if first_sight else None
-                if vacancy is not None:
-                    replaced, restarting = True, True
-                    restart = _downtime(start, vacancy.failed_at)  # to the process's start
-                    lost = vacancy.lost
-                else:  # the container's start to the process's: the job's startup too
-                    delta[STARTUP] = delta.get(STARTUP, 0.0) + _downtime(began, running_since)
-            if restarted:
-                # The container's down time, and its start to the new process's start.
-                restarting, restart = True, downtime + _downtime(began, started)
-                lost = prev.at_risk if prev is not None else 0.0
-            if restarting:
-                # The new process's start to its first batch belongs to the restart; its startup
-                # counter stops growing at the first batch, and so does this.
-                grew = delta.get(STARTUP, 0.0)
-                restart += grew
-                delta[STARTUP] = 0.0
-                restarting = grew > 0 or delta.get(USE_PRODUCTIVE, 0.0) <= 0
-            delta[USE_RESTART] = restart + lost
-            delta[USE_PRODUCTIVE] = delta.get(USE_PRODUCTIVE, 0.0) - lost  # may go below 0: see update
-            for use, value in delta.items():
-                out[use] += value
-            if prev is None and len(pod.processes) >= MAX_PROCESSES_PER_POD:
-                continue
-            # A scrape that does not tell (the process ended and was folded, an older sidecar) keeps
-            # the last figure, but not across a restart: the new process has redone nothing yet.
-            kept = prev.at_risk if prev is not None and not restarted else 0.0
-            at_risk = reading.at_risk.get(key, kept)
-            pod.processes[key] = _Process(dict(values), reading.at, restarting, at_risk)
-        if replaced:
-            self.restarts += 1
+            out[key], restarted_inside = self._process(pod, scrape, key, values)
+            inside = max(inside, restarted_inside)
+        # A replacement pod restarts once, and so does torchrun restarting all its ranks at once.
+        self.restarts += inside + (1 if len(self.vacancies) < vacancies else 0)
         pod.restarts = restarts
         pod.count = reading.process_count
         pod.share = share
         pod.seen_at = reading.at
         pod.ended = bool(reading.ended) and reading.ended >= reading.processes.keys()
         return out, share
+
+    def _process(
+        self, pod: _Pod, scrape: _Scrape, key: str, values: dict[str, float]
+    ) -> tuple[dict[str, float], int]:
+        """One process's increments since the pod's last scrape, restarts and lost progress in;
+        and the restarts inside the container it counts."""
+        reading = scrape.reading
+        began = reading.at - math.fsum(values.values())  # the process's start: its seconds add up
+        start = began if scrape.started is None else scrape.started
+        prev = pod.processes.get(key)
+        restart = 0.0
+        lost = 0.0  # productive seconds the dead process did since its last checkpoint
+        restarting = prev is not None and prev.restarting
+        inside, gap = reading.restarts.get(key, 0.0), reading.gaps.get(key, 0.0)
+        absorb = prev.absorb if prev is not None else 0.0
+        counted = 0
+        if prev is not None:
+            if any(v < prev.last[u] for u, v in values.items()):
+                delta = dict(values)  # a new process's file replaced the old one's
+            else:
+                delta = {u: v - prev.last[u] for u, v in values.items()}
+            new = max(0.0, inside - prev.inside)
+            absorbed = min(new, absorb)
+            absorb -= absorbed
+            if new > absorbed and not scrape.restarted:
+                # Restarted inside the container (torchrun --max-restarts): the down time the
+                # sidecar measured (unless the kubelet's record counted some of them), and the
+                # progress since the job's checkpoint.
+                restarting, lost = True, prev.at_risk
+                restart = max(0.0, gap - prev.gap) if absorbed == 0 else 0.0
+                counted = round(new - absorbed)
+        elif scrape.first_sight and self.resumed_at is not None and start < self.resumed_at:
+            # Counted by the operator before its restart (to within the status' tolerance).
+            delta = dict.fromkeys(values, 0.0)
+        else:
+            delta = dict(values)
+            vacancy = self._take_vacancy(key, scrape.owner) if scrape.first_sight else None
+            if vacancy is not None:
+                restarting = True
+                restart = _downtime(start, vacancy.failed_at)  # to the process's start
+                lost = vacancy.lost
+            else:  # the container's start to the process's: the job's startup too
+                delta[STARTUP] = delta.get(STARTUP, 0.0) + _downtime(began, scrape.running_since)
+                counted, restart = round(inside), gap  # inside the container before its first scrape
+        if scrape.restarted:
+            # The container's down time, and its start to the new process's start; the sidecar
+            # counts the same restart once the new process publishes (absorbed then).
+            restarting, restart = True, scrape.downtime + _downtime(began, scrape.started)
+            lost = prev.at_risk if prev is not None else 0.0
+            absorb += max(0.0, scrape.restarted - max(0.0, inside - (prev.inside if prev else 0.0)))
+        if restarting:
+            # The new process's start to its first batch belongs to the restart; its startup
+            # counter stops growing at the first batch, and so does this.
+            grew = delta.get(STARTUP, 0.0)
+            restart += grew
+            delta[STARTUP] = 0.0
+            restarting = grew > 0 or delta.get(USE_PRODUCTIVE, 0.0) <= 0
+        delta[USE_RESTART] = restart + lost
+        delta[USE_PRODUCTIVE] = delta.get(USE_PRODUCTIVE, 0.0) - lost  # may go below 0: see update
+        if prev is not None or len(pod.processes) < MAX_PROCESSES_PER_POD:
+            # A scrape that does not tell (the process ended and was folded, an older sidecar) keeps
+            # the last figure, but not across a restart: the new process has redone nothing yet.
+            kept = prev.at_risk if prev is not None and not scrape.restarted else 0.0
+            at_risk = reading.at_risk.get(key, kept)
+            pod.processes[key] = _Process(dict(values), reading.at, restarting, at_risk, inside, gap, absorb)
+        return delta, counted
 
     # ------------------------------------------------------------ read
 
@@ -603,26 +633,80 @@ class GoodputLedger:
 
     def status(self) -> dict[str, Any] | None:
         """``status.goodput``; None while no process has reported goodput."""
-        elapsed = self.elapsed_seconds
-        if elapsed <= 0:
-            return None
-        out: dict[str, Any] = {
-            "ratio": round(min(1.0, self.seconds[USE_PRODUCTIVE] / elapsed), 4),
-            "elapsedSeconds": round(elapsed, 1),
-            "productiveSeconds": round(self.seconds[USE_PRODUCTIVE], 1),
-            "badputSeconds": {
-                key: round(self.seconds[cause], 1)
-                for cause, key in STATUS_KEYS.items()
-                if cause not in self.unmeasured
-            },
-            "measured": [key for cause, key in STATUS_KEYS.items() if cause not in self.unmeasured],
-            "restarts": self.restarts,
-        }
-        if self.unmeasured:
-            out["ratioUpperBound"] = True
-        lost = self.lost_accelerator_seconds()
-        if lost is not None:
-            out["acceleratorSecondsLost"] = round(lost, 1)
-        if self.accelerators is not None:
-            out["accelerators"] = round(self.accelerators, 3)
-        return out
+        return _status_of(self)
+
+
+def _number(value: Any) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return max(0.0, float(value)) if ok else 0.0
+
+
+def _resumed(ledger: GoodputLedger, status: Mapping[str, Any]) -> GoodputLedger:
+    """``ledger`` continuing the totals of ``status.goodput`` (``GoodputLedger.resume``)."""
+    raw = status.get("goodput")
+    if not isinstance(raw, Mapping):
+        return ledger
+    ledger.seconds[USE_PRODUCTIVE] = _number(raw.get("productiveSeconds"))
+    found = raw.get("badputSeconds")
+    badput: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    for cause, key in STATUS_KEYS.items():
+        ledger.seconds[cause] = _number(badput.get(key))
+    lost = raw.get("acceleratorSecondsLost")
+    if lost is not None:
+        ledger.lost_before = _number(lost)
+        ledger.accelerators_known = True
+    ledger.restarts = int(_number(raw.get("restarts")))
+    measured = raw.get("measured")
+    if isinstance(measured, list):
+        ledger.unmeasured = {c for c in PROBE_CAUSES if STATUS_KEYS[c] not in measured}
+    ledger.resumed_at = parse_time(status.get("lastEvaluationTime"))
+    ledger.resume_pending = ledger.resumed_at is None
+    return ledger
+
+
+def _status_of(ledger: GoodputLedger) -> dict[str, Any] | None:
+    """``GoodputLedger.status``."""
+    elapsed = ledger.elapsed_seconds
+    if elapsed <= 0:
+        return None
+    out: dict[str, Any] = {
+        "ratio": round(min(1.0, ledger.seconds[USE_PRODUCTIVE] / elapsed), 4),
+        "elapsedSeconds": round(elapsed, 1),
+        "productiveSeconds": round(ledger.seconds[USE_PRODUCTIVE], 1),
+        "badputSeconds": {
+            key: round(ledger.seconds[cause], 1)
+            for cause, key in STATUS_KEYS.items()
+            if cause not in ledger.unmeasured
+        },
+        "measured": [key for cause, key in STATUS_KEYS.items() if cause not in ledger.unmeasured],
+        "restarts": ledger.restarts,
+    }
+    if ledger.unmeasured:
+        out["ratioUpperBound"] = True
+    lost = ledger.lost_accelerator_seconds()
+    if lost is not None:
+        out["acceleratorSecondsLost"] = round(lost, 1)
+    if ledger.accelerators is not None:
+        out["accelerators"] = round(ledger.accelerators, 3)
+    return out
+
+
+def _stall(
+    ledger: GoodputLedger,
+    since: float | None,
+    now: float | None,
+    process_seconds: dict[str, float],
+    accel: dict[str, float],
+) -> None:
+    """A stalled window's ``other`` is ``stalled`` (``update``)."""
+    if since is None:
+        ledger.stall_since, ledger.updated_at = None, now
+        return
+    if since != ledger.stall_since and ledger.updated_at is not None:
+        earlier = min(ledger.seconds["other"], max(0.0, ledger.updated_at - since))
+        ledger.seconds["other"] -= earlier
+        ledger.seconds[USE_STALLED] += earlier
+    ledger.stall_since, ledger.updated_at = since, now
+    for figures in (process_seconds, accel):
+        figures[USE_STALLED] += figures["other"]
+        figures["other"] = 0.0
