@@ -11,41 +11,47 @@ docs/architecture.md from ``AXES``, ``REGIME_DOCS``, ``EFFECTIVE`` and ``AVOID``
 tune`` and the operator's Apply mode both read it (``climb`` says what an entry holds). Adding
 one is one entry there, its identifier and sentence here (docs/CONTRIBUTING.md, "Add an Apply lever").
 
-This module imports no data model (``model`` imports it; ``climb`` names these types for the
-type checker only), so that the catalogue stands first.
+The regimes and axes themselves (``Regime``, ``Axis``) are the leaf ``diagnosis.axes``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
 from dam_operator.diagnosis import climb
+from dam_operator.diagnosis.axes import Axis, Regime
 from dam_operator.diagnosis.climb import ApplyLever, Channel, Kind
 from dam_probe.overrides import TORCH_PREFETCH_DEFAULT
 
-
-class Axis(StrEnum):
-    DATA = "Data"
-    ALGORITHM = "Algorithm"
-    MACHINE = "Machine"
-    UNKNOWN = "Unknown"
-
-
-class Regime(StrEnum):
-    """The regimes a verdict names (a fixed contract: docs/architecture.md, DESIGN.md)."""
-
-    INPUT_BOUND = "input-bound"
-    MEMORY_BOUND = "memory-bound"
-    COMPUTE_BOUND = "compute-bound"
-    LATENCY_BOUND = "latency-bound"
-    COMMUNICATION_BOUND = "communication-bound"
-    MEMORY_CAPACITY = "memory-capacity"
-    CHECKPOINT_BOUND = "checkpoint-bound"
-    UNKNOWN = "unknown"
-
+# Axis and Regime (the leaf ``axes``) are named here too, for the code that reads them with the catalogue.
+__all__ = [
+    "APPLY",
+    "APPLY_SETTINGS",
+    "AVOID",
+    "AXES",
+    "CPU",
+    "EFFECTIVE",
+    "ENABLE_PIN_MEMORY",
+    "INCREASE_DATALOADER_WORKERS",
+    "INPUT_BOUND",
+    "LEVERS",
+    "NUM_WORKERS",
+    "PIN_MEMORY",
+    "PREFETCH_FACTOR",
+    "RAISE_CPU_LIMIT",
+    "RAISE_PREFETCH_FACTOR",
+    "REGIME_DOCS",
+    "Axis",
+    "Regime",
+    "RegimeDoc",
+    "applicable",
+    "avoid",
+    "chain",
+    "detail",
+    "sentence",
+]
 
 AXES: dict[Regime, tuple[Axis, Axis | None]] = {
     Regime.INPUT_BOUND: (Axis.DATA, None),
