@@ -34,7 +34,7 @@ def cells(spec: Any) -> dict[str, str]:
         "axis": spec.axis.value,
         "boundary": _with_note(boundary.value if boundary is not None else "—", spec.boundary_note),
         "dominant term": spec.dominant_term,
-        "effective": _with_note(", ".join(f"`{i}`" for i in spec.effective), spec.lever_note),
+        "effective": _with_note(", ".join(f"`{i}`" for i in spec.working), spec.lever_note),
         "wasted": ", ".join(f"`{i}`" for i in spec.wasted) or "—",
     }
 

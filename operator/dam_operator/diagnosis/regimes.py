@@ -32,7 +32,8 @@ class RegimeSpec:
     dominant_term: str
     """The term of the step time that dominates (docs/method.md, the iron law)."""
     effective: tuple[str, ...]
-    """The levers that work (``leverDetail``'s "also effective" unless a finding names its own)."""
+    """The levers that work, as the docs list them (``working`` adds the Apply levers whose
+    ``regimes`` name this one, so that an Apply lever is one entry of ``levers.APPLY``)."""
     wasted: tuple[str, ...]
     """The levers that would be wasted (``avoid``)."""
     rules: tuple[Rule, ...] = ()
@@ -44,6 +45,13 @@ class RegimeSpec:
     """Said in brackets after the boundary."""
     lever_note: str = ""
     """Said in brackets after the levers that work (e.g. levers a rule names in one case only)."""
+
+    @property
+    def working(self) -> tuple[str, ...]:
+        """The levers that work (``leverDetail``'s "also effective" unless a finding names its
+        own): ``effective``, then the Apply levers of this regime it does not list."""
+        pulled = [a.id for a in levers.APPLY.values() if self.regime in a.regimes]
+        return (*self.effective, *(x for x in pulled if x not in self.effective))
 
 
 REGIMES: Final[tuple[RegimeSpec, ...]] = (
@@ -210,7 +218,7 @@ def avoid(regime: Regime) -> list[str]:
 
 def detail(lever: str, regime: Regime, *, also: tuple[str, ...] | None = None) -> str:
     """The lever's sentence plus the other effective levers of the regime, for ``leverDetail``."""
-    others = [x for x in (also if also is not None else SPECS[regime].effective) if x != lever]
+    others = [x for x in (also if also is not None else SPECS[regime].working) if x != lever]
     text = levers.sentence(lever)
     if others:
         text += " Also effective: " + ", ".join(others) + "."

@@ -146,7 +146,7 @@ def test_every_apply_lever_is_in_the_catalogue_and_effective_in_its_regimes() ->
     for lever in APPLY.values():
         assert levers.sentence(lever.id) != lever.id, f"{lever.id}: no sentence in levers.LEVERS"
         for regime in lever.regimes:
-            assert lever.id in regimes.SPECS[regime].effective, f"{lever.id}: not effective in {regime}"
+            assert lever.id in regimes.SPECS[regime].working, f"{lever.id}: not effective in {regime}"
     assert set(levers.APPLY_SETTINGS) == {a.setting for a in APPLY.values()}, "one lever per setting"
 
 

@@ -17,7 +17,8 @@ def test_every_regime_has_one_row_with_its_axes_and_its_levers() -> None:
     for spec in regimes.REGIMES:
         assert spec.effective, spec.regime
         assert spec.dominant_term, spec.regime
-        assert set(spec.effective) | set(spec.wasted) <= set(LEVERS), spec.regime
+        assert set(spec.working) | set(spec.wasted) <= set(LEVERS), spec.regime
+        assert spec.working[: len(spec.effective)] == spec.effective
 
 
 def test_every_threshold_is_read_by_a_regime_or_by_every_verdict() -> None:

@@ -267,7 +267,7 @@ def test_decision_table_gives_the_regime_axis_boundary_and_lever(
     if lever is not None:
         assert b.lever == lever
     else:
-        assert b.lever in regimes.SPECS[regime].effective
+        assert b.lever in regimes.SPECS[regime].working
     assert b.lever not in b.avoid
     assert b.lever in levers.LEVERS
     assert b.lever_detail.startswith(levers.sentence(b.lever))
