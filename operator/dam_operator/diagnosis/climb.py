@@ -32,13 +32,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
+from dam_operator.diagnosis.axes import Regime
+from dam_operator.diagnosis.observation import Observation
 from dam_probe.overrides import MAX_PREFETCH, MAX_WORKERS
-
-if TYPE_CHECKING:  # names only: levers builds its table from this module, and the model reads levers
-    from dam_operator.diagnosis.levers import Regime
-    from dam_operator.diagnosis.model import Observation
 
 __all__ = [
     "IMPROVED",

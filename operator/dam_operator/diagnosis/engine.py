@@ -1,8 +1,8 @@
 """The D·A·M diagnosis: one window of observations in, one verdict out.
 
 Pure and deterministic: no clock, no I/O. The rules are small units in ``diagnosis/rules/``,
-asked in the order of one list, ``rules.RULES``; they are spelled out, with their thresholds,
-in ``docs/method.md``. In short, in order:
+listed with their regimes in ``regimes.REGIMES`` and refereed by ``rules.decide``; they are
+spelled out, with their thresholds, in ``docs/method.md``. In short, in order:
 
 1. **Memory capacity** (Algorithm, boundary Machine): the container was OOM-killed (the
    caller's ``oom_killed``), the cgroup counted OOM kills in the window, or the fullest
@@ -56,11 +56,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dam_operator.diagnosis import levers
+from dam_operator.diagnosis import regimes
+from dam_operator.diagnosis.axes import Axis, Regime
 from dam_operator.diagnosis.derived import Derived, derive
 from dam_operator.diagnosis.evidence import Evidence, Kind, note, pct
 from dam_operator.diagnosis.gpus import Peak, resolve
-from dam_operator.diagnosis.levers import AXES, Axis, Regime
 from dam_operator.diagnosis.model import (
     Bottleneck,
     Hardware,
@@ -136,7 +136,8 @@ def _without_save_wait(obs: Observation, waits: SaveWait | None) -> Observation:
 
 
 def _bottleneck(f: Finding, straggler: Straggler | None) -> Bottleneck:
-    axis, boundary = AXES[f.regime]
+    spec = regimes.SPECS[f.regime]
+    axis, boundary = spec.axis, spec.boundary
     if f.boundary_set:
         boundary = f.boundary
     if f.regime is Regime.UNKNOWN:
@@ -153,9 +154,9 @@ def _bottleneck(f: Finding, straggler: Straggler | None) -> Bottleneck:
         boundary=boundary,
         regime=f.regime,
         lever=lever,
-        lever_detail=levers.detail(lever, f.regime, also=f.also),
+        lever_detail=regimes.detail(lever, f.regime, also=f.also),
         confidence=confidence,
-        avoid=[x for x in levers.avoid(f.regime) if x != lever],
+        avoid=[x for x in regimes.avoid(f.regime) if x != lever],
         missing=list(dict.fromkeys(f.missing)),
         straggler=straggler,
     )
@@ -168,8 +169,8 @@ def diagnose(
     *,
     ranks: Mapping[RankId, Observation] | None = None,
 ) -> Verdict:
-    """The verdict for one window: the first answer of ``rules.RULES``, with the lines every
-    verdict carries (``rules.context_lines``).
+    """The verdict for one window: the referee's pick among the answers of ``regimes.RULES``,
+    with the lines every verdict carries (``rules.context_lines``).
 
     ``ranks`` (per-rank observations of the same window, e.g. ``window.job_window(...).ranks``)
     adds the straggler (``bottleneck.straggler``) and, for two ranks or more, the worst few
@@ -190,7 +191,7 @@ def diagnose(
     hw = peak.hardware
     d = derive(obs, hw)
     ctx = Context(obs, t, hw, d, save_wait=waits)
-    f = decide(ctx)
+    f = decide(ctx, regimes.RULES)
     if held_by is not None:
         f.evidence.append(held_by)
     add_context_lines(ctx, f)

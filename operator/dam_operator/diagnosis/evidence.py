@@ -13,10 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # model.py holds the records on a Bottleneck: no import cycle at runtime
-    from dam_operator.diagnosis.model import Observation, Thresholds
+from dam_operator.diagnosis.observation import Observation, Thresholds
 
 GIB = float(1 << 30)
 
@@ -110,9 +108,9 @@ def thr(x: float) -> str:
 
 # --- the figures' sentences ----------------------------------------------------------------------
 
-FigureText = Callable[[float, "Observation", "Thresholds"], str]
+FigureText = Callable[[float, Observation, Thresholds], str]
 """A figure's sentence from its value, the observation and the thresholds."""
-FigureLine = Callable[["Observation", "Thresholds"], Evidence]
+FigureLine = Callable[[Observation, Thresholds], Evidence]
 """A figure's evidence line from a window the rule has found the figure in."""
 
 

@@ -1,99 +1,44 @@
-"""The lever catalogue of docs/architecture.md (regimes, axes, levers): the regimes (``Regime``)
-with their axis and boundary (``AXES``) and what the docs say of them (``REGIME_DOCS``), the
-levers as kebab-case identifiers with a human sentence (``LEVERS``), and for each regime the
-levers that work (``EFFECTIVE``) and the ones that would be wasted (``AVOID``). A new regime is
-a member here, its row in each of these, and its rule in ``rules/`` listed in ``rules.RULES``
-(docs/CONTRIBUTING.md, "Add a regime or a screen"); deploy/render.py writes the CRD's regime
-enum from ``Regime``, and tools/gen_regime_doc.py the regime tables of docs/method.md and
-docs/architecture.md from ``AXES``, ``REGIME_DOCS``, ``EFFECTIVE`` and ``AVOID``.
+"""The levers of docs/architecture.md (regimes, axes, levers) as kebab-case identifiers with a
+human sentence (``LEVERS``). Which levers work for a regime and which would be wasted is the
+regime's row in ``regimes.REGIMES`` (docs/CONTRIBUTING.md, "Add a regime or a screen").
 
 ``APPLY`` (at the end) is the Apply lever table: the levers a program can pull itself — ``dam
 tune`` and the operator's Apply mode both read it (``climb`` says what an entry holds). Adding
 one is one entry there, its identifier and sentence here (docs/CONTRIBUTING.md, "Add an Apply lever").
 
-This module imports no data model (``model`` imports it; ``climb`` names these types for the
-type checker only), so that the catalogue stands first.
+The regimes and axes themselves (``Regime``, ``Axis``) are the leaf ``diagnosis.axes``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
 from dam_operator.diagnosis import climb
+from dam_operator.diagnosis.axes import Axis, Regime
 from dam_operator.diagnosis.climb import ApplyLever, Channel, Kind
 from dam_probe.overrides import TORCH_PREFETCH_DEFAULT
 
-
-class Axis(StrEnum):
-    DATA = "Data"
-    ALGORITHM = "Algorithm"
-    MACHINE = "Machine"
-    UNKNOWN = "Unknown"
-
-
-class Regime(StrEnum):
-    """The regimes a verdict names (a fixed contract: docs/architecture.md, DESIGN.md)."""
-
-    INPUT_BOUND = "input-bound"
-    MEMORY_BOUND = "memory-bound"
-    COMPUTE_BOUND = "compute-bound"
-    LATENCY_BOUND = "latency-bound"
-    COMMUNICATION_BOUND = "communication-bound"
-    MEMORY_CAPACITY = "memory-capacity"
-    CHECKPOINT_BOUND = "checkpoint-bound"
-    UNKNOWN = "unknown"
-
-
-AXES: dict[Regime, tuple[Axis, Axis | None]] = {
-    Regime.INPUT_BOUND: (Axis.DATA, None),
-    Regime.MEMORY_BOUND: (Axis.DATA, Axis.MACHINE),
-    Regime.COMPUTE_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
-    Regime.LATENCY_BOUND: (Axis.ALGORITHM, Axis.MACHINE),
-    Regime.COMMUNICATION_BOUND: (Axis.MACHINE, Axis.ALGORITHM),
-    Regime.MEMORY_CAPACITY: (Axis.ALGORITHM, Axis.MACHINE),
-    Regime.CHECKPOINT_BOUND: (Axis.MACHINE, Axis.DATA),
-    Regime.UNKNOWN: (Axis.UNKNOWN, None),
-}
-"""Each regime's axis and its usual boundary (docs/architecture.md, the regime table)."""
-
-
-@dataclass(frozen=True)
-class RegimeDoc:
-    """What the regime tables of the docs say of a regime beside its axes and levers."""
-
-    dominant_term: str
-    """The term of the step time that dominates (docs/method.md, the iron law)."""
-    boundary_note: str = ""
-    """Said in brackets after the boundary."""
-    lever_note: str = ""
-    """Said in brackets after the levers that work (e.g. levers a rule names in one case only)."""
-
-
-REGIME_DOCS: Final = MappingProxyType(
-    {
-        Regime.INPUT_BOUND: RegimeDoc(
-            "D_vol/BW of the input path", boundary_note="Machine when host CPU is the cause"
-        ),
-        Regime.MEMORY_BOUND: RegimeDoc("D_vol/BW of device memory"),
-        Regime.COMPUTE_BOUND: RegimeDoc(
-            "O/(R_peak·η)",
-            lever_note="CPU-only: `move-to-accelerator`; a busy node: `raise-cpu-request`",
-        ),
-        Regime.LATENCY_BOUND: RegimeDoc("L_lat"),
-        Regime.COMMUNICATION_BOUND: RegimeDoc("exposed collective time, skew-corrected"),
-        Regime.MEMORY_CAPACITY: RegimeDoc("peak memory vs capacity"),
-        Regime.CHECKPOINT_BOUND: RegimeDoc(
-            "time the training thread blocks in checkpoint saves", boundary_note="I/O"
-        ),
-        Regime.UNKNOWN: RegimeDoc("—", lever_note="names what is missing"),
-    }
-)
-"""Each regime's line in the regime tables of docs/method.md and docs/architecture.md, which
-tools/gen_regime_doc.py writes from this, ``AXES``, ``EFFECTIVE`` and ``AVOID``."""
-
+# Axis and Regime (the leaf ``axes``) are named here too, for the code that reads them with the catalogue.
+__all__ = [
+    "APPLY",
+    "APPLY_SETTINGS",
+    "CPU",
+    "ENABLE_PIN_MEMORY",
+    "INCREASE_DATALOADER_WORKERS",
+    "INPUT_BOUND",
+    "LEVERS",
+    "NUM_WORKERS",
+    "PIN_MEMORY",
+    "PREFETCH_FACTOR",
+    "RAISE_CPU_LIMIT",
+    "RAISE_PREFETCH_FACTOR",
+    "Axis",
+    "Regime",
+    "applicable",
+    "chain",
+    "sentence",
+]
 
 # Lever identifiers that code names (the Apply levers; the engine's verdicts name them too).
 INCREASE_DATALOADER_WORKERS: Final = "increase-dataloader-workers"
@@ -221,87 +166,10 @@ LEVERS: Final = MappingProxyType(
     }
 )
 
-EFFECTIVE: Final = MappingProxyType(
-    {
-        Regime.INPUT_BOUND: (
-            INCREASE_DATALOADER_WORKERS,
-            ENABLE_PIN_MEMORY,
-            RAISE_PREFETCH_FACTOR,
-            "use-sequential-shards",
-            RAISE_CPU_LIMIT,
-            "raise-cpu-request",
-        ),
-        Regime.MEMORY_BOUND: (
-            "fuse-operators",
-            "torch-compile",
-            "lower-precision",
-            "increase-batch-size",
-            "structured-pruning",
-        ),
-        Regime.COMPUTE_BOUND: (
-            "enable-bf16",
-            "better-kernels",
-            "faster-accelerator",
-            "data-parallelism",
-            "fuse-operators",
-            "torch-compile",
-        ),
-        Regime.LATENCY_BOUND: (
-            "cuda-graphs",
-            "fuse-operators",
-            "torch-compile",
-            "reduce-python-ops",
-            "increase-batch-size",
-            "remove-host-syncs",
-            "async-orchestration",
-        ),
-        Regime.COMMUNICATION_BOUND: (
-            "overlap-gradient-communication",
-            "accumulate-gradients",
-            "faster-interconnect",
-        ),
-        Regime.MEMORY_CAPACITY: (
-            "activation-checkpointing",
-            "shard-model-states",
-            "smaller-micro-batch",
-            "reduce-loader-memory",
-            "raise-memory-limit",
-        ),
-        Regime.CHECKPOINT_BOUND: ("async-checkpoint", "checkpoint-less-often"),
-        Regime.UNKNOWN: ("collect-more-evidence",),
-    }
-)
-
-AVOID: Final = MappingProxyType(
-    {
-        Regime.INPUT_BOUND: ("faster-accelerator", "change-model-architecture"),
-        Regime.MEMORY_BOUND: ("more-flops",),
-        Regime.COMPUTE_BOUND: ("more-memory-bandwidth", "more-loader-workers"),
-        Regime.LATENCY_BOUND: ("faster-accelerator", "more-memory-bandwidth"),
-        Regime.COMMUNICATION_BOUND: ("more-loader-workers", "faster-accelerator"),
-        Regime.MEMORY_CAPACITY: ("faster-accelerator", "more-loader-workers"),
-        Regime.CHECKPOINT_BOUND: ("faster-accelerator", "more-loader-workers"),
-        Regime.UNKNOWN: (),
-    }
-)
-
 
 def sentence(lever: str) -> str:
     """The human sentence of a lever identifier (the identifier itself if unknown)."""
     return LEVERS.get(lever, lever)
-
-
-def avoid(regime: Regime) -> list[str]:
-    return list(AVOID[regime])
-
-
-def detail(lever: str, regime: Regime, *, also: tuple[str, ...] | None = None) -> str:
-    """The lever's sentence plus the other effective levers of the regime, for ``leverDetail``."""
-    others = [x for x in (also if also is not None else EFFECTIVE[regime]) if x != lever]
-    text = sentence(lever)
-    if others:
-        text += " Also effective: " + ", ".join(others) + "."
-    return text
 
 
 # --- the Apply lever table ----------------------------------------------------------------------

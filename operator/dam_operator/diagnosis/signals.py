@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dam_contract import names
 from dam_operator.diagnosis import series
@@ -45,9 +45,7 @@ from dam_operator.diagnosis.extractors import (
     Rate,
     Scrapes,
 )
-
-if TYPE_CHECKING:  # the model reads this table (WindowMetrics): the types only, to avoid a cycle
-    from dam_operator.diagnosis.model import Observation
+from dam_operator.diagnosis.observation import Observation
 
 BENIGN_CLOCK_REASONS: frozenset[str] = frozenset(
     {"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"}
@@ -104,7 +102,7 @@ class Agg(StrEnum):
     """Not combined: a job of several pods has none (a single pod keeps its own)."""
 
 
-Combiner = Callable[[Sequence["Observation"]], Any]
+Combiner = Callable[[Sequence[Observation]], Any]
 """A named function of the pods' observations, for a signal no ``Agg`` describes."""
 
 

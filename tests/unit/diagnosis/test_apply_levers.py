@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dam_operator.diagnosis import climb, levers
+from dam_operator.diagnosis import climb, levers, regimes
 from dam_operator.diagnosis.climb import Bounds, Channel, Judging, Rate, Tried, next_value
 from dam_operator.diagnosis.levers import (
     APPLY,
@@ -146,7 +146,7 @@ def test_every_apply_lever_is_in_the_catalogue_and_effective_in_its_regimes() ->
     for lever in APPLY.values():
         assert levers.sentence(lever.id) != lever.id, f"{lever.id}: no sentence in levers.LEVERS"
         for regime in lever.regimes:
-            assert lever.id in levers.EFFECTIVE[regime], f"{lever.id}: not in EFFECTIVE[{regime}]"
+            assert lever.id in regimes.SPECS[regime].working, f"{lever.id}: not effective in {regime}"
     assert set(levers.APPLY_SETTINGS) == {a.setting for a in APPLY.values()}, "one lever per setting"
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dam_operator.diagnosis import levers
+from dam_operator.diagnosis import levers, regimes
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.gpus import lookup
 from dam_operator.diagnosis.model import Axis, Hardware, Observation, Regime, Thresholds, Verdict
@@ -267,7 +267,7 @@ def test_decision_table_gives_the_regime_axis_boundary_and_lever(
     if lever is not None:
         assert b.lever == lever
     else:
-        assert b.lever in levers.EFFECTIVE[regime]
+        assert b.lever in regimes.SPECS[regime].working
     assert b.lever not in b.avoid
     assert b.lever in levers.LEVERS
     assert b.lever_detail.startswith(levers.sentence(b.lever))

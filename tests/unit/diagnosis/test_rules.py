@@ -1,7 +1,7 @@
-"""The rules are small units asked in the order of one list; evidence lines are records.
+"""The rules are small units a referee picks among; evidence lines are records.
 
-Each rule judges a window alone (``rule.judge(ctx)``); ``rules.RULES`` is the order; the lines
-every verdict carries are added by kind, never by matching text.
+Each rule judges a window alone (``rule.judge(ctx)``) and never asks another; ``regimes.RULES``
+lists them by stage; the lines every verdict carries are added by kind, never by matching text.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from dam_operator.diagnosis.derived import derive
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.evidence import Kind
 from dam_operator.diagnosis.model import Bottleneck, Observation, Regime, Thresholds
-from dam_operator.diagnosis.rules import RULES, decide, gpu, host
-from dam_operator.diagnosis.rules.base import Context, Finding, Rule
+from dam_operator.diagnosis.regimes import RULES
+from dam_operator.diagnosis.rules import checkpoint, communication, data, decide, gpu, host
+from dam_operator.diagnosis.rules.base import Context, Finding, Rule, Stage
 from dam_operator.diagnosis.rules.context_lines import add_context_lines
 
 
@@ -27,14 +28,17 @@ FED = {"gpu_count": 1, "gpu_utilization": 0.97, "sm_active": 0.9, "data_wait_rat
 STARVED = {"gpu_count": 1, "gpu_utilization": 0.3, "data_wait_ratio": 0.01, "main_cpu_cores": 0.2}
 
 
-def test_the_rules_are_asked_in_the_order_of_one_list() -> None:
+def test_the_rules_are_asked_stage_by_stage() -> None:
     order = [
         "memory-capacity",
         "no-training-step",
         "too-few-steps",
+        "communication-bound",
+        "input-bound",
         "checkpoint-bound",
-        "input-or-communication",
-        "gpu-fed",
+        "memory-bound",
+        "small-kernels",
+        "compute-bound",
         "busy-node",
         "gpu-starved",
         "cpu-only",
@@ -49,9 +53,10 @@ def test_the_rules_are_asked_in_the_order_of_one_list() -> None:
 
 
 def test_each_rule_judges_a_window_alone() -> None:
-    fed = gpu.gpu_fed(ctx(**FED))
+    fed = gpu.compute_bound(ctx(**FED))
     assert fed is not None and fed.regime is Regime.COMPUTE_BOUND
-    assert gpu.gpu_fed(ctx(**STARVED)) is None
+    assert gpu.compute_bound(ctx(**STARVED)) is None
+    assert gpu.memory_bound(ctx(**FED)) is None
     starved = gpu.gpu_starved(ctx(**STARVED))
     assert starved is not None and (starved.regime, starved.lever) == (
         Regime.LATENCY_BOUND,
@@ -64,14 +69,39 @@ def test_each_rule_judges_a_window_alone() -> None:
 
 def test_the_first_rule_that_answers_decides_and_an_aside_names_the_rest() -> None:
     window = ctx(data_wait_ratio=0.6, gpu_count=1, gpu_utilization=0.2, oom_killed=True)
-    found = decide(window)
+    found = decide(window, RULES)
     assert found.regime is Regime.MEMORY_CAPACITY
     assert found.evidence[-1].sentence.startswith("apart from memory the window reads as input-bound")
     # A list without the memory rule reads the same window as the aside named it.
     assert decide(window, RULES[1:]).regime is Regime.INPUT_BOUND
     # An aside that finds nothing else says nothing.
-    alone = decide(ctx(oom_killed=True), (RULES[0], Rule("nothing", gpu.gpu_unmeasured)))
+    alone = decide(ctx(oom_killed=True), (RULES[0], Rule("nothing", gpu.gpu_unmeasured, Stage.LAST)))
     assert not any(e.sentence.startswith("apart from") for e in alone.evidence)
+
+
+LOSSES = {"gpu_count": 1, "gpu_utilization": 0.3, "ranks": 2, "collective_skew": 0.0}
+
+
+def test_the_referee_picks_the_largest_loss_and_no_rule_asks_another() -> None:
+    # Saves 30 % of the window, data wait 50 % and exposed communication 40 % of the step (the
+    # steps cover the whole window): each rule answers alone; the data wait is the largest loss.
+    window = ctx(**LOSSES, data_wait_ratio=0.5, exposed_communication_ratio=0.4, checkpoint_ratio=0.3)
+    alone = [checkpoint.checkpoint_bound(window), data.input_bound(window)]
+    alone.append(communication.communication_bound(window))
+    assert [f.regime if f else None for f in alone] == [
+        Regime.CHECKPOINT_BOUND,
+        Regime.INPUT_BOUND,
+        Regime.COMMUNICATION_BOUND,
+    ]
+    assert [f.loss for f in alone if f] == [0.3, 0.5, 0.4]
+    assert decide(window, RULES).regime is Regime.INPUT_BOUND
+    saves = ctx(**LOSSES, data_wait_ratio=0.25, exposed_communication_ratio=0.2, checkpoint_ratio=0.3)
+    assert decide(saves, RULES).regime is Regime.CHECKPOINT_BOUND
+    # An equal loss: the saves over the data wait over the exposed communication.
+    tie = ctx(**LOSSES, data_wait_ratio=0.3, exposed_communication_ratio=0.3, checkpoint_ratio=0.3)
+    assert decide(tie, RULES).regime is Regime.CHECKPOINT_BOUND
+    tie = ctx(**LOSSES, data_wait_ratio=0.3, exposed_communication_ratio=0.3)
+    assert decide(tie, RULES).regime is Regime.INPUT_BOUND
 
 
 def test_a_context_line_is_added_when_no_line_of_its_kind_is_there_whatever_the_text() -> None:

@@ -1,13 +1,17 @@
 """What every rule is handed (``Context``), what it answers (``Finding``) and its shape (``Rule``).
 
-A rule is a small pure unit: ``judge(ctx)`` returns a ``Finding`` when its regime or screen
-applies to the window, else None. ``rules.RULES`` is their order.
+A rule is a small pure unit: ``judge(ctx)`` reads the window and returns a ``Finding`` when its
+regime or screen applies to it, else None; it never asks another rule. Each rule has its
+``Stage``; the referee (``rules.decide``) asks the stages in order and, among the findings of
+the first stage that has any, picks the largest loss (``Finding.loss``). The rules are listed
+with their regimes in ``regimes.REGIMES`` (``regimes.RULES`` is the list the engine walks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from dam_operator.diagnosis import evidence as ev
 from dam_operator.diagnosis.derived import Derived, positive
@@ -36,6 +40,9 @@ class Finding:
     """``boundary`` replaces the regime's usual boundary (``model.AXES``), None included."""
     also: tuple[str, ...] | None = None
     """The other effective levers named in ``leverDetail`` (None: the regime's list)."""
+    loss: float | None = None
+    """The share of the window's wall time the finding's term takes (``dominance.of_window``),
+    for the rules of a stage that weigh their losses (``Stage.LOSS``); None for the others."""
 
     def has(self, *kinds: Kind) -> bool:
         """Whether an evidence line of one of these kinds is already there."""
@@ -124,12 +131,42 @@ class Context:
         return Evidence(Kind.CPU_LIMIT, text, {"cpu_cores": used, "cpu_limit_cores": limit})
 
 
+class Stage(IntEnum):
+    """When a rule is asked: the referee asks the stages in this order, and the first stage with a
+    finding decides (the largest loss among its findings, ``rules.decide``)."""
+
+    MEMORY = 0
+    """First, over everything: a job being killed for memory is not input-bound. It outranks the
+    rest, which is still walked and named ("apart from memory the window reads as ...")."""
+    NO_STEP = 1
+    """Before any regime: with no training step every figure below is noise."""
+    FEW_STEPS = 2
+    """... and with too few steps."""
+    LOSS = 3
+    """The terms the job loses its wall time to, weighed against each other: checkpoint saves,
+    the data wait, the exposed communication. The largest loss is cut first. Before the GPU
+    rules: an idle GPU is their consequence, not their cause."""
+    GPU_FED = 4
+    """A fed GPU (utilization at or above the starved line): memory-, latency- or compute-bound,
+    in that order. Before the busy node: a GPU kept busy is not held back by the host."""
+    BUSY_NODE = 5
+    """The host's run queue, before the GPU-starved rule, which would read the host's wait as
+    launch overhead."""
+    GPU_STARVED = 6
+    """A starved GPU with no data wait: launch, Python or host-sync overhead."""
+    CPU_ONLY = 7
+    """No GPU counters at all: the CPU does the work (or overhead dominates)."""
+    LAST = 8
+    """Last, always answers: a GPU is there but its utilization is not measured."""
+
+
 @dataclass(frozen=True)
 class Rule:
     """One regime or screen: ``judge`` answers for the window or passes (None)."""
 
     name: str
     judge: Callable[[Context], Finding | None]
+    stage: Stage = Stage.LAST
     aside: str | None = None
     """When set, the rule outranks the rest of the list, which is still walked: its verdict is
     named in one line that starts with this ("apart from memory")."""

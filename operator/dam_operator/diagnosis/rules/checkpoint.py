@@ -1,7 +1,7 @@
 """Checkpoint-bound (Machine, boundary Data): checkpoint saves block the training thread above
-``checkpoint_suspect`` of the wall time, and more than the data wait or the exposed communication
-does, each as a share of the same wall time (``dominance.of_window``; the largest loss is cut
-first). Lever ``async-checkpoint``, or ``checkpoint-less-often`` when the job saves more often than
+``checkpoint_suspect`` of the wall time. Its loss is that share of the wall time, which the referee
+weighs against the data wait's and the exposed communication's (``Stage.LOSS``: the largest loss
+is cut first). Lever ``async-checkpoint``, or ``checkpoint-less-often`` when the job saves more often than
 every ``CHECKPOINT_OFTEN_STEPS`` steps.
 
 Where one rank saves and the others wait for it in the collectives ("rank 0 saves, the others wait
@@ -14,9 +14,6 @@ from dam_operator.diagnosis import evidence as ev
 from dam_operator.diagnosis.evidence import Evidence, Kind
 from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.rules.base import Context, Finding
-from dam_operator.diagnosis.rules.communication import communication_bound
-from dam_operator.diagnosis.rules.data import input_bound
-from dam_operator.diagnosis.rules.dominance import of_window
 
 CHECKPOINT_OFTEN_STEPS = 10
 """A job that saves more often than every this many steps is told to save less often first
@@ -27,11 +24,6 @@ def checkpoint_bound(ctx: Context) -> Finding | None:
     o, t = ctx.obs, ctx.t
     x = o.checkpoint_ratio
     if x is None or x <= t.checkpoint_suspect:
-        return None
-    # Like with like: the saves are a share of the wall time, the other two of the step time.
-    if communication_bound(ctx) is not None and of_window(ctx, o.exposed_communication_ratio) > x:
-        return None
-    if input_bound(ctx) is not None and of_window(ctx, o.data_wait_ratio) > x:
         return None
     text = (
         f"checkpoint saves blocked the training thread {ev.pct(x)} of the window "
@@ -59,4 +51,4 @@ def checkpoint_bound(ctx: Context) -> Finding | None:
         seen.append(ev.data_wait(o, t))
     if o.gpu_utilization is not None:
         seen.append(ev.gpu_utilization(o, t))
-    return Finding(Regime.CHECKPOINT_BOUND, lever, conf, seen)
+    return Finding(Regime.CHECKPOINT_BOUND, lever, conf, seen, loss=x)

@@ -8,7 +8,7 @@ from dam_operator.diagnosis.evidence import Evidence, Kind
 from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.model import Observation
 from dam_operator.diagnosis.rules.base import Context, Finding
-from dam_operator.diagnosis.rules.dominance import CONFIDENT_SCREENS, named_suspect
+from dam_operator.diagnosis.rules.dominance import CONFIDENT_SCREENS, named_suspect, of_window
 
 OVERLAP_HIDDEN_WELL = 0.5
 """Collective time more than this share hidden behind the backward pass: overlap already works."""
@@ -82,4 +82,4 @@ def communication_bound(ctx: Context) -> Finding | None:
     seen.extend(_traffic(o))
     if (o.data_wait_ratio or 0.0) > t.data_wait_suspect:
         seen.append(ev.data_wait(o, t))
-    return Finding(Regime.COMMUNICATION_BOUND, lever, conf, seen, missing)
+    return Finding(Regime.COMMUNICATION_BOUND, lever, conf, seen, missing, loss=of_window(ctx, x))

@@ -15,8 +15,7 @@ from dam_operator.diagnosis import levers
 from dam_operator.diagnosis.evidence import Evidence, Kind
 from dam_operator.diagnosis.levers import Axis, Regime
 from dam_operator.diagnosis.rules.base import Context, Finding
-from dam_operator.diagnosis.rules.communication import communication_bound
-from dam_operator.diagnosis.rules.dominance import named_suspect
+from dam_operator.diagnosis.rules.dominance import named_suspect, of_window
 
 
 def _confidence(ctx: Context, seen: list[Evidence], missing: list[str]) -> float | None:
@@ -120,17 +119,7 @@ def input_bound(ctx: Context) -> Finding | None:
     conf = _confidence(ctx, seen, missing)
     if conf is None:
         return None
-    finding = Finding(Regime.INPUT_BOUND, levers.INCREASE_DATALOADER_WORKERS, conf, seen, missing)
+    lever = levers.INCREASE_DATALOADER_WORKERS
+    finding = Finding(Regime.INPUT_BOUND, lever, conf, seen, missing, loss=of_window(ctx, w))
     _cause(ctx, finding)
     return finding
-
-
-def input_or_communication(ctx: Context) -> Finding | None:
-    """Both screens fire: the larger share of the step is the bottleneck."""
-    comm = communication_bound(ctx)
-    data = input_bound(ctx)
-    if comm is None or data is None:
-        return comm or data
-    x = ctx.obs.exposed_communication_ratio or 0.0
-    w = ctx.obs.data_wait_ratio or 0.0
-    return comm if x > w else data

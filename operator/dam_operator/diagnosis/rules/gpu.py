@@ -1,9 +1,10 @@
 """The GPU rules.
 
-* **GPU fed** (utilization at or above the starved line): DRAM bandwidth saturated (or arithmetic
-  intensity below the ridge point when DRAM is not measured) → ``memory-bound``; kernels resident
-  but SMs mostly idle → ``latency-bound`` (kernels too small to fill the GPU); otherwise →
-  ``compute-bound``.
+* **GPU fed** (utilization at or above the starved line), three rules of one stage asked in this
+  order: DRAM bandwidth saturated (or arithmetic intensity below the ridge point when DRAM is not
+  measured) → ``memory-bound`` (``memory_bound``); kernels resident but SMs mostly idle →
+  ``latency-bound`` (``small_kernels``: kernels too small to fill the GPU); otherwise →
+  ``compute-bound`` (``compute_bound``).
 * **GPU starved without data wait** → ``latency-bound`` (launch / Python / host-sync overhead),
   stronger when the main process saturates a core or the batch is 1.
 * **GPU present, utilization not measured** → ``unknown``.
@@ -115,7 +116,9 @@ def _compute_bound(ctx: Context, seen: list[Evidence], missing: list[str], penal
     return Finding(Regime.COMPUTE_BOUND, lever, conf, seen, missing)
 
 
-def gpu_fed(ctx: Context) -> Finding | None:
+def _fed(ctx: Context) -> tuple[list[Evidence], list[str], float] | None:
+    """A fed GPU (utilization at or above the starved line): the lines and the confidence penalty
+    the three fed-GPU rules start from; None when the GPU is starved or not measured."""
     o, t = ctx.obs, ctx.t
     u = o.gpu_utilization
     if u is None or u < t.gpu_util_starved:
@@ -133,11 +136,25 @@ def gpu_fed(ctx: Context) -> Finding | None:
     if w is None:
         penalty += 0.05
         missing.append("dataWaitRatio")
-    return (
-        _memory_bound(ctx, seen, missing, penalty)
-        or _small_kernels(ctx, seen, missing, penalty)
-        or _compute_bound(ctx, seen, missing, penalty)
-    )
+    return seen, missing, penalty
+
+
+def memory_bound(ctx: Context) -> Finding | None:
+    """A fed GPU whose device memory bandwidth limits the step."""
+    fed = _fed(ctx)
+    return None if fed is None else _memory_bound(ctx, *fed)
+
+
+def small_kernels(ctx: Context) -> Finding | None:
+    """A fed GPU whose SMs mostly idle: kernels too small to fill it (latency-bound)."""
+    fed = _fed(ctx)
+    return None if fed is None else _small_kernels(ctx, *fed)
+
+
+def compute_bound(ctx: Context) -> Finding | None:
+    """A fed GPU: the work itself (the stage's last rule, after memory- and latency-bound)."""
+    fed = _fed(ctx)
+    return None if fed is None else _compute_bound(ctx, *fed)
 
 
 def _starved_lever(ctx: Context, seen: list[Evidence]) -> str:
