@@ -21,7 +21,7 @@ killed attempt's store cannot be reused). A deleted Pod's process gets SIGTERM a
 the other rank's collective then fails (gloo: the peer closed the connection), and it logs its end
 and exits 1. Both are replaced by the Indexed Job.
 
-The truth, one JSON object a line in RENDEZVOUS_DIR/truth-RANK-PID.jsonl (flushed each line):
+The truth, one JSON object a line in RENDEZVOUS_DIR/truth-RANK-PID-START.jsonl (flushed each line):
 ``start`` (the process's start from /proc, Unix s, and the FLOPs of one step by formula),
 ``first`` (the first batch asked for), ``step`` (per step: data wait, compute, all_reduce, save,
 barrier seconds, and the step's end), ``end`` (the last step's end: before the quiet tail), ``exit``.
@@ -72,7 +72,9 @@ def process_start() -> float:
     return btime + ticks / os.sysconf("SC_CLK_TCK")
 
 
-truth = open(os.path.join(shared, f"truth-{rank}-{os.getpid()}.jsonl"), "a", buffering=1)  # noqa: SIM115
+# One file a process: its pid (1 in a Pod of its own, in every attempt) and its start.
+name = f"truth-{rank}-{os.getpid()}-{round(process_start() * 100)}.jsonl"
+truth = open(os.path.join(shared, name), "a", buffering=1)  # noqa: SIM115
 
 
 def log(kind: str, **fields: object) -> None:
