@@ -170,7 +170,8 @@ def _parse_value(raw: str) -> float:
 
 def _parse_labels(text: str, source: str, lineno: int) -> Labels:
     """The pairs of a label set that ``_SAMPLE`` has already checked, sorted."""
-    out = [(m.group(1), _unescape(m.group(2))) for m in _PAIR_PARTS.finditer(text)]
+    pairs: list[tuple[str, str]] = _PAIR_PARTS.findall(text)
+    out = pairs if "\\" not in text else [(k, _unescape(v)) for k, v in pairs]
     if len({k for k, _ in out}) != len(out):
         raise PromParseError(source, lineno, "duplicate label name")
     return tuple(sorted(out))

@@ -130,6 +130,125 @@ class FakeJob:
         return "\n".join(lines) + "\n"
 
 
+BIG_JOB = Regime(
+    steps_per_second=4.0, data_wait_ratio=0.02, gpu_util=0.97, sm_active=0.62, dram=0.35, tensor=0.45
+)
+"""A synchronous multi-rank job that computes most of its step (``RankedJob``'s default)."""
+
+
+def _jitter(n: int) -> float:
+    """A fixed pseudo-random figure in [0, 1) for ``n`` (Knuth's multiplicative hash)."""
+    return ((n * 2654435761) % 2**32) / 2**32
+
+
+@dataclass
+class RankedJob(FakeJob):
+    """One pod of a synchronous data-parallel job: ``ranks`` rank processes on ``gpus`` GPUs, each
+    rank's probe series (steps, data wait, collectives, goodput, progress) and each GPU's gauges,
+    in the shape of a real sidecar's exposition (tests/unit/sidecar/golden/full.prom): about 40
+    series a rank with one GPU each, 330 for 8.
+
+    Every rank counts every step (the job is synchronous). A rank waits ``data_wait_ratio`` of its
+    step for data and ``COLLECTIVE_RATIO`` (plus a fixed jitter by global rank) in collectives;
+    the ``late_rank`` (a local rank of this pod, or None) waits ``LATE_DATA_WAIT`` for data and
+    so arrives last at the collectives, where it waits only ``LATE_COLLECTIVE``: the straggler,
+    cause Data. Its GPU is as busy as its peers'."""
+
+    regime: Regime = BIG_JOB
+    pod_index: int = 0
+    ranks: int = 8
+    gpus: int = 8
+    late_rank: int | None = None
+
+    COLLECTIVE_RATIO = 0.30
+    JITTER = 0.04
+    LATE_DATA_WAIT = 0.30
+    LATE_COLLECTIVE = 0.02
+
+    def _rank_lines(self, now: float, local: int) -> list[str]:
+        rank = self.pod_index * self.ranks + local
+        late = local == self.late_rank
+        s = self.step_seconds
+        wait = s * (self.LATE_DATA_WAIT if late else self.regime.data_wait_ratio)
+        coll = s * (self.LATE_COLLECTIVE if late else self.COLLECTIVE_RATIO + self.JITTER * _jitter(rank))
+        calls = self.steps * 4
+        r = f'rank="{rank}"'
+        lines = [
+            f"{names.STEPS_TOTAL}{{{r}}} {self.steps!r}",
+            f"{names.STEP_SECONDS_TOTAL}{{{r}}} {s!r}",
+            f"{names.DATALOADER_WAIT_SECONDS_TOTAL}{{{r}}} {wait!r}",
+            f"{names.COLLECTIVES_TOTAL}{{{r}}} {calls!r}",
+            f"{names.COLLECTIVE_SECONDS_TOTAL}{{{r}}} {coll!r}",
+            f"{names.COLLECTIVE_EXPOSED_SECONDS_TOTAL}{{{r}}} {coll * 0.5!r}",
+            f"{names.COLLECTIVE_BYTES_TOTAL}{{{r}}} {calls * 2**24!r}",
+            f"{names.BATCH_SIZE}{{{r}}} 32.0",
+            f'{names.PROCESS_RANK_INFO}{{{r},local_rank="{local}",world_size="{self.ranks * 1000}"}} 1.0',
+            f"{names.LAST_BATCH_TIMESTAMP_SECONDS}{{{r}}} {now - 0.1!r}",
+            f"{names.COLLECTIVE_SEQUENCE}{{{r}}} {float(int(calls))!r}",
+            f"{names.RANK_UP}{{{r}}} 1.0",
+            f"{names.GOODPUT_SECONDS_TOTAL}{{{r}}} {s - wait - coll * 0.5!r}",
+        ]
+        causes = {
+            names.CAUSE_STARTUP: 5.0,
+            names.CAUSE_DATA_WAIT: wait,
+            names.CAUSE_COMMUNICATION: coll * 0.5,
+        }
+        for cause in names.BADPUT_CAUSES:
+            lines.append(f'{names.BADPUT_SECONDS_TOTAL}{{cause="{cause}",{r}}} {causes.get(cause, 0.0)!r}')
+        return lines
+
+    def _gpu_lines(self, gpu: int) -> list[str]:
+        r = self.regime
+        g = f'gpu="{gpu}",uuid="GPU-{self.pod_index}-{gpu}"'
+        gauges = (
+            (names.GPU_UTILIZATION_RATIO, r.gpu_util),
+            (names.GPU_SM_ACTIVE_RATIO, r.sm_active),
+            (names.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO, r.dram),
+            (names.GPU_TENSOR_ACTIVE_RATIO, r.tensor),
+            (names.GPU_MEMORY_BUSY_RATIO, 0.4),
+            (names.GPU_MEMORY_USED_BYTES, 64e9),
+            (names.GPU_MEMORY_TOTAL_BYTES, 141e9),
+            (names.GPU_POWER_WATTS, 600.0),
+            (names.GPU_SM_CLOCK_HERTZ, 1.98e9),
+            (names.GPU_TEMPERATURE_CELSIUS, 70.0),
+        )
+        lines = [f'{names.GPU_INFO}{{{g},name="NVIDIA H200"}} 1.0']
+        lines += [f"{name}{{{g}}} {value!r}" for name, value in gauges if value is not None]
+        nvlink = self.step_seconds * 1e11
+        lines += [
+            f'{names.GPU_NVLINK_BYTES_TOTAL}{{{g},direction="tx"}} {nvlink!r}',
+            f'{names.GPU_NVLINK_BYTES_TOTAL}{{{g},direction="rx"}} {nvlink!r}',
+        ]
+        return lines
+
+    def exposition(self) -> str:
+        now = self.advance()
+        self.scrapes += 1
+        lines: list[str] = []
+        for local in range(self.ranks):
+            lines += self._rank_lines(now, local)
+        for gpu in range(self.gpus):
+            lines += self._gpu_lines(gpu)
+        lines += [
+            f"{names.PROBE_UP} 1",
+            f"{names.PROBE_PROCESSES} {float(self.ranks)!r}",
+            f"{names.NVML_UP} 1",
+            f'{names.PROCESS_CPU_SECONDS_TOTAL}{{role="main"}} {self.cpu_seconds * self.ranks!r}',
+            f'{names.PROCESS_CPU_SECONDS_TOTAL}{{role="worker"}} {self.cpu_seconds * 2 * self.ranks!r}',
+            f'{names.PROCESSES}{{role="main"}} {float(self.ranks)!r}',
+            f'{names.PROCESSES}{{role="worker"}} {float(4 * self.ranks)!r}',
+            f'{names.PROCESS_RESIDENT_MEMORY_BYTES}{{role="main"}} {8e9 * self.ranks!r}',
+            f'{names.PROCESS_RESIDENT_MEMORY_BYTES}{{role="worker"}} {2e9 * self.ranks!r}',
+            f"{names.CONTAINER_CPU_THROTTLED_SECONDS_TOTAL} 0.0",
+            f"{names.CONTAINER_CPU_LIMIT_CORES} {8.0 * self.ranks!r}",
+            f"{names.CONTAINER_MEMORY_USAGE_BYTES} {1.2e10 * self.ranks!r}",
+            f"{names.CONTAINER_MEMORY_LIMIT_BYTES} {3.2e10 * self.ranks!r}",
+            f"{names.NODE_CPU_UTILIZATION_RATIO} 0.35",
+            f"{names.SNAPSHOT_TIMESTAMP_SECONDS} {now!r}",
+        ]
+        return "\n".join(lines) + "\n"
+
+
 class FakeSidecars:
     """One HTTP server for many fake sidecars, keyed by the local (pod) IP of the request."""
 

@@ -156,7 +156,8 @@ class OperatorSettings(_ScopeSettings):
         description=(
             "A Prometheus answer larger than this is not read past this size (the profile's pods do "
             "not report: Reporting=False, SourceAnswerTooLarge). One pod's series weigh 18 KB (1 GPU) "
-            "to 87 KB (8 GPUs, 8 ranks): 16 MiB holds about 190 such pods (docs/performance.md)."
+            "to 87 KB (8 GPUs, 8 ranks): 16 MiB holds about 190 such pods, and a query asks for 64 "
+            "pods at most (a bigger profile's pods in several queries; docs/performance.md)."
         ),
     )
     prometheus_concurrency: int = Field(

@@ -143,7 +143,8 @@ def _culprit(ranks: Sequence[RankPlace]) -> tuple[Culprit | None, Waiting | None
     if exited:
         gone = min(exited, key=_order)
         return Culprit(pod=gone.pod or None, rank=gone.rank, where="exited"), waiting
-    behind = [r for r in ranks if r.running and r.place is not None and r not in at_front]
+    front_ids = {id(r) for r in at_front}  # by identity: a list's ``in`` made this O(ranks²)
+    behind = [r for r in ranks if r.running and r.place is not None and id(r) not in front_ids]
     if not behind:
         return None, waiting  # every rank read waits at the same collective (or none was read yet)
     first = min(behind, key=lambda r: (r.entered, *_order(r)))

@@ -394,7 +394,12 @@ def test_in_place_mode_asks_to_resize_the_measured_pods_once_and_records_a_refus
         loop.entries, 1, ["a"], {"b": "HTTP 403: forbidden"}, "2026-01-01T00:00:00Z"
     )
     (entry,) = actions
-    assert entry["inPlace"] == {"state": "Partial", "pods": ["a"], "message": "b: HTTP 403: forbidden"}
+    assert entry["inPlace"] == {
+        "state": "Partial",
+        "pods": ["a"],
+        "podCount": 1,
+        "message": "b: HTTP 403: forbidden",
+    }
     assert entry["pod"] == "a" and entry["outcome"] == "pending"
     assert [(e.reason, e.type) for e in events] == [
         ("ActionApplied", "Normal"),
@@ -408,6 +413,32 @@ def test_in_place_mode_asks_to_resize_the_measured_pods_once_and_records_a_refus
     assert loop.entries[0]["outcome"] == "improved"
     refused, _ = act.record_resizes(actions, 1, [], {"a": "HTTP 404: not found"}, "2026-01-01T00:00:00Z")
     assert refused[0]["inPlace"]["state"] == "Refused"
+
+
+def test_in_place_resize_of_1000_pods_names_64_counts_them_all_and_judges_every_pod_resized() -> None:
+    """The CRD allows 64 names (a longer list fails the whole status write): the record names the
+    first 64 and counts the rest, and every pod resized is still a carrier when the action is
+    judged. Here the 64 named pods did not speed up and the 936 others doubled their rate: judged
+    on the named pods alone, the raise would read as no change."""
+    loop = Loop(_spec(mode="InPlace", maxCpu="4"))
+    names = [f"train-{i:04d}" for i in range(1000)]
+    pods = [_pod(n) for n in names]
+    step = loop.window(
+        pods, {n: _obs(4.0, cpu_limit_cores=2.0) for n in names}, _verdict(lever="raise-cpu-limit")
+    )
+    assert len(step.resizes) == 1000
+    actions, _ = act.record_resizes(loop.entries, 1, names, {}, "2026-01-01T00:00:00Z")
+    (entry,) = actions
+    assert entry["inPlace"]["pods"] == names[: act.MAX_IN_PLACE_PODS_LISTED]
+    assert entry["inPlace"]["podCount"] == 1000 and entry["inPlace"]["state"] == "Resized"
+    assert len(json.dumps(actions)) < 8 * 1024
+    loop.status["actions"] = actions
+    listed = set(names[: act.MAX_IN_PLACE_PODS_LISTED])
+    after = {n: _obs(4.0 if n in listed else 8.0, cpu_limit_cores=4.0) for n in names}
+    loop.window(pods, after, _verdict(lever="raise-cpu-limit"))
+    (judged,) = loop.entries
+    assert judged["outcome"] == "improved"
+    assert judged["after"]["stepsPerSecond"] == pytest.approx((64 * 4.0 + 936 * 8.0) / 1000)
 
 
 def test_apply_mode_never_resizes_in_place() -> None:

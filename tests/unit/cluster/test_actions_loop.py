@@ -279,7 +279,7 @@ def test_in_place_mode_resizes_the_running_training_container() -> None:
             ]
             (action,) = status["actions"]
             assert action["setting"] == {"name": "cpu", "before": "2", "after": "3"}
-            assert action["inPlace"] == {"state": "Resized", "pods": ["train-0"]}
+            assert action["inPlace"] == {"state": "Resized", "pods": ["train-0"], "podCount": 1}
             assert c.reasons() == ["ActionPlanned", "ActionApplied"]
             job = c.sidecars.jobs[pod_ip(0)]
             assert isinstance(job, LoaderJob)

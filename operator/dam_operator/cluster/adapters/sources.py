@@ -7,7 +7,9 @@
   (``{__name__=~"dam_.+", namespace="NS", pod=~"POD1|POD2|..."}``, sent as a POST form so
   that thousands of pod names fit), split by pod into Snapshots with the target labels
   (namespace, pod, instance, job, ...) stripped. At 5,000 profiles and a 30 s window that
-  is 5,000 queries per window (~170/s), whatever the number of pods.
+  is 5,000 queries per window (~170/s). A profile of more than ``PODS_PER_QUERY`` (64) pods
+  is asked for in one query per 64 of them, one after the other: a 1,000-pod job's answer in
+  one piece would pass the answer's cap (16 MiB) two- to fivefold.
 
 Both raise ``SourceError`` with a short, bounded ``reason`` (used as a metric label)
 and a message that says what went wrong; never anything else.
@@ -41,7 +43,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
 from dam_contract import names
-from dam_contract.snapshot import PromParseError, Sample, Snapshot, labels_of, parse_snapshot
+from dam_contract.snapshot import PromParseError, Sample, Snapshot, parse_snapshot
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps.metric_names import BODY_SOURCES, SCRAPE_ERROR_REASONS
 from dam_operator.cluster.steps.source_error import SourceError
@@ -315,8 +317,17 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+PODS_PER_QUERY = 64
+"""Pods asked for in one Prometheus query, at most. One pod's series weigh 18 KB (1 GPU) to 87 KB
+(8 GPUs, 8 ranks) of JSON: 64 such pods answer in about 5.6 MB, under the answer's cap
+(``DAM_PROMETHEUS_MAX_ANSWER_BYTES``, 16 MiB, which one query for a 1,000-pod job would pass
+two- to fivefold). A bigger job's pods are asked for in several queries, one after the other
+(docs/performance.md, "The biggest jobs")."""
+
+
 class PrometheusSource:
-    """Instant queries of pods' ``dam_`` series in Prometheus: one query for all of a profile's pods."""
+    """Instant queries of pods' ``dam_`` series in Prometheus: one query for a profile's pods, or
+    one per ``PODS_PER_QUERY`` of them."""
 
     def __init__(
         self,
@@ -330,9 +341,11 @@ class PrometheusSource:
         max_answer_bytes: int = 16 * 1024 * 1024,
         read_limit: asyncio.Semaphore | None = None,
         on_too_large: TooLarge | None = None,
+        pods_per_query: int = PODS_PER_QUERY,
     ) -> None:
         self._session = session
         self._base = base_url.rstrip("/")
+        self._pods_per_query = max(1, pods_per_query)
         # ``total`` covers the body too (see ScrapeSource).
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._timeout_seconds = timeout_seconds
@@ -366,17 +379,30 @@ class PrometheusSource:
     async def fetch_all(
         self, pods: list[PodTarget], limit: asyncio.Semaphore, observe: Observe | None = None
     ) -> PodResults:
-        """One query per namespace (a profile's pods share one), under one slot of ``limit``."""
+        """One query per namespace and ``pods_per_query`` pods (a profile's pods share a namespace),
+        each under one slot of ``limit``, one after the other; a failed query is a value for its
+        pods. One at a time: a query's timeout counts its wait for Prometheus, and 16 queries of a
+        1,000-pod job at once made Prometheus answer each 16 times slower (past the timeout on a
+        busy node: docs/performance.md, "The biggest jobs"), for the same time in all."""
+        groups: list[tuple[str, list[PodTarget]]] = []
         by_ns: dict[str, list[PodTarget]] = {}
         for pod in pods:
             by_ns.setdefault(pod.namespace, []).append(pod)
-        out: PodResults = {}
-        for namespace, group in by_ns.items():
+        step = self._pods_per_query
+        for namespace, members in by_ns.items():
+            ordered = sorted(members, key=lambda p: p.name)
+            groups += [(namespace, ordered[i : i + step]) for i in range(0, len(ordered), step)]
+
+        async def one(namespace: str, group: list[PodTarget]) -> PodResults:
             async with _timed_slot(limit, observe):
                 try:
-                    out.update(await self._query(namespace, group))
+                    return await self._query(namespace, group)
                 except SourceError as exc:
-                    out.update(dict.fromkeys((p.name for p in group), exc))
+                    return dict.fromkeys((p.name for p in group), exc)
+
+        out: PodResults = {}
+        for namespace, group in groups:
+            out.update(await one(namespace, group))
         return out
 
     async def _query(self, namespace: str, pods: list[PodTarget]) -> PodResults:
@@ -453,18 +479,19 @@ class PrometheusSource:
         samples: dict[str, list[Sample]] = {name: [] for name in wanted}
         newest: dict[str, float] = dict.fromkeys(wanted, 0.0)
         seen: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
-        for item in result:
+        strip = self._strip | {"__name__"}
+        for item in result:  # 263,000 series for a 1,000-pod job: no copy of each series' labels
             try:
-                metric = dict(item["metric"])
-                name = str(metric.pop("__name__"))
+                metric = item["metric"]
+                name = str(metric["__name__"])
                 pod = str(metric.get(self._pod_label, ""))
                 ts_raw, value_raw = item["value"]
                 ts, value = float(ts_raw), float(value_raw)
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, AttributeError):
                 raise SourceError(REASON_GARBAGE, "Prometheus answer has a malformed sample") from None
             if pod not in wanted:
                 continue
-            labels = labels_of({str(k): str(v) for k, v in metric.items() if k not in self._strip})
+            labels = tuple(sorted((str(k), str(v)) for k, v in metric.items() if k not in strip))
             if (pod, name, labels) in seen:
                 continue  # the same series from two scrape jobs: keep the first
             seen.add((pod, name, labels))
@@ -485,14 +512,25 @@ class PrometheusSource:
         return out
 
 
+SCRAPES_IN_FLIGHT_PER_PROFILE = 32
+"""One profile's scrapes in flight at once, at most (within the shared ``scrape_concurrency``).
+A scrape's timeout counts the time its answer waits for the operator's event loop, which parses
+the answers that came before it (3 ms for a pod of 8 GPUs and 8 ranks): with 128 of one
+1,000-pod profile in flight on a loaded node, the last waited past the 2 s timeout and its pod
+did not report (docs/performance.md, "The biggest jobs"). 32 at a time take as long in all (the
+parsing is the cost) and none waits long. Profiles of a few pods are not affected."""
+
+
 async def fetch_each(
     source: MetricSource, pods: list[PodTarget], limit: asyncio.Semaphore, observe: Observe | None = None
 ) -> PodResults:
-    """Fetch every pod with its own request, concurrently (bounded by ``limit``); a failure is
-    a value, not a raise. What ``ScrapeSource.fetch_all`` does: one sidecar per pod."""
+    """Fetch every pod with its own request, concurrently (bounded by ``limit``, and by
+    ``SCRAPES_IN_FLIGHT_PER_PROFILE`` for this call); a failure is a value, not a raise. What
+    ``ScrapeSource.fetch_all`` does: one sidecar per pod."""
+    mine = asyncio.Semaphore(SCRAPES_IN_FLIGHT_PER_PROFILE)
 
     async def one(pod: PodTarget) -> Snapshot | SourceError:
-        async with _timed_slot(limit, observe):
+        async with mine, _timed_slot(limit, observe):
             try:
                 return await source.fetch(pod)
             except SourceError as exc:

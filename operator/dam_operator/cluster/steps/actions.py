@@ -148,10 +148,26 @@ class Figures(_Wire):
         return f"{self.steps_per_second:.3g} steps/s{wait}"
 
 
+MAX_IN_PLACE_PODS_LISTED = 64
+"""``inPlace.pods`` names at most this many of the pods resized (the CRD's ``maxItems``: a longer
+list would have the API server refuse the whole status write); ``podCount`` counts them all."""
+
+
 class InPlaceResize(_Wire):
     state: Literal["Resized", "Partial", "Refused"]
     pods: list[str] = Field(default_factory=list)
+    """The first ``MAX_IN_PLACE_PODS_LISTED`` pods resized, sorted."""
+    pod_count: int | None = None
+    """Every pod resized (None: written before the count was, the list is then complete)."""
     message: str | None = None
+
+    def covers(self, pod: str) -> bool:
+        """The pod was resized, as far as the record tells: listed, or (a list cut at its cap, no
+        pod refused) any pod; the caller keeps to the pods that ran when the resize was sent
+        (those without the entry's own labels, which only pods created after it carry)."""
+        if pod in self.pods:
+            return True
+        return self.state == "Resized" and (self.pod_count or 0) > len(self.pods)
 
 
 class ActionEntry(_Wire):
@@ -362,8 +378,13 @@ def _not_taken(e: ActionEntry, counted: Sequence[Observation]) -> str | None:
 def _progress(
     e: ActionEntry, cfg: ActionsSpec, pods: Sequence[PodInfo], measured: Mapping[str, Observation], now: str
 ) -> tuple[ActionEntry, list[st.EventSpec]]:
-    resized = set(e.in_place.pods) if e.in_place is not None else set()
-    carriers = sorted(p.name for p in pods if p.action == e.applied_label or p.name in resized)
+    own = (e.applied_label, e.withheld_label)
+    carriers = sorted(
+        p.name
+        for p in pods
+        if p.action == e.applied_label
+        or (e.in_place is not None and p.action not in own and e.in_place.covers(p.name))
+    )
     events: list[st.EventSpec] = []
     if carriers and e.applied_at is None:
         e = e.model_copy(update={"applied_at": now, "pod": carriers[0]})
@@ -421,7 +442,7 @@ def _current(name: str, label: str | None, entries: Sequence[ActionEntry]) -> bo
         newest is not None
         and newest.outcome in KEPT
         and newest.in_place is not None
-        and name in newest.in_place.pods
+        and newest.in_place.covers(name)
         and label == desired_label(entries[:-1])
     )
 
@@ -623,7 +644,8 @@ def record_resizes(
             update: dict[str, Any] = {
                 "in_place": InPlaceResize(
                     state=state,
-                    pods=sorted(resized),
+                    pods=sorted(resized)[:MAX_IN_PLACE_PODS_LISTED],
+                    pod_count=len(resized),
                     message=None if first is None else f"{first[0]}: {first[1]}"[:1024],
                 )
             }

@@ -72,6 +72,9 @@ RESTART_GRANT: Final = "rbac.stallRestart"
 """The chart value that grants the operator pods/delete (``onStall: Restart``)."""
 MAX_FRAMES: Final = 8
 MAX_RANKS_PER_POD: Final = 1024
+MAX_RESTART_PODS_LISTED: Final = 64
+"""``status.progress.restart.pods`` names at most this many of the Pods deleted (sorted);
+``podCount`` counts them all: a 1,000-Pod job's names would be 30 KB of the status."""
 
 RESTART_PENDING: Final = "pending"
 RESTART_RESUMED: Final = "resumed"
@@ -230,7 +233,8 @@ def _restart(
         "at": now,
         "stallSince": progress.since,
         "stalledSeconds": progress.stalled_seconds,
-        "pods": targets,
+        "pods": targets[:MAX_RESTART_PODS_LISTED],
+        "podCount": len(targets),
     }
     if not allowed:
         message = f"the operator may not delete pods: the chart grants it with {RESTART_GRANT}=true"

@@ -218,7 +218,8 @@ def instrumented_condition(
         return condition(
             INSTRUMENTED, True, REASON_NO_PODS, "No running pod matches the selector.", generation
         )
-    instrumented = [n for n in notes if n not in set(uninstrumented)]
+    without = set(uninstrumented)
+    instrumented = [n for n in notes if n not in without]
     unshared = _by_note(instrumented, notes, NOTE_NO_SHARED_PROCESS_NAMESPACE)
     caveat = (
         f" {len(unshared)} of them keep shareProcessNamespace: false although the profile asks for a shared "
@@ -259,7 +260,8 @@ def instrumented_condition(
             these = _by_note(rest, notes, note)
             if these:
                 parts.append(f"{_names(these)}: {fix}.")
-                rest = [n for n in rest if n not in set(these)]
+                listed = set(these)
+                rest = [n for n in rest if n not in listed]
         if rest:
             parts.append(
                 f"{_names(rest)}: created while the webhook was down or before this profile existed; the "
