@@ -22,7 +22,8 @@ the other rank's collective then fails (gloo: the peer closed the connection), a
 and exits 1. Both are replaced by the Indexed Job.
 
 The truth, one JSON object a line in RENDEZVOUS_DIR/truth-RANK-PID-START.jsonl (flushed each line):
-``start`` (the process's start from /proc, Unix s, and the FLOPs of one step by formula),
+``start`` (the process's start from /proc, Unix s, its container's: PID 1's, and the FLOPs of one
+step by formula),
 ``first`` (the first batch asked for), ``step`` (per step: data wait, compute, all_reduce, save,
 barrier seconds, and the step's end), ``end`` (the last step's end: before the quiet tail), ``exit``.
 After the last step each rank sleeps TAIL_S (idle, so the last scrape before the Pod ends has seen
@@ -62,10 +63,11 @@ def analytic_flops() -> float:
     return dense + dense + (dense - 2.0 * BATCH * pairs[0][0] * pairs[0][1])
 
 
-def process_start() -> float:
-    """This process's start, Unix seconds: /proc/self/stat's start time (clock ticks since boot)
-    plus the boot time (/proc/stat btime), as the kernel keeps it."""
-    with open("/proc/self/stat") as f:
+def process_start(pid: str = "self") -> float:
+    """A process's start, Unix seconds: /proc/PID/stat's start time (clock ticks since boot) plus
+    the boot time (/proc/stat btime), as the kernel keeps it. PID 1 is the container's own process
+    (this one, or torchrun's launcher whose child this is): its start is the container's."""
+    with open(f"/proc/{pid}/stat") as f:
         ticks = int(f.read().rsplit(")", 1)[1].split()[19])
     with open("/proc/stat") as f:
         btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
@@ -87,7 +89,7 @@ def on_term(signum: int, frame: object) -> None:
 
 
 signal.signal(signal.SIGTERM, on_term)
-log("start", at=process_start(), flops=analytic_flops(), layout=LAYOUT)
+log("start", at=process_start(), container=process_start("1"), flops=analytic_flops(), layout=LAYOUT)
 
 
 class Samples(Dataset):
