@@ -108,7 +108,7 @@ def test_tf32_is_off_on_the_cpu_whatever_the_setting(fast_probe: Probe) -> None:
     assert fast_probe.goodput.flops.precision == PRECISION_FP32
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize(("setting", "expected"), [("highest", PRECISION_FP32), ("high", PRECISION_TF32)])
 def test_fp32_on_cuda_reads_tf32_when_tf32_is_allowed(fast_probe: Probe, setting: str, expected: int) -> None:
     before = torch.get_float32_matmul_precision()
@@ -120,7 +120,7 @@ def test_fp32_on_cuda_reads_tf32_when_tf32_is_allowed(fast_probe: Probe, setting
     assert fast_probe.goodput.flops.precision == expected
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_an_fp16_autocast_step_on_cuda_reads_fp16(fast_probe: Probe) -> None:
     _train(30, device="cuda", autocast=lambda: torch.autocast("cuda", dtype=torch.float16))
     assert fast_probe.goodput.flops.precision == PRECISION_FP16
