@@ -194,10 +194,10 @@ TRUTH_PEAK_FLOPS = 1e10
 """The truth scenarios' spec.hardware.peakFlops: a CPU-only job's MFU is against the peak its
 profile declares (the GPU table has no CPU)."""
 TRUTH_ARGS = {"steps": 360, "save_every": 60, "delay_ms": 1, "ckpt_mib": 96, "tail_s": 15}
-"""truth.py's STEPS SAVE_EVERY DELAY_MS CKPT_MIB TAIL_S for the two-Pod layout: ~14 steps/s on a
-quiet machine (data wait, compute and the all_reduce about a third each), 3-5 beside the tier's
-other Pods; rank 0 saving 96 MiB every 60 steps; the quiet tail outlives a window, so the last
-scrape has seen every step."""
+"""truth.py's STEPS SAVE_EVERY DELAY_MS CKPT_MIB TAIL_S for the two-Pod layout: ~20 steps/s on a
+quiet machine (mostly data wait: the tier's other Pods share the 2 cores), 3-5 beside them; rank
+0 saving 96 MiB every 60 steps; the quiet tail outlives a window, so the last scrape has seen
+every step."""
 TRUTH_DELETE_STEP = 220
 """Rank 1's step past which (40 after the save at step 180) the deleter deletes its Pod, right
 after the profile's next status write (a window's scrape just happened: the work no scrape saw is

@@ -82,6 +82,9 @@ def _snap(
         ):
             if key in figures:
                 samples.append(Sample(name, labels, figures[key]))
+        if "world" in figures:
+            info = (*labels, ("local_rank", "0"), ("world_size", str(int(figures["world"] or 0))))
+            samples.append(Sample(names.PROCESS_RANK_INFO, info, 1.0))
         for cause in PROBE_CAUSES:
             if figures.get(cause, 0.0) is not None:  # None: not measured, the series absent
                 samples.append(
@@ -626,6 +629,23 @@ def test_a_ranks_wait_behind_rank_0s_save_in_another_pod_is_checkpoint_not_commu
     assert out is not None
     assert out["badputSeconds"]["checkpoint"] == pytest.approx(8.0)
     assert out["badputSeconds"]["communication"] == pytest.approx(0.5)
+
+
+def test_ranks_whose_pods_first_report_in_different_windows_count_in_the_jobs_seconds() -> None:
+    """On a busy node rank 0's Pod reached its first batch (after 180 s of start-up) a window
+    before rank 1's: its whole figures came while it was the only pod reporting. The job has 2
+    ranks (``world_size``): its start-up is the ranks' mean, 180 s, not 180 + 90."""
+    ledger = GoodputLedger()
+    rank = {"productive": 2, "startup": 180, "world": 2}
+    ledger.update(pods=[_pod("a"), _pod("b")], answered={"a": _snap(T0, {"0": rank})})
+    ledger.update(
+        pods=[_pod("a"), _pod("b")],
+        answered={"a": _snap(T0 + 10, {"0": rank | {"productive": 12}}), "b": _snap(T0 + 10, {"1": rank})},
+    )
+    out = ledger.status()
+    assert out is not None
+    assert out["badputSeconds"]["startup"] == pytest.approx(180.0)
+    assert out["productiveSeconds"] == pytest.approx((12 + 2) / 2)
 
 
 def test_a_new_pod_without_a_failed_predecessor_is_no_restart() -> None:

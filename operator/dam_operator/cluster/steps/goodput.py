@@ -157,6 +157,9 @@ class PodReading:
     """Process key → restarts inside the container so far (``dam_process_restarts_total``)."""
     gaps: dict[str, float] = field(default_factory=dict)
     """Process key → their down time so far (``dam_process_restart_gap_seconds_total``)."""
+    world: int = 0
+    """The largest ``world_size`` its live ranked processes report (``dam_process_rank_info``);
+    0 when none does."""
 
     def with_job_checkpoint(self, job_since: float) -> PodReading:
         """This reading with each process's progress at risk counted from the job's checkpoint,
@@ -246,7 +249,13 @@ def read_pod(snapshot: Snapshot) -> PodReading | None:
         ended & processes.keys(),
         _per_process(snapshot, names.PROCESS_RESTARTS_TOTAL, processes),
         _per_process(snapshot, names.PROCESS_RESTART_GAP_SECONDS_TOTAL, processes),
+        _world_size(snapshot),
     )
+
+
+def _world_size(snapshot: Snapshot) -> int:
+    sizes = [s.label("world_size") for s in snapshot.samples(names.PROCESS_RANK_INFO)]
+    return max((int(v) for v in sizes if v.isdigit()), default=0)
 
 
 def _per_process(snapshot: Snapshot, name: str, processes: Mapping[str, object]) -> dict[str, float]:
@@ -440,7 +449,10 @@ class GoodputLedger:
                 process_seconds[use] += value
                 if share is not None:
                     accel[use] += value * share
-        live = sum(p.count for p in self.pods.values())
+        # The job's processes now: the pods' that report, and at least its world size (a pod that
+        # reports its first figures, whole, before its peers do is still one of the world's).
+        world = max((r.world for r in readings.values()), default=0)
+        live = max(sum(p.count for p in self.pods.values()), min(world, MAX_PROCESSES_PER_POD * 64))
         _stall(self, stalled_since, now, process_seconds, accel)
         if live > 0:
             for use in ACCELERATOR_USES:

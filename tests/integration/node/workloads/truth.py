@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, Dataset
 LAYOUT = sys.argv[1]
 STEPS, SAVE_EVERY, DELAY = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]) / 1000.0
 CKPT_MIB, TAIL = int(sys.argv[5]), float(sys.argv[6])
-BATCH, WIDTHS = 16, (256, 1024, 1024, 16)
+BATCH, WIDTHS = 16, (256, 768, 768, 16)  # light: the tier's other Pods share 2 cores
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 shared = os.environ["RENDEZVOUS_DIR"]
 
