@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools" / "node"))  # dam_cluster (tests.support.procs imports it)
 
 from tests.support.fake_sidecar import RankedJob, ThreadedFakeSidecars, pod_ip  # noqa: E402
+from tests.support.merge_patch import merge  # noqa: E402
 from tests.support.procs import free_port, spawn, stop_process  # noqa: E402
 
 from dam_operator.cluster.adapters import sources  # noqa: E402
@@ -163,19 +164,6 @@ def install_timers() -> Timers:
 
 
 # ---------------------------------------------------------------- the in-memory API
-
-
-def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
-            merge(target[key], value)
-        elif isinstance(value, Mapping):
-            target[key] = merge({}, value)
-        else:
-            target[key] = value
-    return target
 
 
 class MemoryAPI:

@@ -36,6 +36,7 @@ from tests.support.node_jobs import (
     training_job,
     wait_status,
 )
+from tests.support.nodecluster import NodeCluster
 from tests.support.procs import wait_for
 
 from . import ground_truth
@@ -102,26 +103,38 @@ def test_cpu_limit_of_300m_on_a_decode_heavy_loader_gives_raise_cpu_limit(scenar
         node.kubectl("-n", ns, "delete", "job", "decode", "--wait=false")  # 240 s of 0.3 CPU otherwise
 
 
+def _memory_capacity(launched: Launched, scenario: str) -> dict[str, Any]:
+    """The scenario's first status with a memory-capacity verdict (from the status history)."""
+    return launched.seen(
+        scenario,
+        lambda s: (s.get("bottleneck") or {}).get("regime") == "memory-capacity",
+        180,
+        "regime memory-capacity",
+    )
+
+
+def _failed(node: NodeCluster, ns: str, job: str) -> dict[str, Any]:
+    """The Job's one Pod once it has failed: the container status is read then (the verdict can
+    come from the probe's count of a killed worker before the trainer exits)."""
+    (pod,) = pods_of(node, ns, job)
+    node.kubectl(
+        "-n", ns, "wait", "--for=jsonpath={.status.phase}=Failed", f"pod/{pod['metadata']['name']}",
+        "--timeout=120s", timeout_s=130,
+    )  # fmt: skip
+    (pod,) = pods_of(node, ns, job)
+    return pod
+
+
 def test_loader_workers_over_the_memory_limit_are_oom_killed_and_give_reduce_loader_memory(
     scenarios: Launched,
 ) -> None:
     node = scenarios.node
     with explained(scenarios, "loader-oom") as ns:
-        status = scenarios.seen(
-            "loader-oom",
-            lambda s: (s.get("bottleneck") or {}).get("regime") == "memory-capacity",
-            180,
-            "regime memory-capacity",
-        )
+        status = _memory_capacity(scenarios, "loader-oom")
         assert status["bottleneck"]["lever"] == "reduce-loader-memory", status["bottleneck"]
         # The verdict can come (from the probe's count of the killed worker) before the trainer has
         # exited on DataLoader's error: the container status is read once the Pod has failed.
-        (pod,) = pods_of(node, ns, "leaky")
-        node.kubectl(
-            "-n", ns, "wait", "--for=jsonpath={.status.phase}=Failed", f"pod/{pod['metadata']['name']}",
-            "--timeout=120s", timeout_s=130,
-        )  # fmt: skip
-        (pod,) = pods_of(node, ns, "leaky")
+        pod = _failed(node, ns, "leaky")
         # The kernel took a worker; the trainer then exited on DataLoader's error (exit 1).
         assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 1}, pod["status"]
         assert pod["status"]["phase"] == "Failed"
@@ -135,18 +148,8 @@ def test_a_loader_killed_a_second_after_start_gives_reduce_loader_memory_and_say
     DataLoader's error (not 137): the verdict says a child of the training process was killed."""
     node = scenarios.node
     with explained(scenarios, "loader-oom-fast") as ns:
-        status = scenarios.seen(
-            "loader-oom-fast",
-            lambda s: (s.get("bottleneck") or {}).get("regime") == "memory-capacity",
-            180,
-            "regime memory-capacity",
-        )
-        (pod,) = pods_of(node, ns, "leakyfast")
-        node.kubectl(
-            "-n", ns, "wait", "--for=jsonpath={.status.phase}=Failed", f"pod/{pod['metadata']['name']}",
-            "--timeout=120s", timeout_s=130,
-        )  # fmt: skip
-        (pod,) = pods_of(node, ns, "leakyfast")
+        status = _memory_capacity(scenarios, "loader-oom-fast")
+        pod = _failed(node, ns, "leakyfast")
         assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 1}, pod["status"]
         assert status["bottleneck"]["lever"] == "reduce-loader-memory", status["bottleneck"]
         evidence = " ".join(status["bottleneck"]["evidence"])
@@ -166,12 +169,7 @@ def test_trainer_container_oom_killed_gives_memory_capacity_from_the_container_s
 ) -> None:
     node = scenarios.node
     with explained(scenarios, "trainer-oom") as ns:
-        status = scenarios.seen(
-            "trainer-oom",
-            lambda s: (s.get("bottleneck") or {}).get("regime") == "memory-capacity",
-            180,
-            "regime memory-capacity",
-        )
+        status = _memory_capacity(scenarios, "trainer-oom")
         (pod,) = pods_of(node, ns, "hog")
         assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 137}, pod["status"]
         evidence = " ".join(status["bottleneck"]["evidence"])

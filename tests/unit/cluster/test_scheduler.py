@@ -28,19 +28,7 @@ from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.registry import PodInfo, ProfileEntry, Registry
 from dam_operator.cluster.steps.spec import DAMProfileSpec, EvaluationSpec, parse_spec
 from tests.support.fake_sidecar import COMPUTE, FakeJob, FakeSidecars, pod_ip
-
-
-def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
-            merge(target[key], value)
-        elif isinstance(value, Mapping):
-            target[key] = merge({}, value)
-        else:
-            target[key] = value
-    return target
+from tests.support.merge_patch import merge
 
 
 class FakeAPI:
