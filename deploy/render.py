@@ -1,6 +1,6 @@
 """Writes what is generated from the code and the chart, so that it never drifts from them.
 
-    .venv/bin/python deploy/render.py          # rewrite crds/damprofile.yaml's generated parts, deploy/*.yaml
+    .venv/bin/python deploy/render.py          # rewrite the generated parts of crds/ and spec.py, deploy/*.yaml
     .venv/bin/python deploy/render.py --check  # exit 1 when any of them is out of date
 
 First the CRD's parts that mirror a table of the code (``render_crd``), the way kubebuilder's
@@ -9,8 +9,13 @@ controller-gen writes a CRD from the Go types: crds/damprofile.yaml marks them w
 ``# generated: NAME`` and ``# end generated: NAME``, and ``GENERATED`` says what each holds:
 ``status.metrics`` from the signal table (``signals.STATUS_SIGNALS``: key, type, description),
 the axis and regime enums from ``levers``, the Apply settings from ``levers.APPLY``, the action
-outcomes and in-place states from ``cluster.steps.actions``. Everything else in the file is
-hand-written. The chart includes crds/ as it is (charts/dam-operator/crds is a link to it).
+outcomes and in-place states from ``cluster.steps.actions``, and ``spec.thresholds`` /
+``spec.hardware``'s properties from their one declaration (``DECLARATIONS``: the fields of
+``diagnosis.observation.Thresholds`` and ``Hardware``, their type, bounds, description and
+default, with ``spec.HARDWARE_LIMITS``). Everything else in the file is hand-written (the CEL
+rules on crossed thresholds among it). The chart includes crds/ as it is (charts/dam-operator/crds
+is a link to it). The same declaration writes the fields of ``ThresholdsSpec`` and ``HardwareSpec``
+in operator/dam_operator/cluster/steps/spec.py, between the same marks (``render_spec``).
 
 Then deploy/: the chart rendered by the real Helm engine (helm-python-sdk) with its default
 values, release ``dam-operator`` in namespace ``dam-system``. tests/unit/ship/test_deploy.py
