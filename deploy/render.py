@@ -1,6 +1,6 @@
 """Writes what is generated from the code and the chart, so that it never drifts from them.
 
-    .venv/bin/python deploy/render.py          # rewrite the generated parts of crds/ and spec.py, deploy/*.yaml
+    .venv/bin/python deploy/render.py          # rewrite the generated parts (crds/, spec.py), deploy/
     .venv/bin/python deploy/render.py --check  # exit 1 when any of them is out of date
 
 First the CRD's parts that mirror a table of the code (``render_crd``), the way kubebuilder's

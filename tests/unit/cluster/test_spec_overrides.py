@@ -77,7 +77,7 @@ def _declared_with_a_new_threshold() -> type[BaseModel]:
     return create_model(
         "Thresholds",
         __base__=Thresholds,
-        power_capped_util=(Ratio, Field(0.9, description="GPU utilization under a power brake.")),
+        example_new_threshold=(Ratio, Field(0.9, description="GPU utilization under a power brake.")),
     )
 
 
@@ -102,9 +102,10 @@ def test_a_threshold_declared_without_regenerating_fails_the_check_and_a_render_
 
     assert render.main([]) == 0
     assert (
-        "    power_capped_util: Ratio | None = None\n    # end generated: thresholds-spec" in spec.read_text()
+        "    example_new_threshold: Ratio | None = None\n    # end generated: thresholds-spec"
+        in spec.read_text()
     )
-    prop = _spec_props(crd.read_text(), "thresholds")["powerCappedUtil"]
+    prop = _spec_props(crd.read_text(), "thresholds")["exampleNewThreshold"]
     assert prop == {
         "type": "number",
         "description": "GPU utilization under a power brake (default 0.9).",
