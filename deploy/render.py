@@ -1,6 +1,6 @@
 """Writes what is generated from the code and the chart, so that it never drifts from them.
 
-    .venv/bin/python deploy/render.py          # rewrite crds/damprofile.yaml's generated parts, deploy/*.yaml
+    .venv/bin/python deploy/render.py          # rewrite the generated parts (crds/, spec.py), deploy/
     .venv/bin/python deploy/render.py --check  # exit 1 when any of them is out of date
 
 First the CRD's parts that mirror a table of the code (``render_crd``), the way kubebuilder's
@@ -9,8 +9,13 @@ controller-gen writes a CRD from the Go types: crds/damprofile.yaml marks them w
 ``# generated: NAME`` and ``# end generated: NAME``, and ``GENERATED`` says what each holds:
 ``status.metrics`` from the signal table (``signals.STATUS_SIGNALS``: key, type, description),
 the axis and regime enums from ``levers``, the Apply settings from ``levers.APPLY``, the action
-outcomes and in-place states from ``cluster.steps.actions``. Everything else in the file is
-hand-written. The chart includes crds/ as it is (charts/dam-operator/crds is a link to it).
+outcomes and in-place states from ``cluster.steps.actions``, and ``spec.thresholds`` /
+``spec.hardware``'s properties from their one declaration (``DECLARATIONS``: the fields of
+``diagnosis.observation.Thresholds`` and ``Hardware``, their type, bounds, description and
+default, with ``spec.HARDWARE_LIMITS``). Everything else in the file is hand-written (the CEL
+rules on crossed thresholds among it). The chart includes crds/ as it is (charts/dam-operator/crds
+is a link to it). The same declaration writes the fields of ``ThresholdsSpec`` and ``HardwareSpec``
+in operator/dam_operator/cluster/steps/spec.py, between the same marks (``render_spec``).
 
 Then deploy/: the chart rendered by the real Helm engine (helm-python-sdk) with its default
 values, release ``dam-operator`` in namespace ``dam-system``. tests/unit/ship/test_deploy.py
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -29,17 +35,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from dam_operator.cluster.steps import actions, progress_step
+from dam_operator.cluster.steps import actions, overrides, progress_step
+from dam_operator.cluster.steps.spec import HARDWARE_LIMITS
 from dam_operator.diagnosis import levers, progress, signals
 from dam_operator.diagnosis.climb import Channel
 from dam_operator.diagnosis.levers import Axis, Regime
-from dam_operator.diagnosis.model import Observation
+from dam_operator.diagnosis.model import Hardware, Observation, Thresholds
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CHART = ROOT / "charts" / "dam-operator"
 CRD = ROOT / "crds" / "damprofile.yaml"
+SPEC = ROOT / "operator" / "dam_operator" / "cluster" / "steps" / "spec.py"
 RELEASE = "dam-operator"
 NAMESPACE = "dam-system"
 
@@ -141,6 +150,70 @@ def _in_place_states() -> tuple[str, ...]:
     return typing.get_args(actions.InPlaceResize.model_fields["state"].annotation)
 
 
+DECLARATIONS: dict[str, tuple[type[BaseModel], dict[str, dict[str, float]]]] = {
+    "thresholds": (Thresholds, {}),
+    "hardware": (Hardware, HARDWARE_LIMITS),
+}
+"""The engine's declarations of what ``spec.thresholds`` and ``spec.hardware`` override, with the
+spec's own tighter bounds: ``ThresholdsSpec``, ``HardwareSpec`` and the CRD's schema of both are
+written from them (``overrides``)."""
+
+DESCRIPTION_WIDTH = 86
+"""A longer description is folded (``>-``) on lines of this many characters (the CRD's lines then
+stay within 110 columns at spec.thresholds' depth)."""
+
+
+def _rows(name: str) -> list[overrides.Override]:
+    model, limits = DECLARATIONS[name]
+    return overrides.overrides(model, limits)
+
+
+def _number(value: float) -> str:
+    """``0``, ``0.5``, ``1.0e+18``: an integral figure as an integer, as the hand-written CRD has it."""
+    if float(value).is_integer() and abs(value) < 1e10:
+        return str(int(value))
+    if abs(value) < 1e10:
+        return repr(float(value))
+    mantissa, exponent = f"{value:.15e}".split("e")
+    mantissa = mantissa.rstrip("0")
+    return f"{mantissa}0e{exponent}" if mantissa.endswith(".") else f"{mantissa}e{exponent}"
+
+
+def _description(text: str) -> list[str]:
+    """``description: ...`` on one line, or folded on several (YAML reads both as the same text)."""
+    if len(text) <= DESCRIPTION_WIDTH:
+        return [f"description: {_scalar(text)}"]
+    folded = [
+        "description: >-",
+        *("  " + line for line in textwrap.wrap(text, DESCRIPTION_WIDTH, break_on_hyphens=False)),
+    ]
+    if yaml.safe_load("\n".join(folded))["description"] != text:
+        raise ValueError(f"crds/: a description that does not fold: {text!r}")
+    return folded
+
+
+def _spec_properties(name: str) -> list[str]:
+    """The CRD's ``spec.<name>.properties``: one property per field of its declaration."""
+    lines = []
+    for row in _rows(name):
+        lines.append(f"{row.alias}:")
+        for key, value in overrides.schema(row).items():
+            if key == "description":
+                lines += ["  " + d for d in _description(value)]
+            elif isinstance(value, bool):
+                lines.append(f"  {key}: {str(value).lower()}")
+            elif isinstance(value, int | float):
+                lines.append(f"  {key}: {_number(value)}")
+            else:
+                lines.append(f"  {key}: {value}")
+    return lines
+
+
+def _spec_model(name: str) -> list[str]:
+    """The fields of ``spec.py``'s ``ThresholdsSpec`` / ``HardwareSpec`` from the declaration."""
+    return [line for row in _rows(name) for line in overrides.model_lines(row)]
+
+
 GENERATED: dict[str, Callable[[], str | list[str]]] = {
     "status-metrics": _status_metrics,
     "axes": lambda: _flow(a.value for a in Axis),
@@ -151,8 +224,16 @@ GENERATED: dict[str, Callable[[], str | list[str]]] = {
     "in-place-states": lambda: _flow(_in_place_states()),
     "stall-places": lambda: _flow(progress.WHERE_VALUES),
     "restart-outcomes": lambda: _flow(progress_step.RESTART_OUTCOMES),
+    "spec-thresholds": lambda: _spec_properties("thresholds"),
+    "spec-hardware": lambda: _spec_properties("hardware"),
 }
 """Each generated part of the CRD by its mark: a block's lines (a list) or a line's value."""
+
+GENERATED_SPEC: dict[str, Callable[[], str | list[str]]] = {
+    "thresholds-spec": lambda: _spec_model("thresholds"),
+    "hardware-spec": lambda: _spec_model("hardware"),
+}
+"""Each generated block of ``cluster/steps/spec.py`` by its mark: the spec models' fields."""
 
 _LINE = re.compile(r"^(?P<head>\s*[\w-]+: ).*?(?P<mark>  # generated: (?P<name>[\w-]+))$")
 _BEGIN = re.compile(r"^(?P<indent>\s*)# generated: (?P<name>[\w-]+)\b.*$")
@@ -160,34 +241,44 @@ _BEGIN = re.compile(r"^(?P<indent>\s*)# generated: (?P<name>[\w-]+)\b.*$")
 
 def render_crd(text: str) -> str:
     """The CRD ``text`` with every generated part written anew from the code."""
+    rendered = render_marked(text, GENERATED, "crds/")
+    _no_duplicate_keys(rendered)
+    return rendered
+
+
+def render_spec(text: str) -> str:
+    """``cluster/steps/spec.py``'s ``text`` with its generated fields written anew."""
+    return render_marked(text, GENERATED_SPEC, "spec.py")
+
+
+def render_marked(text: str, generated: dict[str, Callable[[], str | list[str]]], where: str) -> str:
+    """``text`` with each part marked ``# generated: NAME`` written anew by ``generated[NAME]``."""
     out: list[str] = []
     lines = iter(text.splitlines())
     seen: set[str] = set()
     for line in lines:
-        if found := _LINE.match(line):
-            value = GENERATED[found["name"]]()
+        if (found := _LINE.match(line)) and found["name"] in generated:
+            value = generated[found["name"]]()
             assert isinstance(value, str), found["name"]
             out.append(found["head"] + value + found["mark"])
             seen.add(found["name"])
         elif found := _BEGIN.match(line):
             name, indent = found["name"], found["indent"]
-            block = GENERATED[name]()
+            block = generated[name]()
             assert isinstance(block, list), name
             end = f"{indent}# end generated: {name}"
             for skipped in lines:
                 if skipped == end:
                     break
             else:
-                raise ValueError(f"crds/: '# generated: {name}' without '{end.strip()}'")
+                raise ValueError(f"{where}: '# generated: {name}' without '{end.strip()}'")
             out += [line, *(indent + b for b in block), end]
             seen.add(name)
         else:
             out.append(line)
-    if missing := set(GENERATED) - seen:
-        raise ValueError(f"crds/: no mark for the generated parts {sorted(missing)}")
-    rendered = "\n".join(out) + "\n"
-    _no_duplicate_keys(rendered)
-    return rendered
+    if missing := set(generated) - seen:
+        raise ValueError(f"{where}: no mark for the generated parts {sorted(missing)}")
+    return "\n".join(out) + "\n"
 
 
 def _no_duplicate_keys(text: str) -> None:
@@ -263,11 +354,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="only report whether the files are current")
     args = parser.parse_args(argv)
     stale = []
-    crd = CRD.read_text()
-    if (crd_now := render_crd(crd)) != crd:
-        stale.append(CRD.relative_to(ROOT).as_posix())
-        if not args.check:
-            CRD.write_text(crd_now)  # first: the chart includes it
+    for path, render in ((SPEC, render_spec), (CRD, render_crd)):  # the CRD first: the chart includes it
+        text = path.read_text()
+        if (now := render(text)) != text:
+            stale.append(path.relative_to(ROOT).as_posix())
+            if not args.check:
+                path.write_text(now)
     for name, text in render_files().items():
         path = HERE / name
         if path.exists() and path.read_text() == text:

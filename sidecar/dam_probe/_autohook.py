@@ -26,7 +26,7 @@ table that is already imported is patched at once.
   subclass ``_BaseDataLoaderIter`` and inherit the timed ``__next__``.)
 - ``torch.serialization`` and ``torch.distributed.checkpoint.state_dict_saver``: ``torch.save``,
   ``dcp.save``, ``dcp.async_save`` (its blocking part) and ``dcp.save_state_dict`` are timed as
-  checkpoint badput (``dam_probe._goodput``; once per save, nothing per batch). A failure leaves
+  checkpoint badput (``dam_probe._checkpoint``; once per save, nothing per batch). A failure leaves
   them untouched. The second module loads only with ``torch.distributed.checkpoint``, so in most
   processes the finder stays in ``sys.meta_path``: one dictionary lookup per later import.
 - ``safetensors.torch``: ``save_file`` and ``save_model`` (Hugging Face's format; ``transformers``'
@@ -45,7 +45,7 @@ from time import perf_counter_ns
 from types import ModuleType
 from typing import Any, Final, cast
 
-from dam_probe import _comm, _goodput
+from dam_probe import _checkpoint, _comm
 from dam_probe._core import PROBE, Probe
 from dam_probe._wrapper import dress
 
@@ -161,10 +161,10 @@ def _guarded_comm(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType
     return guarded
 
 
-def _guarded_checkpoint(patch: Callable[[ModuleType], object]) -> Callable[[ModuleType], None]:
+def _guarded_checkpoint(patch: Callable[[ModuleType, Probe], object]) -> Callable[[ModuleType], None]:
     def guarded(module: ModuleType) -> None:
         try:
-            patch(module)
+            patch(module, PROBE)
         except Exception as exc:
             with contextlib.suppress(Exception):
                 line = " ".join(f"{module.__name__}: {exc}".split())
@@ -185,9 +185,9 @@ PATCHES: Final[dict[str, Callable[[ModuleType], None]]] = {
     _comm.C10D: _guarded_comm(_comm.patch_c10d),
     _comm.DDP: _guarded_comm(_comm.patch_ddp),
     STATEFUL_MODULE: _stateful_overrides,
-    _goodput.SERIALIZATION: _guarded_checkpoint(_goodput.patch_serialization),
-    _goodput.DCP_SAVER: _guarded_checkpoint(_goodput.patch_dcp),
-    _goodput.SAFETENSORS: _guarded_checkpoint(_goodput.patch_safetensors),
+    _checkpoint.SERIALIZATION: _guarded_checkpoint(_checkpoint.patch_serialization),
+    _checkpoint.DCP_SAVER: _guarded_checkpoint(_checkpoint.patch_dcp),
+    _checkpoint.SAFETENSORS: _guarded_checkpoint(_checkpoint.patch_safetensors),
 }
 _done: set[str] = set()  # the modules of PATCHES patched in this process
 

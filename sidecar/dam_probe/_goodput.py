@@ -22,7 +22,8 @@ of a step, would otherwise make one of them dip for a moment). Their sum may exc
 time by at most about one step.
 
 Cost: nothing on the per-batch path. The accounting runs on the probe's slow path (at most ten
-times a second, at a batch boundary) and in the save wrappers (once per checkpoint).
+times a second, at a batch boundary) and in the save wrappers (once per checkpoint;
+``dam_probe._checkpoint``, which call ``checkpoint_done``).
 
 The FLOPs of one training step are counted once, when the job declared none
 (``dam_probe.set_flops_per_step``): after ``FLOPS_AFTER_STEPS`` batches, at a batch boundary,
@@ -55,18 +56,16 @@ imported only when torch is already loaded.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from time import perf_counter_ns
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Protocol
 
-from dam_probe._counters import CounterGroup
+from dam_probe._counters import CounterGroup, StepCounters
+from dam_probe.cgroup import MemoryReader
 from dam_probe.layout import (
     FLOPS_DECLARED,
     FLOPS_DETAIL_BYTES,
@@ -83,7 +82,6 @@ from dam_probe.layout import (
     FLOPS_REASON_NO_TORCH,
     FLOPS_REASON_OFF,
     FLOPS_UNAVAILABLE,
-    PLACE_CHECKPOINT,
     PRECISION_BF16,
     PRECISION_FP8,
     PRECISION_FP16,
@@ -93,8 +91,20 @@ from dam_probe.layout import (
     PRECISION_UNKNOWN,
 )
 
-if TYPE_CHECKING:
-    from dam_probe._core import Probe
+
+class Probe(Protocol):
+    """What the accounting reads of its probe (``dam_probe._core.Probe``, which holds it as
+    ``goodput``): passed in, never imported, as ``_core`` imports this module."""
+
+    @property
+    def step(self) -> StepCounters: ...
+    @property
+    def flops_per_step(self) -> float: ...
+    @property
+    def disabled(self) -> bool: ...
+    @property
+    def memory(self) -> MemoryReader: ...
+
 
 ENV_FLOPS: Final = "DAM_PROBE_FLOPS"  # 0/false/no/off: never count FLOPs
 FLOPS_AFTER_STEPS: Final = 10
@@ -106,15 +116,6 @@ FLOPS_MIN_HEADROOM_BYTES: Final = 512 << 20
 FLOP counter and its first use cost about 150 MiB of host memory once (with the CUDA build most of
 it is the Triton modules it imports), which must never be what OOM-kills a tight container."""
 """A count cut short (the loader ran out before the next batch) is retried this often."""
-MARK: Final = "_dam_probe_checkpoint"
-SERIALIZATION: Final = "torch.serialization"
-DCP_SAVER: Final = "torch.distributed.checkpoint.state_dict_saver"
-DCP_PACKAGE: Final = "torch.distributed.checkpoint"
-DCP_FUNCTIONS: Final = ("save", "async_save", "save_state_dict")
-SAFETENSORS: Final = "safetensors.torch"
-SAFETENSORS_FUNCTIONS: Final = ("save_file", "save_model")
-"""Hugging Face's format (``transformers``' ``save_pretrained`` writes through ``save_file``):
-``save_model`` calls ``save_file``, counted once (nested)."""
 _OFF: Final = frozenset({"0", "false", "no", "off"})
 _IMPORTED_NS: Final = time.time_ns()  # fallback process start: when the probe was imported
 _MAX_AGE_NS: Final = 10 * 365 * 86400 * 10**9
@@ -566,131 +567,3 @@ class Accounting(CounterGroup):
             state = FLOPS_DECLARED
         goodput = (self.process_start_ns, self.startup_ns, self.productive_hw, self.other_hw, state)
         return goodput, checkpoints, flops
-
-
-# -- the save wrappers (installed by dam_probe._autohook) -----------------------------------
-
-
-def timed_save(orig: Callable[..., Any], p: Probe | None = None) -> Callable[..., Any]:
-    """A save function that counts the time the training thread blocks in it (once when nested:
-    ``dcp.save`` calling ``torch.save``); calls from other threads (``async_save``'s writer) pass."""
-    if p is None:
-        from dam_probe._core import PROBE
-
-        p = PROBE
-    acc = p.goodput
-    clock = perf_counter_ns
-    ident = threading.get_ident
-    probe = p
-    what = f"{getattr(orig, '__module__', '') or ''}.{getattr(orig, '__name__', 'save')}".lstrip(".")
-
-    @functools.wraps(orig)
-    def save(*args: Any, **kwargs: Any) -> Any:
-        if acc.ckpt_depth or ident() != acc.train_thread:
-            return orig(*args, **kwargs)
-        acc.ckpt_depth = 1
-        t0 = clock()  # the announce's publish blocks the training thread for the save too
-        # A save can block in C++ holding the GIL (torch.save opening a file on a dead file system):
-        # its place is published on entry, as the watchdog's thread could not read it then.
-        if probe.writer is not None:
-            probe.watchdog.announce(probe, PLACE_CHECKPOINT, what)
-        try:
-            return orig(*args, **kwargs)
-        finally:
-            acc.ckpt_depth = 0
-            probe.watchdog.left()
-            acc.checkpoint_done(probe, t0, clock())
-
-    setattr(save, MARK, True)
-    return save
-
-
-FLUSHES: Final = ("fsync", "fdatasync")
-"""``os`` functions whose call right after a save is that save's (``Accounting.flushes_save``)."""
-
-
-def timed_flush(orig: Callable[..., Any], p: Probe | None = None) -> Callable[..., Any]:
-    """An ``os.fsync`` that adds its time to the latest save's when it flushes that save
-    (``Accounting.flushes_save``); any other call passes untouched."""
-    if p is None:
-        from dam_probe._core import PROBE
-
-        p = PROBE
-    acc, probe, clock = p.goodput, p, perf_counter_ns
-
-    @functools.wraps(orig)
-    def flush(*args: Any, **kwargs: Any) -> Any:
-        if not acc.flushes_save(probe):
-            return orig(*args, **kwargs)
-        t0 = clock()
-        try:
-            return orig(*args, **kwargs)
-        finally:
-            acc.checkpoint_done(probe, t0, clock(), flush=True)
-
-    setattr(flush, MARK, True)
-    return flush
-
-
-def patch_flushes(p: Probe | None = None) -> None:
-    """Wraps ``os.fsync`` and ``os.fdatasync`` (``timed_flush``), once."""
-    for name in FLUSHES:
-        orig = getattr(os, name, None)
-        if orig is not None and callable(orig) and not getattr(orig, MARK, False):
-            setattr(os, name, timed_flush(orig, p))
-
-
-def _wrap(module: ModuleType, name: str, p: Probe | None) -> Callable[..., Any] | None:
-    """Replaces ``module.name`` by its timed version; returns the original (None: absent or done)."""
-    orig = module.__dict__.get(name)
-    if orig is None or not callable(orig) or getattr(orig, MARK, False):
-        return None
-    setattr(module, name, timed_save(orig, p))
-    return orig  # type: ignore[no-any-return]
-
-
-def _rebind(holder: Any, name: str, orig: object, module: ModuleType) -> None:
-    """A module that already copied the original (``torch.save``) gets the wrapper too."""
-    if holder is not None and holder.__dict__.get(name) is orig:
-        setattr(holder, name, getattr(module, name))
-
-
-def patch_serialization(module: ModuleType, p: Probe | None = None) -> bool:
-    """Wraps ``torch.serialization.save``. Run right after that module's body: ``torch/__init__``
-    binds ``torch.save`` afterwards (``from torch.serialization import load, save``), so it binds
-    the wrapper; an already bound ``torch.save`` is rebound."""
-    orig = _wrap(module, "save", p)
-    if orig is not None:
-        _rebind(sys.modules.get("torch"), "save", orig, module)
-    patch_flushes(p)
-    _accounting(p).checkpoints_on = True
-    return True
-
-
-def patch_dcp(module: ModuleType, p: Probe | None = None) -> bool:
-    """Wraps ``save``, ``async_save`` and ``save_state_dict`` of
-    ``torch.distributed.checkpoint.state_dict_saver``; the package re-exports them
-    (``from .state_dict_saver import async_save, save, save_state_dict``) after this body ran."""
-    for name in DCP_FUNCTIONS:
-        orig = _wrap(module, name, p)
-        if orig is not None:
-            _rebind(sys.modules.get(DCP_PACKAGE), name, orig, module)
-    _accounting(p).checkpoints_on = True
-    return True
-
-
-def patch_safetensors(module: ModuleType, p: Probe | None = None) -> bool:
-    """Wraps ``save_file`` and ``save_model`` of ``safetensors.torch``, right after its body ran:
-    a later ``from safetensors.torch import save_file`` binds the wrapper."""
-    for name in SAFETENSORS_FUNCTIONS:
-        _wrap(module, name, p)
-    _accounting(p).checkpoints_on = True
-    return True
-
-
-def _accounting(p: Probe | None) -> Accounting:
-    if p is None:
-        from dam_probe._core import PROBE
-
-        p = PROBE
-    return p.goodput

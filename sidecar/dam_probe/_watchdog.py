@@ -31,9 +31,10 @@ import threading
 import time
 from time import perf_counter_ns
 from types import FrameType
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-from dam_probe._counters import CounterGroup
+from dam_probe._counters import CommCounters, CounterGroup, StepCounters
+from dam_probe._goodput import Accounting
 from dam_probe.layout import (
     PLACE_BACKWARD,
     PLACE_CHECKPOINT,
@@ -44,11 +45,27 @@ from dam_probe.layout import (
     PLACE_NONE,
     PLACE_OPTIMIZER,
     PLACE_USER_CODE,
+    ProbeWriter,
 )
 from dam_probe.process import running
 
-if TYPE_CHECKING:
-    from dam_probe._core import Probe
+
+class Probe(Protocol):
+    """What the watchdog reads of its probe (``dam_probe._core.Probe``, which holds it as
+    ``watchdog``): passed in, never imported, as ``_core`` imports this module."""
+
+    @property
+    def step(self) -> StepCounters: ...
+    @property
+    def comm(self) -> CommCounters: ...
+    @property
+    def goodput(self) -> Accounting: ...
+    @property
+    def writer(self) -> ProbeWriter | None: ...
+    @property
+    def disabled(self) -> bool: ...
+    def publish_watch(self, now_ns: int) -> bool: ...
+
 
 CHECK_NS: Final = 1_000_000_000
 """How often the watchdog thread wakes (1 s): the place is read at most this late."""
@@ -86,7 +103,7 @@ _TORCH_PLACES: Final = (
 )
 _HERE: Final = os.path.dirname(os.path.abspath(__file__))
 _COMM_FILE: Final = os.path.join(_HERE, "_comm.py")
-_GOODPUT_FILE: Final = os.path.join(_HERE, "_goodput.py")
+_CHECKPOINT_FILE: Final = os.path.join(_HERE, "_checkpoint.py")  # its save wrappers
 
 
 def _ascii(text: str, limit: int) -> str:
@@ -188,7 +205,7 @@ def place_of(top: FrameType | None) -> tuple[int, str, str]:
         if path == _COMM_FILE and name == "wait":  # an asynchronous work's wait (the timed call returned)
             place, detail = PLACE_COLLECTIVE, _collective_detail(frame)
             break
-        if path == _GOODPUT_FILE and name == "save":
+        if path == _CHECKPOINT_FILE and name == "save":
             place = PLACE_CHECKPOINT
             break
         found = next((p for fragment, p in _TORCH_PLACES if fragment in path), None)

@@ -186,45 +186,115 @@ class Observation(_Wire):
 
 
 class Hardware(_Wire):
-    """Peak figures of one accelerator; from the GPU table or the spec's overrides."""
+    """Peak figures of one accelerator; from the GPU table or the spec's overrides.
 
-    gpu_model: Annotated[str, Field(max_length=64)] | None = None
-    peak_flops: Annotated[float, Field(gt=0.0), AfterValidator(_finite_or_none)] | None = None
+    The one declaration of ``spec.hardware``: ``cluster.steps.spec.HardwareSpec`` and the CRD's
+    ``spec.hardware`` schema are written from these fields (types, bounds, descriptions) by
+    ``deploy/render.py``; the spec tightens some bounds (``spec.HARDWARE_LIMITS``)."""
+
+    gpu_model: Annotated[str, Field(max_length=64)] | None = Field(
+        None, description='GPU model name as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".'
+    )
+    peak_flops: Annotated[float, Field(gt=0.0), AfterValidator(_finite_or_none)] | None = Field(
+        None,
+        description="Peak dense FLOP/s of one accelerator at the training precision, e.g. 9.89e14 for "
+        "H100 SXM bf16. Used for MFU and the ridge point.",
+    )
     memory_bandwidth_bytes_per_second: (
         Annotated[float, Field(gt=0.0), AfterValidator(_finite_or_none)] | None
-    ) = None
+    ) = Field(
+        None,
+        description="Peak device-memory bandwidth of one accelerator, bytes per second, e.g. 3.35e12 "
+        "for H100 SXM. Used for the ridge point.",
+    )
 
 
 class Thresholds(_Wire):
-    """Screening thresholds of docs/method.md. Every one is overridable in the spec."""
+    """Screening thresholds of docs/method.md. Every one is overridable in the spec.
 
-    data_wait_suspect: Ratio = 0.10
-    data_wait_fine: Ratio = 0.01
-    gpu_util_starved: Ratio = 0.80
-    gpu_util_busy: Ratio = 0.95
-    sm_active_busy: Ratio = 0.80
-    dram_bandwidth_saturated: Ratio = 0.70
-    mfu_investigate: Ratio = 0.30
-    mfu_efficient: Ratio = 0.50
-    main_cpu_saturated_cores: Annotated[float, Field(gt=0.0, le=4.0)] = 0.90
-    cpu_throttled_suspect: Ratio = 0.10
-    cpu_wait_suspect: Ratio = 0.20
-    """The training process runnable but waiting for a CPU (run-queue delay) at least this share of
-    the wall time: a busy node holds it back (the step would be 1 / (1 - share) times shorter)."""
-    tensor_active_low: Ratio = 0.20
-    """Tensor pipes busier than this count as "tensor cores in use" (compute-bound lever choice)."""
-    worker_cpu_saturated: Ratio = 0.90
-    """Loader workers using this share of the container's CPU limit (or more) saturate it."""
-    min_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 3
-    """Fewer steps than this in a window is too little evidence for a verdict."""
-    communication_suspect: Ratio = 0.10
-    """Skew-corrected exposed communication above this share of the step → suspect communication."""
-    straggler_skew: Ratio = 0.10
-    """(max − min collective seconds per step) above this share of the step → a straggler."""
-    gpu_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = 0.95
-    """Device memory used above this share of total → memory capacity is the limit."""
-    container_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = 0.95
-    """Container memory at/above this share of its limit → a weaker memory-capacity screen."""
-    checkpoint_suspect: Ratio = 0.10
-    """The training thread blocked in checkpoint saves above this share of the wall time →
-    checkpoint-bound (when no larger loss, data wait or exposed communication, explains more)."""
+    The one declaration of the thresholds: ``cluster.steps.spec.ThresholdsSpec`` (every field
+    optional, same bounds) and the CRD's ``spec.thresholds`` schema (the description, with
+    "(default X)" from the default here) are written from these fields by ``deploy/render.py``
+    (``--check`` fails when they are stale). A new threshold is its field here and nothing else."""
+
+    data_wait_suspect: Ratio = Field(
+        0.10,
+        description="Data wait ratio (time blocked on the DataLoader / step time) above which Data is "
+        "suspected.",
+    )
+    data_wait_fine: Ratio = Field(
+        0.01, description="Data wait ratio below which the input pipeline is ruled out."
+    )
+    gpu_util_starved: Ratio = Field(
+        0.80, description="GPU utilization below which the accelerator counts as starved."
+    )
+    gpu_util_busy: Ratio = Field(
+        0.95, description="GPU utilization above which the accelerator counts as busy."
+    )
+    sm_active_busy: Ratio = Field(
+        0.80,
+        description="SM active ratio above which the SMs count as busy, for the compute-bound test.",
+    )
+    dram_bandwidth_saturated: Ratio = Field(
+        0.70,
+        description="DRAM bandwidth utilization above which device memory counts as saturated "
+        "(memory-bound).",
+    )
+    mfu_investigate: Ratio = Field(
+        0.30, description="Model FLOPs utilization below which efficiency is worth investigating."
+    )
+    mfu_efficient: Ratio = Field(
+        0.50, description="Model FLOPs utilization above which the job counts as efficient."
+    )
+    main_cpu_saturated_cores: Annotated[float, Field(gt=0.0, le=4.0)] = Field(
+        0.90,
+        description="CPU of the main training thread, in cores, at or above which it counts as saturated "
+        "(launch/Python overhead, latency-bound).",
+    )
+    cpu_throttled_suspect: Ratio = Field(
+        0.10,
+        description="CFS throttled ratio of the training container above which the CPU limit is suspected.",
+    )
+    # A busy node: the step would be 1 / (1 - share) times shorter without the run-queue delay.
+    cpu_wait_suspect: Ratio = Field(
+        0.20,
+        description="Run-queue delay of the main training process / wall time at or above which a busy "
+        "node holds the job back.",
+    )
+    # Tensor cores in use or not chooses the compute-bound lever.
+    tensor_active_low: Ratio = Field(
+        0.20, description="Tensor-pipe active ratio above which tensor cores count as in use."
+    )
+    worker_cpu_saturated: Ratio = Field(
+        0.90,
+        description="Share of the container's CPU limit used by DataLoader workers at or above which "
+        "they saturate it.",
+    )
+    min_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        3, description="Fewest training steps in a window that still support a verdict."
+    )
+    communication_suspect: Ratio = Field(
+        0.10,
+        description="Skew-corrected exposed communication (the least-waiting rank's) above this share of "
+        "the step suspects communication-bound.",
+    )
+    straggler_skew: Ratio = Field(
+        0.10,
+        description="Spread of collective wait per step across ranks (max - min) above this share of the "
+        "step names a straggler.",
+    )
+    gpu_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = Field(
+        0.95,
+        description="Device memory used above this share of total means memory capacity is the limit.",
+    )
+    container_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = Field(
+        0.95,
+        description="Container memory at this share of its limit or above is a weaker memory-capacity "
+        "screen.",
+    )
+    # Checkpoint-bound when no larger loss (data wait, exposed communication) explains more.
+    checkpoint_suspect: Ratio = Field(
+        0.10,
+        description="Time the training thread blocked in checkpoint saves / wall time above which the "
+        "job is checkpoint-bound.",
+    )

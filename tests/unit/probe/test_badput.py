@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import dam_probe
-from dam_probe import _goodput
+from dam_probe import _checkpoint
 from dam_probe._core import Probe
 from dam_probe.bootstrap import install_into
 from dam_probe.layout import (
@@ -53,7 +53,7 @@ def _loop(
 
 
 def test_a_save_inside_the_loop_is_checkpoint_badput_not_productive_time(probe: Probe) -> None:
-    save = _goodput.timed_save(_save_that_takes(0.03), probe)
+    save = _checkpoint.timed_save(_save_that_takes(0.03), probe)
     probe.goodput.checkpoints_on = True
     _loop(probe, 20, 0.002, save, every=5)
     r = _record(probe)
@@ -70,7 +70,7 @@ def test_a_save_inside_the_loop_is_checkpoint_badput_not_productive_time(probe: 
 
 
 def test_a_save_after_the_loop_is_checkpoint_badput_outside_step_time(probe: Probe) -> None:
-    save = _goodput.timed_save(_save_that_takes(0.05), probe)
+    save = _checkpoint.timed_save(_save_that_takes(0.05), probe)
     probe.goodput.checkpoints_on = True
     _loop(probe, 10, 0.002)
     save({}, "unused")  # after the loader ran out: not part of any step
@@ -81,13 +81,13 @@ def test_a_save_after_the_loop_is_checkpoint_badput_outside_step_time(probe: Pro
 
 
 def test_nested_saves_count_once_and_saves_from_other_threads_not_at_all(probe: Probe) -> None:
-    inner = _goodput.timed_save(_save_that_takes(0.02), probe)
+    inner = _checkpoint.timed_save(_save_that_takes(0.02), probe)
 
     def outer_save(obj: object, path: str) -> None:  # dcp.save writing its items with torch.save
         inner(obj, path)
         inner(obj, path)
 
-    outer = _goodput.timed_save(outer_save, probe)
+    outer = _checkpoint.timed_save(outer_save, probe)
     probe.goodput.checkpoints_on = True
     for i, _ in enumerate(dam_probe.instrument(list(range(6)))):
         if i == 2:
@@ -102,7 +102,7 @@ def test_nested_saves_count_once_and_saves_from_other_threads_not_at_all(probe: 
 
 
 def test_a_save_before_the_first_batch_belongs_to_startup(probe: Probe) -> None:
-    save = _goodput.timed_save(_save_that_takes(0.02), probe)
+    save = _checkpoint.timed_save(_save_that_takes(0.02), probe)
     probe.goodput.checkpoints_on = True
     save({}, "unused")
     _loop(probe, 5, 0.001)
@@ -281,8 +281,8 @@ def _flush_that_takes(seconds: float) -> Callable[[int], None]:
 
 
 def test_an_fsync_right_after_a_save_is_that_save_s_time_and_no_save_of_its_own(probe: Probe) -> None:
-    save = _goodput.timed_save(_save_that_takes(0.02), probe)
-    fsync = _goodput.timed_flush(_flush_that_takes(0.05), probe)
+    save = _checkpoint.timed_save(_save_that_takes(0.02), probe)
+    fsync = _checkpoint.timed_flush(_flush_that_takes(0.05), probe)
     probe.goodput.checkpoints_on = True
     for i, _ in enumerate(dam_probe.instrument(list(range(8)))):
         time.sleep(0.002)
@@ -297,8 +297,8 @@ def test_an_fsync_right_after_a_save_is_that_save_s_time_and_no_save_of_its_own(
 
 
 def test_an_fsync_with_a_batch_since_the_save_or_before_any_save_is_the_step_s_own(probe: Probe) -> None:
-    save = _goodput.timed_save(_save_that_takes(0.01), probe)
-    fsync = _goodput.timed_flush(_flush_that_takes(0.04), probe)
+    save = _checkpoint.timed_save(_save_that_takes(0.01), probe)
+    fsync = _checkpoint.timed_flush(_flush_that_takes(0.04), probe)
     probe.goodput.checkpoints_on = True
     for i, _ in enumerate(dam_probe.instrument(list(range(6)))):
         if i == 1:
@@ -320,9 +320,9 @@ def test_patching_serialization_wraps_os_fsync_once(probe: Probe, monkeypatch: p
     monkeypatch.setattr(os, "fdatasync", _flush_that_takes(0.0), raising=False)
     module = types.ModuleType("torch.serialization")
     module.save = _save_that_takes(0.0)  # type: ignore[attr-defined]
-    _goodput.patch_serialization(module, probe)
+    _checkpoint.patch_serialization(module, probe)
     wrapped = os.fsync
-    assert getattr(wrapped, _goodput.MARK, False)
-    _goodput.patch_serialization(module, probe)
+    assert getattr(wrapped, _checkpoint.MARK, False)
+    _checkpoint.patch_serialization(module, probe)
     assert os.fsync is wrapped  # not wrapped twice
-    assert getattr(os.fdatasync, _goodput.MARK, False)
+    assert getattr(os.fdatasync, _checkpoint.MARK, False)

@@ -11,7 +11,7 @@ import pytest
 import dam_probe
 from dam_contract import names as n
 from dam_contract.snapshot import Snapshot
-from dam_probe import _goodput
+from dam_probe import _checkpoint
 from dam_probe._core import Probe
 from dam_probe.layout import ProbeRecord, encode, probe_path
 from dam_sidecar.collector import build_collector
@@ -35,7 +35,7 @@ def _value(snap: Snapshot, name: str, **labels: str) -> float:
 
 
 def test_a_real_probe_s_goodput_and_badput_are_exported_by_cause(probe: Probe) -> None:
-    save = _goodput.timed_save(lambda obj, path: time.sleep(0.05), probe)
+    save = _checkpoint.timed_save(lambda obj, path: time.sleep(0.05), probe)
     probe.goodput.checkpoints_on = True
     for i, _ in enumerate(dam_probe.instrument(list(range(12)))):
         time.sleep(0.002)
@@ -142,7 +142,7 @@ def _saves(steps: int, last_ns: int, last_steps: int, saves: int) -> dict[str, o
 
 
 def test_a_real_probe_s_progress_since_its_latest_save_is_exported(probe: Probe) -> None:
-    save = _goodput.timed_save(lambda obj, path: None, probe)
+    save = _checkpoint.timed_save(lambda obj, path: None, probe)
     probe.goodput.checkpoints_on = True
     before = time.time()
     for i, _ in enumerate(dam_probe.instrument(list(range(12)))):

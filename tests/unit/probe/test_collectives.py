@@ -116,11 +116,12 @@ def run(rank, world, port, out):
     worker.join()
     report["background"] = other["delta"]
     # 1c. A collective inside a checkpoint save (dcp.save gathers its plan): the save's time.
-    from dam_probe._goodput import timed_save
+    from dam_probe import PROBE
+    from dam_probe._checkpoint import timed_save
     def save_with_a_collective():
         dist.all_reduce(torch.ones(64))
     s0 = snap()
-    timed_save(save_with_a_collective)()
+    timed_save(save_with_a_collective, PROBE)()
     report["in_save"] = {k: snap()[k] - s0[k] for k in s0}
     before = snap()
 

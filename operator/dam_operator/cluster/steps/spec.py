@@ -69,7 +69,6 @@ MAX_EXPRESSIONS = 32
 MAX_EXPRESSION_VALUES = 64
 MAX_IMAGE_LENGTH = 512
 MAX_URL_LENGTH = 2048
-MAX_GPU_MODEL_LENGTH = 64
 MAX_PEAK_FLOPS = 1e18  # 1 EFLOP/s per accelerator: far above any device, catches unit slips
 MAX_BANDWIDTH = 1e15  # 1 PB/s per accelerator
 
@@ -184,18 +183,32 @@ class EvaluationSpec(_Spec):
         return StallSettings(after_seconds=self.stall_after_seconds, step_multiple=self.stall_step_multiple)
 
 
+HARDWARE_LIMITS: dict[str, dict[str, float]] = {
+    "gpu_model": {"min_length": 1},
+    "peak_flops": {"le": MAX_PEAK_FLOPS},
+    "memory_bandwidth_bytes_per_second": {"le": MAX_BANDWIDTH},
+}
+"""The spec's bounds on ``spec.hardware`` beyond the engine's ``Hardware`` (a name, when given, is
+not empty; a peak beyond these is a unit slip), in HardwareSpec and the CRD alike."""
+
+
 class HardwareSpec(_Spec):
-    gpu_model: Annotated[str, Field(min_length=1, max_length=MAX_GPU_MODEL_LENGTH)] | None = None
-    peak_flops: Annotated[float, Field(gt=0.0, le=MAX_PEAK_FLOPS), AfterValidator(_finite)] | None = None
+    """Overrides of the accelerator's peak figures (``diagnosis.model.Hardware``)."""
+
+    # generated: hardware-spec (deploy/render.py, from Hardware and HARDWARE_LIMITS)
+    gpu_model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    peak_flops: Annotated[float, Field(gt=0.0, le=1e18), AfterValidator(_finite)] | None = None
     memory_bandwidth_bytes_per_second: (
-        Annotated[float, Field(gt=0.0, le=MAX_BANDWIDTH), AfterValidator(_finite)] | None
+        Annotated[float, Field(gt=0.0, le=1e15), AfterValidator(_finite)] | None
     ) = None
+    # end generated: hardware-spec
 
 
 class ThresholdsSpec(_Spec):
     """Overrides of the screening thresholds; a field left out takes the engine's default
     (``diagnosis.model.Thresholds``), so improved defaults reach existing profiles."""
 
+    # generated: thresholds-spec (deploy/render.py, from diagnosis.observation.Thresholds)
     data_wait_suspect: Ratio | None = None
     data_wait_fine: Ratio | None = None
     gpu_util_starved: Ratio | None = None
@@ -209,12 +222,13 @@ class ThresholdsSpec(_Spec):
     cpu_wait_suspect: Ratio | None = None
     tensor_active_low: Ratio | None = None
     worker_cpu_saturated: Ratio | None = None
-    min_steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    min_steps: Annotated[int, Field(ge=1, le=1000000)] | None = None
     communication_suspect: Ratio | None = None
     straggler_skew: Ratio | None = None
     gpu_memory_full: Annotated[float, Field(gt=0.5, le=1.0), AfterValidator(_finite)] | None = None
     container_memory_full: Annotated[float, Field(gt=0.5, le=1.0), AfterValidator(_finite)] | None = None
     checkpoint_suspect: Ratio | None = None
+    # end generated: thresholds-spec
 
     def merged(self) -> Thresholds:
         return Thresholds(**self.model_dump(exclude_none=True))
