@@ -12,10 +12,12 @@ by the job's 2 processes):
 - startup: the first attempt's container start (its PID 1's: the process itself, or torchrun's
   launcher) to its first batch;
 - restart: from each rank's end in the first attempt to its replacement's first batch (down time
-  and the new process's startup), plus the compute of the steps redone (after rank 0's last save);
+  and the new process's startup), plus the productive time of the steps redone (after rank 0's
+  last save);
 - dataWait; checkpoint: rank 0's saves and rank 1's wait for them at the barrier after each
   (one cause per second: both ranks lost the save); communication: the all_reduces and rank 0's
-  barrier waits; productive: the compute of the steps that were not redone.
+  barrier waits; productive: each step's time from its batch's arrival to asking for the next, less
+  its collectives and save (what was not waiting), of the steps that were not redone.
 
 Each within 10 % or 1 s of the truth. MFU: the job's analytic FLOPs a step (truth.py's formula,
 equal to what PyTorch's FlopCounterMode counts) × its steps a second in the window ÷ the declared
@@ -93,18 +95,33 @@ def _truth(processes: list[Process], world: int = 2) -> dict[str, float]:
         for old, new in itertools.pairwise(attempts):
             assert old.end is not None and new.first is not None, (old, new)
             seconds["restart"] += new.first - old.end
-            redone = [s for s in old.steps if s["step"] > new.resumed_from]
-            seconds["restart"] += sum(s["compute"] for s in redone)
-            seconds["productive"] -= sum(s["compute"] for s in redone)
+            redone = [
+                v for s, v in zip(old.steps, _productive(old), strict=True) if s["step"] > new.resumed_from
+            ]
+            seconds["restart"] += sum(redone)
+            seconds["productive"] -= sum(redone)
         for p in attempts:
-            for s in p.steps:
+            for s, productive in zip(p.steps, _productive(p), strict=True):
                 seconds["dataWait"] += s["data"]
                 # The barrier after a save: the rank that did not save waited for it there.
                 behind = s["barrier"] if s["save"] == 0 else 0.0
                 seconds["checkpoint"] += s["save"] + behind
                 seconds["communication"] += s["reduce"] + s["barrier"] - behind
-                seconds["productive"] += s["compute"]
+                seconds["productive"] += productive
     return {k: v / world for k, v in seconds.items()}
+
+
+def _productive(p: Process) -> list[float]:
+    """Each step's productive seconds as the job sees them: from its batch's arrival to asking for
+    the next, less its all_reduce, save and barrier (the forward, backward, copies, the optimizer,
+    its own logging: what was not waiting); the last step's: its compute."""
+    out = []
+    for s, after in itertools.zip_longest(p.steps, p.steps[1:]):
+        if after is None:
+            out.append(s["compute"])
+        else:
+            out.append(max(0.0, after["asked"] - s["got"] - s["reduce"] - s["save"] - s["barrier"]))
+    return out
 
 
 def _final_status(launched: Launched, scenario: str, after: float) -> dict[str, Any]:

@@ -86,8 +86,10 @@ def test_the_sidecar_sees_the_trainer_and_its_workers_with_or_without_a_shared_p
             assert ("shareProcessNamespace" in pod["spec"]) == (scenario == "shared"), pod["spec"]
             assert pod["spec"].get("shareProcessNamespace", False) is (scenario == "shared")
             assert any(c["name"] == SIDECAR_CONTAINER for c in pod["spec"]["initContainers"])
+            # Up to 300 s: fifteen Pods starting at once on two cores, a trainer's start-up (its
+            # torch import) can take minutes; the wait ends when its workers ran.
             series = wait_for(
-                lambda pod=pod: _workers_seen(pod), 120, f"{scenario}: worker CPU", interval=2.0
+                lambda pod=pod: _workers_seen(pod), 300, f"{scenario}: worker CPU", interval=2.0
             )
             done = node.kubectl(
                 *("-n", ns, "exec", pod["metadata"]["name"], "-c", SIDECAR_CONTAINER, "--"),

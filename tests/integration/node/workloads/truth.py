@@ -25,7 +25,8 @@ The truth, one JSON object a line in RENDEZVOUS_DIR/truth-RANK-PID-START.jsonl (
 ``start`` (the process's start from /proc, Unix s, its container's: PID 1's, and the FLOPs of one
 step by formula),
 ``first`` (the first batch asked for), ``step`` (per step: data wait, compute, all_reduce, save,
-barrier seconds, and the step's end), ``end`` (the last step's end: before the quiet tail), ``exit``.
+barrier seconds; when its batch was asked for and came, and the step's end),
+``end`` (the last step's end: before the quiet tail), ``exit``.
 After the last step each rank sleeps TAIL_S (idle, so the last scrape before the Pod ends has seen
 every step).
 
@@ -188,6 +189,8 @@ try:
             reduce=reduce,
             save=saved,
             barrier=t6 - t5,
+            asked=t0,
+            got=t1,
             at=t6,
         )
 except Exception as exc:  # the peer's Pod was deleted: its collective fails here
