@@ -297,6 +297,18 @@ class OperatorMetrics:
             n.WEBHOOK_RESULTS,
         )
         self._profiles = Gauge(n.OPERATOR_PROFILES, "DAMProfiles known to the operator.", registry=registry)
+        self._shard_buckets = Gauge(
+            n.OPERATOR_SHARD_BUCKETS,
+            "Profile buckets (of 1,024) this replica evaluates (sharding; 1,024 unsharded).",
+            registry=registry,
+        )
+        self._shard_buckets.set(1024)
+        self._shard_members = Gauge(
+            n.OPERATOR_SHARD_MEMBERS,
+            "Live replicas sharing the profiles, as this one sees their Leases (1 unsharded).",
+            registry=registry,
+        )
+        self._shard_members.set(1)
         self._actions = _closed_counter(
             registry,
             n.OPERATOR_ACTIONS_TOTAL,
@@ -410,6 +422,11 @@ class OperatorMetrics:
 
     def set_profiles(self, count: int) -> None:
         self._profiles.set(count)
+
+    def set_shard(self, buckets: int, members: int) -> None:
+        """This replica's share (``runtime/shards.py``): buckets held, live members seen."""
+        self._shard_buckets.set(buckets)
+        self._shard_members.set(members)
 
     def figures(self) -> dict[ProfileKey, _ProfileFigures]:
         """A consistent copy of the per-profile state (what the next scrape will show)."""
