@@ -378,9 +378,9 @@ class OperatorSettings(_ScopeSettings):
         gt=0.0,
         le=60.0,
         description=(
-            "How often a replica renews its Lease and reads the others'; a hand-over takes about "
-            "two of these. A replica that could not renew for two thirds of the Lease duration "
-            "stops evaluating until it can."
+            "How often a replica renews its Lease and reads the others' (at most a quarter of the "
+            "Lease duration); a hand-over takes about two of these. A replica that could not renew "
+            "for two thirds of the Lease duration stops evaluating until it can."
         ),
     )
 
@@ -417,10 +417,10 @@ class OperatorSettings(_ScopeSettings):
             self.liveness_endpoint = None
         if self.sharding and not self.standalone:
             raise ValueError("sharding and kopf peering (standalone off) exclude each other; choose one")
-        if self.sharding and self.shard_renew_seconds * 3 > self.shard_lease_duration_seconds:
+        if self.sharding and self.shard_renew_seconds * 4 > self.shard_lease_duration_seconds:
             raise ValueError(
-                "shard_renew_seconds must be at most a third of shard_lease_duration_seconds "
-                "(a replica renews at least twice before it stops for want of its Lease)"
+                "shard_renew_seconds must be at most a quarter of shard_lease_duration_seconds "
+                "(a replica that cannot renew must stop a renew period before the others take over)"
             )
         if self.verbose and self.quiet:
             raise ValueError("verbose and quiet exclude each other; choose one")

@@ -223,7 +223,8 @@ class ShardMember:
             join_grace_seconds=2 * self._fresh,
         )
         if p.release:
-            await self._shards.release(p.release, timeout_seconds=self._renew)
+            # Fenced: at once (in-flight work is cancelled), the others may take over soon.
+            await self._shards.release(p.release, timeout_seconds=0.0 if fenced else self._renew)
             self.held -= p.release
             if not fenced:
                 await self._write()
