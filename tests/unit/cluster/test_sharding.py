@@ -28,7 +28,9 @@ def test_a_profiles_bucket_is_the_same_in_every_process_whatever_its_hash_seed()
     seen = set()
     for seed in ("0", "1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
         seen.add(out.stdout.strip())
     assert seen == {str(sh.bucket_of("team-a", "resnet"))}
     assert 0 <= sh.bucket_of("team-a", "resnet") < sh.BUCKETS
@@ -88,7 +90,9 @@ def test_claims_round_trip_and_anything_else_claims_nothing() -> None:
 # ---------------------------------------------------------------- liveness on the local clock
 
 
-def record(identity: str, version: str, claims: set[int] | None = None, duration: float = 10.0) -> sh.LeaseRecord:
+def record(
+    identity: str, version: str, claims: set[int] | None = None, duration: float = 10.0
+) -> sh.LeaseRecord:
     return sh.LeaseRecord(identity, version, duration, frozenset(claims or ()))
 
 
@@ -168,7 +172,9 @@ def test_a_member_releases_what_it_no_longer_owns_when_another_joins() -> None:
         ("it never listed the Leases", {"view_age": None}),
     ],
 )
-def test_a_member_takes_nothing_while_it_cannot_be_sure_of_the_others(why: str, kw: dict[str, object]) -> None:
+def test_a_member_takes_nothing_while_it_cannot_be_sure_of_the_others(
+    why: str, kw: dict[str, object]
+) -> None:
     p = plan_for("a", set(), {"b": set()}, **kw)
     assert p.acquire == frozenset(), why
     assert p.owned  # it knows what it will own

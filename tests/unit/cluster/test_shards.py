@@ -162,7 +162,7 @@ class Sim:
         start = self.clock.t
         order = sorted(self.running)
         while self.clock.t - start < seconds:
-            for k, identity in enumerate(order):
+            for identity in order:
                 self.clock.t += RENEW / max(1, len(order))
                 if identity in self.running and self.paused_until.get(identity, 0.0) <= self.clock.t:
                     await self.members[identity][0].step()
