@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from dam_operator.cluster.adapters.clusteraddrs import ClusterAddressWatch
-from dam_operator.cluster.adapters.kube import ApiError, KubeClient, default_login
+from dam_operator.cluster.adapters.kube import ApiError, KubeClient, LeaseClient, default_login
 from dam_operator.cluster.adapters.podwatch import PodWatcher
 from dam_operator.cluster.adapters.sources import SourceFactory, query_connector, scrape_connector
 from dam_operator.cluster.runtime.handlers import build_registry
@@ -328,7 +328,9 @@ def url_policy(
 
 
 def _start_memory_tasks(settings: OperatorSettings, running: Running) -> None:
-    """The C heap's trimmer and the garbage collector's settings (``heap``)."""
+    """The C heap's trimmer and the garbage collector's settings (``heap``); the shard membership."""
+    if settings.sharding:
+        _start_shard(settings, running)
     if settings.heap_trim_interval_seconds > 0:
         running.trim_task = asyncio.create_task(
             Trimmer.for_this_process().run(settings.heap_trim_interval_seconds), name="dam-heap-trim"
@@ -347,8 +349,10 @@ def shard_identity(settings: OperatorSettings) -> str:
 
 
 def _start_shard(settings: OperatorSettings, running: Running) -> None:
+    """Before kopf lists the first profile: the scheduler holds nothing until its Lease says so."""
+    running.scheduler.shard()
     running.shard_member = ShardMember(
-        running.kube,
+        LeaseClient(running.kube),
         running.scheduler,
         namespace=settings.operator_namespace,
         identity=shard_identity(settings),
@@ -401,8 +405,6 @@ async def start_components(
         concurrency=settings.evaluation_concurrency,
         event_concurrency=settings.event_concurrency,
     )
-    if settings.sharding:
-        scheduler.shard()  # holds nothing until its Lease says so (shards.py)
     registry.subscribe(scheduler.on_change)
     pod_watcher = PodWatcher(kube, registry, namespace=settings.namespace, page_size=settings.list_chunk_size)
     running = Running(
@@ -418,8 +420,6 @@ async def start_components(
         pod_task=asyncio.create_task(pod_watcher.run(), name="dam-pod-watch"),
     )
     _start_memory_tasks(settings, running)
-    if settings.sharding:
-        _start_shard(settings, running)
     await addresses.refresh()  # before the first profile's connection (failures are logged, not raised)
     running.addresses_task = asyncio.create_task(
         addresses.run(CLUSTER_ADDRESSES_REFRESH_SECONDS), name="dam-cluster-addresses"

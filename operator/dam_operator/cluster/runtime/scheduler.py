@@ -168,6 +168,17 @@ MAX_PENDING_EVENTS = 16
 """Events kept per profile while the API does not take them; the oldest goes first beyond this."""
 
 
+async def read_status(api: ProfileReadAPI, entry: ProfileEntry) -> None:
+    """Replaces the entry's status by the API's, where the object is still the entry's (its uid).
+
+    The registry's copy of a profile another replica evaluated is as old as this replica's
+    listing: the watch events of the other's status writes are dropped unparsed (handlers.py)."""
+    obj = await api.get_profile(entry.namespace, entry.name)
+    meta = obj.get("metadata") or {}
+    if meta.get("uid") == entry.uid and isinstance(obj.get("status"), Mapping):
+        entry.status = obj["status"]
+
+
 @dataclass(slots=True)
 class _ProfileState:
     uid: str
@@ -273,15 +284,10 @@ class Evaluator:
     # ------------------------------------------------------------ jobs
 
     async def adopt(self, entry: ProfileEntry) -> bool:
-        """``initialize`` a profile this replica takes over from another (sharding): its status
-        is read from the API first, since the watch events of the previous owner's writes were
-        not kept (the registry's copy is as old as this replica's listing). The hysteresis, the
-        published verdict and the goodput ledger resume from that status, as after a restart."""
+        """``initialize`` a profile taken over from another replica (sharding), on its status read
+        again (``read_status``): hysteresis, verdict and goodput resume from it, as after a restart."""
         if isinstance(self._api, ProfileReadAPI):
-            obj = await self._api.get_profile(entry.namespace, entry.name)
-            meta = obj.get("metadata") or {}
-            if meta.get("uid") == entry.uid and isinstance(obj.get("status"), Mapping):
-                entry.status = obj["status"]
+            await read_status(self._api, entry)
         self._state.pop(entry.key, None)
         return await self.initialize(entry)
 
