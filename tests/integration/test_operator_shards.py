@@ -24,8 +24,9 @@ import yaml
 
 from dam_operator.cluster.steps import sharding as sh
 from tests.support.fake_sidecar import FakeJob, FakeSidecars, ThreadedFakeSidecars, pod_ip
+from tests.support.faultproxy import FaultProxy, refused, verb_and_resource
 from tests.support.kubecluster import ControlPlane
-from tests.support.operator_harness import OperatorProcess, events_for, profile_of, wait_for
+from tests.support.operator_harness import OperatorProcess, events_for, install_chart, profile_of, wait_for
 
 WINDOW = 8
 PROFILES = 30
@@ -105,6 +106,11 @@ class Replicas:
 
     def logs(self) -> str:
         return "\n".join(f"=== {i}\n{op.log()[-4000:]}" for i, op in self.ops.items())
+
+
+def assert_never_refused(proxy: FaultProxy) -> None:
+    bad = refused(proxy.snapshot())
+    assert not bad, ", ".join(f"{r.method} {r.path} -> {r.status}" for r in bad)
 
 
 def bottleneck_events(cp: ControlPlane, ns: str) -> dict[str, int]:
@@ -219,3 +225,87 @@ def test_three_replicas_share_the_profiles_survive_a_sigkill_and_take_in_a_new_o
         raise
     finally:
         replicas.close()
+
+
+@pytest.mark.slow
+def test_sharded_replicas_need_no_right_beyond_the_charts_and_a_clean_stop_hands_over(
+    control_plane: ControlPlane,
+    kube_namespace: str,
+    system_namespace: str,
+    sidecars: FakeSidecars,
+    tmp_path: Path,
+) -> None:
+    """Two replicas with exactly the RBAC the chart renders for ``operator.replicas: 2`` (a
+    recording proxy between them and the API server): their Leases, renewals and lists are never
+    refused; one stopped cleanly (SIGTERM) deletes its Lease and the other takes its profiles over
+    within a few renew periods, well before a Lease duration."""
+    cp, ns = control_plane, kube_namespace
+    chart = install_chart(cp, system_namespace, {"operator": {"watchNamespace": ns, "replicas": 2}})
+    env = chart.env()
+    assert env["DAM_SHARDING"] == "true"
+    names = NAMES[:6]
+    jobs = {n: sidecars.add(pod_ip(i), FakeJob()) for i, n in enumerate(names)}
+    docs = [
+        d
+        for d in yaml.safe_load_all(manifests(sidecars.port))
+        if d["metadata"]["name"].startswith(tuple(names))
+    ]
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
+    for i, name in enumerate(names):
+        cp.mark_pod_running(ns, f"{name}-0", pod_ip=pod_ip(i))
+    with FaultProxy(cp.url, cp.ssl_context()) as proxy:
+        kubeconfig = proxy.kubeconfig(chart.kubeconfig, tmp_path / "operator.kubeconfig")
+        ops: dict[str, OperatorProcess] = {}
+        try:
+            for identity in ("op-a", "op-b"):
+                workdir = tmp_path / identity
+                workdir.mkdir()
+                ops[identity] = OperatorProcess(
+                    cp,
+                    workdir,
+                    namespace=ns,
+                    operator_namespace=chart.namespace,
+                    kubeconfig=kubeconfig,
+                    webhook=False,
+                    env={
+                        **env,
+                        "HOSTNAME": identity,
+                        "DAM_SHARD_LEASE_DURATION_SECONDS": "20",  # a takeover by expiry would be slow
+                        "DAM_SHARD_RENEW_SECONDS": "1",
+                    },
+                ).start(wait=False)
+            for op in ops.values():
+                op.wait_ready()
+            wait_for(
+                lambda: all((profile_of(cp, ns, n).get("status") or {}).get("bottleneck") for n in names),
+                60,
+                "every profile's first verdict",
+            )
+            leases = cp.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/{chart.namespace}/leases")
+            holders = {i["spec"]["holderIdentity"] for i in leases["items"]}
+            assert holders == {"op-a", "op-b"}, holders
+
+            owners = {n: sh.owner_of(sh.bucket_of(ns, n), ["op-a", "op-b"]) for n in names}
+            leaving = [n for n, o in owners.items() if o == "op-b"]
+            at_stop = {n: j.scrapes for n, j in jobs.items()}
+            started = time.monotonic()
+            ops["op-b"].stop()  # SIGTERM: releases its share and deletes its Lease
+            wait_for(
+                lambda: all(jobs[n].scrapes >= at_stop[n] + 1 for n in leaving),
+                10,
+                "op-b's profiles taken over by op-a",
+            )
+            assert time.monotonic() - started < 10  # not the 20 s Lease duration
+            leases = cp.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/{chart.namespace}/leases")
+            assert {i["spec"]["holderIdentity"] for i in leases["items"]} == {"op-a"}
+            assert_never_refused(proxy)
+            used = {v for r in proxy.snapshot() if (v := verb_and_resource(r))}
+            lease_verbs = {v[0] for v in used if v[1:] == ("coordination.k8s.io", "leases")}
+            assert {"create", "update", "list", "delete"} <= lease_verbs, lease_verbs
+        except AssertionError:
+            print("\n".join(op.log()[-4000:] for op in ops.values()))
+            raise
+        finally:
+            for op in ops.values():
+                op.close()
+            chart.uninstall()

@@ -537,6 +537,13 @@ def test_replicas_share_the_profiles_each_with_a_lease_in_the_release_namespace_
         ("coordination.k8s.io", "leases"): {"get", "list", "create", "update", "delete"}
     }
     assert not [r for r in _rules(objects, "ClusterRole") if "leases" in r["resources"]]
+    # A replica taking a profile over reads it once (its status as the previous owner left it).
+    assert _verbs(_rules(objects, "ClusterRole"))[("dam.mlsys.dev", "damprofiles")] == {
+        "list",
+        "watch",
+        "get",
+    }
+    assert _verbs(_rules(render(chart), "ClusterRole"))[("dam.mlsys.dev", "damprofiles")] == {"list", "watch"}
     (binding,) = [
         b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]
     ]
