@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of steady state measured per run")
     p.add_argument("--lease-seconds", type=float, default=15.0, help="DAM_SHARD_LEASE_DURATION_SECONDS")
     p.add_argument("--create-concurrency", type=int, default=32)
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = p.parse_args(argv)
     # What operator_scale's Run.create reads.
     args.interval_seconds, args.hysteresis = 1.0, 1
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(results[-1], flush=True)
     finally:
         sidecars.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
     n, m = args.profiles, args.pods_per_profile
     print(f"\n{n} profiles x {m} pods, window {args.window_seconds:g} s, steady state {args.duration:g} s")
     print("| replicas | replica | profiles evaluated | CPU (cores) | RSS now / peak (MiB) |")
