@@ -103,10 +103,21 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* "true" when the replicas share the profiles (operator.sharding; never with kopf peering). */}}
+{{- define "dam.sharded" -}}
+{{- $s := .Values.operator.sharding -}}
+{{- if and $s.enabled (not .Values.operator.peering.enabled) (or (gt (int .Values.operator.replicas) 1) $s.singleReplica) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* Guard rails that the schema cannot express. */}}
 {{- define "dam.validate" -}}
-{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.peering.enabled) -}}
-{{- fail "operator.replicas > 1 needs operator.peering.enabled=true: without kopf peering every replica would handle every DAMProfile" -}}
+{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.peering.enabled) (not .Values.operator.sharding.enabled) -}}
+{{- fail "operator.replicas > 1 needs operator.sharding.enabled or operator.peering.enabled: otherwise every replica would handle every DAMProfile" -}}
+{{- end -}}
+{{- if lt (int .Values.operator.sharding.leaseDurationSeconds) (mul 4 (int .Values.operator.sharding.renewSeconds)) -}}
+{{- fail "operator.sharding.leaseDurationSeconds must be at least 4 x operator.sharding.renewSeconds" -}}
 {{- end -}}
 {{- if and .Values.operator.watchNamespace (has .Values.operator.watchNamespace (list "kube-system" .Release.Namespace)) -}}
 {{- fail (printf "operator.watchNamespace=%s is a namespace the webhook never injects (kube-system or the release namespace); install the chart in its own namespace" .Values.operator.watchNamespace) -}}

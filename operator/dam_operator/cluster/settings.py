@@ -79,6 +79,62 @@ class _ScopeSettings(BaseSettings):
         description="kopf peering object name when standalone is off (several replicas, one active).",
     )
 
+    # --- sharding over several active replicas (docs/operator.md) -------------------
+    sharding: bool = Field(
+        default=False,
+        description=(
+            "Share the profiles among every replica that runs with sharding on: each holds a "
+            "Lease in operator_namespace and evaluates only its share (the chart turns it on). "
+            "Excludes kopf peering (standalone must stay on)."
+        ),
+    )
+    shard_identity: str | None = Field(
+        default=None,
+        description=(
+            "This replica's name among the shards (unset: HOSTNAME, the Pod's name). Unique per "
+            "process: two live processes with one name would evaluate the same profiles."
+        ),
+    )
+    shard_group: str = Field(
+        default="dam-operator",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description=(
+            "The replicas that share the profiles: their Leases carry this label value and "
+            "name prefix (the chart: the release's name)."
+        ),
+    )
+    shard_lease_duration_seconds: float = Field(
+        default=15.0,
+        ge=1.0,
+        le=300.0,
+        description=(
+            "A replica whose Lease is not renewed for this long is gone: the others take its "
+            "profiles over. Keep it under the profiles' windows (a profile is evaluated again "
+            "within one Lease duration and a renew period of its owner's SIGKILL)."
+        ),
+    )
+    shard_renew_seconds: float = Field(
+        default=2.0,
+        gt=0.0,
+        le=60.0,
+        description=(
+            "How often a replica renews its Lease and reads the others' (at most a quarter of the "
+            "Lease duration); a hand-over takes about two of these. A replica that could not renew "
+            "for two thirds of the Lease duration stops evaluating until it can."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _sharding(self) -> _ScopeSettings:
+        if self.sharding and not self.standalone:
+            raise ValueError("sharding and kopf peering (standalone off) exclude each other; choose one")
+        if self.sharding and self.shard_renew_seconds * 4 > self.shard_lease_duration_seconds:
+            raise ValueError(
+                "shard_renew_seconds must be at most a quarter of shard_lease_duration_seconds "
+                "(a replica that cannot renew must stop a renew period before the others take over)"
+            )
+        return self
+
 
 class OperatorSettings(_ScopeSettings):
     """Everything ``dam operator`` reads from its environment; see docs/operator.md."""

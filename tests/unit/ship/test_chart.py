@@ -34,7 +34,13 @@ ALL_FEATURES: dict[str, Any] = {
     "rbac": {"stallRestart": True},
 }
 NAMESPACED: dict[str, Any] = {"operator": {"watchNamespace": "ml-team", "peering": {"enabled": True}}}
-VARIANTS = {"defaults": {}, "all-features": ALL_FEATURES, "single-namespace": NAMESPACED}
+SHARDED: dict[str, Any] = {"operator": {"replicas": 3}}
+VARIANTS = {
+    "defaults": {},
+    "all-features": ALL_FEATURES,
+    "single-namespace": NAMESPACED,
+    "sharded": SHARDED,
+}
 
 # Which verbs the operator needs is not listed here: tests/integration/test_operator_rbac.py and
 # test_operator_e2e.py run the operator on a real API server with exactly the chart's RBAC, and any
@@ -501,9 +507,66 @@ def test_stall_restart_in_single_namespace_mode_deletes_only_in_that_namespace(c
     assert _stall_restart_setting(objects) is True
 
 
-def test_more_than_one_replica_without_peering_is_refused(chart: Any) -> None:
-    with pytest.raises(helm.HelmError, match="peering"):
-        render(chart, {"operator": {"replicas": 3}})
+def test_more_than_one_replica_without_sharding_or_peering_is_refused(chart: Any) -> None:
+    with pytest.raises(helm.HelmError, match=r"sharding\.enabled or operator\.peering\.enabled"):
+        render(chart, {"operator": {"replicas": 3, "sharding": {"enabled": False}}})
+
+
+def test_a_lease_shorter_than_four_renewals_is_refused(chart: Any) -> None:
+    with pytest.raises(helm.HelmError, match="leaseDurationSeconds"):
+        render(
+            chart, {"operator": {"replicas": 3, "sharding": {"leaseDurationSeconds": 7, "renewSeconds": 2}}}
+        )
+
+
+def test_replicas_share_the_profiles_each_with_a_lease_in_the_release_namespace_only(chart: Any) -> None:
+    objects = render(chart, SHARDED)
+    deployment = one(objects, "Deployment")
+    env = env_of(deployment)
+    assert deployment["spec"]["replicas"] == 3
+    assert env["DAM_SHARDING"] == "true" and env["DAM_STANDALONE"] == "true"
+    assert env["DAM_SHARD_IDENTITY"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["DAM_SHARD_GROUP"] == RELEASE
+    # Lease rights: in the release namespace, nowhere else.
+    lease_roles = [
+        r for r in of_kind(objects, "Role") if ("coordination.k8s.io", "leases") in _verbs(r["rules"])
+    ]
+    (role,) = lease_roles
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert _verbs(role["rules"]) == {
+        ("coordination.k8s.io", "leases"): {"get", "list", "create", "update", "delete"}
+    }
+    assert not [r for r in _rules(objects, "ClusterRole") if "leases" in r["resources"]]
+    # A replica taking a profile over reads it once (its status as the previous owner left it).
+    assert _verbs(_rules(objects, "ClusterRole"))[("dam.mlsys.dev", "damprofiles")] == {
+        "list",
+        "watch",
+        "get",
+    }
+    assert _verbs(_rules(render(chart), "ClusterRole"))[("dam.mlsys.dev", "damprofiles")] == {"list", "watch"}
+    (binding,) = [
+        b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["subjects"][0]["name"] == one(objects, "ServiceAccount")["metadata"]["name"]
+    # One replica down at a time by a voluntary disruption; a rollout adds one before it stops one.
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+
+
+def test_one_replica_is_not_sharded_unless_asked_and_peering_replaces_sharding(chart: Any) -> None:
+    for values in ({}, {"operator": {"replicas": 2, "peering": {"enabled": True}}}):
+        objects = render(chart, values)
+        assert "DAM_SHARDING" not in env_of(one(objects, "Deployment"))
+        assert not of_kind(objects, "PodDisruptionBudget")
+        assert not [r for r in _rules(objects, "Role") if "leases" in r["resources"]]
+    single = render(chart, {"operator": {"sharding": {"singleReplica": True}}})
+    assert env_of(one(single, "Deployment"))["DAM_SHARDING"] == "true"
+    assert not of_kind(single, "PodDisruptionBudget")  # one replica: a PDB would block every drain
 
 
 def test_rollout_never_runs_two_unpeered_operators(chart: Any) -> None:

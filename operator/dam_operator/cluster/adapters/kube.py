@@ -464,6 +464,51 @@ class KubeClient:
             await self.request("DELETE", f"{self._MWC}/{quote(name)}")
 
 
+class LeaseClient:
+    """The Lease calls of sharding (``runtime/shards.LeaseAPI``) over ``KubeClient``."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+
+    @staticmethod
+    def _leases_path(namespace: str) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
+
+    async def list_leases(self, namespace: str, label_selector: str) -> list[Mapping[str, Any]]:
+        """The Leases of ``namespace`` that ``label_selector`` selects (one unpaged list: a few)."""
+        result = await self._kube.request(
+            "GET", self._leases_path(namespace), params={"labelSelector": label_selector}
+        )
+        items = result.get("items") if isinstance(result, Mapping) else None
+        return [i for i in items or () if isinstance(i, Mapping)]
+
+    async def create_lease(self, namespace: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """POST a Lease; raises ``ConflictError`` when one of that name exists."""
+        answer = await self._kube.request("POST", self._leases_path(namespace), body=body)
+        return _object_or_none(answer) or {}
+
+    async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """PUT a Lease; ``body.metadata.resourceVersion`` makes it conditional (409 when stale)."""
+        path = f"{self._leases_path(namespace)}/{quote(name)}"
+        return _object_or_none(await self._kube.request("PUT", path, body=body)) or {}
+
+    async def get_lease(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return await self._kube._get_or_none(f"{self._leases_path(namespace)}/{quote(name)}")
+
+    async def delete_lease(self, namespace: str, name: str, resource_version: str | None = None) -> None:
+        """Delete a Lease (only at ``resource_version`` when given: a Lease renewed since stays);
+        one already gone or changed is not an error."""
+        body = None
+        if resource_version:
+            body = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "preconditions": {"resourceVersion": resource_version},
+            }
+        with contextlib.suppress(NotFoundError, ConflictError):
+            await self._kube.request("DELETE", f"{self._leases_path(namespace)}/{quote(name)}", body=body)
+
+
 def _object_or_none(answer: Any) -> Mapping[str, Any] | None:
     """The API's answer where it is an object (a JSON mapping), else None."""
     return answer if isinstance(answer, Mapping) else None

@@ -15,6 +15,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from dam_operator.cluster.adapters.clusteraddrs import ClusterAddressWatch
-from dam_operator.cluster.adapters.kube import ApiError, KubeClient, default_login
+from dam_operator.cluster.adapters.kube import ApiError, KubeClient, LeaseClient, default_login
 from dam_operator.cluster.adapters.podwatch import PodWatcher
 from dam_operator.cluster.adapters.sources import SourceFactory, query_connector, scrape_connector
 from dam_operator.cluster.runtime.handlers import build_registry
@@ -35,6 +36,7 @@ from dam_operator.cluster.runtime.heap import Collector, Trimmer
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics, make_metrics_app
 from dam_operator.cluster.runtime.readiness import Readiness
 from dam_operator.cluster.runtime.scheduler import Evaluator, Scheduler
+from dam_operator.cluster.runtime.shards import ShardMember
 from dam_operator.cluster.runtime.webhook_lifecycle import WebhookLifecycle
 from dam_operator.cluster.settings import OperatorSettings
 from dam_operator.cluster.steps.injection import InjectionSettings
@@ -239,12 +241,16 @@ class Running:
     """Reads the API server's endpoints and the operator's Services (``ClusterAddressWatch``)."""
     readiness: Readiness | None = None
     """``/readyz`` on the metrics server (readiness.py)."""
+    shard_member: ShardMember | None = None
+    """This replica's Lease and share of the profiles (sharding; shards.py)."""
+    shard_task: asyncio.Task[None] | None = None
     url_policy: UrlPolicy | None = None
     """The admin's rules on ``spec.source.prometheus.url`` (urlpolicy.py)."""
 
     def healthy(self) -> bool:
-        """Liveness: the scheduler and the pod watcher still run."""
-        return not self.scheduler_task.done() and not self.pod_task.done()
+        """Liveness: the scheduler, the pod watcher (and the shard membership) still run."""
+        shard_ok = self.shard_task is None or not self.shard_task.done()
+        return not self.scheduler_task.done() and not self.pod_task.done() and shard_ok
 
     async def webhook_problem(self, timeout_seconds: float) -> str | None:
         """Readiness of the webhook (``WebhookLifecycle.serving_problem``)."""
@@ -271,6 +277,13 @@ class Running:
             )
 
     async def stop(self) -> None:
+        if self.shard_task is not None:
+            self.shard_task.cancel()
+            await asyncio.gather(self.shard_task, return_exceptions=True)
+        if self.shard_member is not None:
+            # Before the scheduler stops: the work in flight ends, then the Lease goes.
+            with contextlib.suppress(Exception):
+                await self.shard_member.leave()
         tasks = [
             t
             for t in (
@@ -315,7 +328,9 @@ def url_policy(
 
 
 def _start_memory_tasks(settings: OperatorSettings, running: Running) -> None:
-    """The C heap's trimmer and the garbage collector's settings (``heap``)."""
+    """The C heap's trimmer and the garbage collector's settings (``heap``); the shard membership."""
+    if settings.sharding:
+        _start_shard(settings, running)
     if settings.heap_trim_interval_seconds > 0:
         running.trim_task = asyncio.create_task(
             Trimmer.for_this_process().run(settings.heap_trim_interval_seconds), name="dam-heap-trim"
@@ -326,6 +341,27 @@ def _start_memory_tasks(settings: OperatorSettings, running: Running) -> None:
         running.freeze_task = asyncio.create_task(
             collector.freeze_after(settings.gc_freeze_after_seconds), name="dam-gc-freeze"
         )
+
+
+def shard_identity(settings: OperatorSettings) -> str:
+    """This replica's name among the shards: the setting, else HOSTNAME (a Pod's name)."""
+    return settings.shard_identity or os.environ.get("HOSTNAME") or socket.gethostname()
+
+
+def _start_shard(settings: OperatorSettings, running: Running) -> None:
+    """Before kopf lists the first profile: the scheduler holds nothing until its Lease says so."""
+    running.scheduler.shard()
+    running.shard_member = ShardMember(
+        LeaseClient(running.kube),
+        running.scheduler,
+        namespace=settings.operator_namespace,
+        identity=shard_identity(settings),
+        group=settings.shard_group,
+        lease_duration_seconds=settings.shard_lease_duration_seconds,
+        renew_seconds=settings.shard_renew_seconds,
+        on_change=running.metrics.set_shard,
+    )
+    running.shard_task = asyncio.create_task(running.shard_member.run(), name="dam-shard")
 
 
 async def start_components(

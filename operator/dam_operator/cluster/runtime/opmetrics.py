@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from dam_operator.cluster.steps import metric_names as n
 from dam_operator.cluster.steps.registry import ProfileKey
+from dam_operator.cluster.steps.sharding import BUCKETS
 from dam_operator.diagnosis.model import Verdict
 
 SCRAPE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -297,6 +298,18 @@ class OperatorMetrics:
             n.WEBHOOK_RESULTS,
         )
         self._profiles = Gauge(n.OPERATOR_PROFILES, "DAMProfiles known to the operator.", registry=registry)
+        self._shard_buckets = Gauge(
+            n.OPERATOR_SHARD_BUCKETS,
+            "Profile buckets (of 4,096) this replica evaluates (sharding; 4,096 unsharded).",
+            registry=registry,
+        )
+        self._shard_buckets.set(BUCKETS)
+        self._shard_members = Gauge(
+            n.OPERATOR_SHARD_MEMBERS,
+            "Live replicas sharing the profiles, as this one sees their Leases (1 unsharded).",
+            registry=registry,
+        )
+        self._shard_members.set(1)
         self._actions = _closed_counter(
             registry,
             n.OPERATOR_ACTIONS_TOTAL,
@@ -410,6 +423,11 @@ class OperatorMetrics:
 
     def set_profiles(self, count: int) -> None:
         self._profiles.set(count)
+
+    def set_shard(self, buckets: int, members: int) -> None:
+        """This replica's share (``runtime/shards.py``): buckets held, live members seen."""
+        self._shard_buckets.set(buckets)
+        self._shard_members.set(members)
 
     def figures(self) -> dict[ProfileKey, _ProfileFigures]:
         """A consistent copy of the per-profile state (what the next scrape will show)."""

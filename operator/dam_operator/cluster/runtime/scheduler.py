@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import heapq
 import itertools
 import logging
@@ -61,6 +62,7 @@ from dam_operator.cluster.steps.actions import EVENT_OUTCOMES, record_resizes
 from dam_operator.cluster.steps.goodput import GoodputLedger
 from dam_operator.cluster.steps.injection import InjectionSettings, resize_patch, sidecar_refusals
 from dam_operator.cluster.steps.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
+from dam_operator.cluster.steps.sharding import bucket_of
 from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.cluster.steps.window_step import StepResult, initial_step, invalid_step, window_step
 from dam_operator.diagnosis.evidence import Evidence
@@ -70,7 +72,7 @@ from dam_operator.diagnosis.slowdown import SlowdownTracker
 
 log = logging.getLogger("dam_operator.cluster.scheduler")
 
-Job = Literal["init", "evaluate"]
+Job = Literal["init", "adopt", "evaluate"]
 
 
 class StatusAPI(Protocol):
@@ -83,6 +85,15 @@ class StatusAPI(Protocol):
         ...
 
     async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class ProfileReadAPI(Protocol):
+    """What adopting a profile from another replica needs (``kube.KubeClient`` implements it)."""
+
+    async def get_profile(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The object as the API has it now. Raises NotFoundError."""
+        ...
 
 
 @runtime_checkable
@@ -155,6 +166,17 @@ async def delete_stalled_pods(
 
 MAX_PENDING_EVENTS = 16
 """Events kept per profile while the API does not take them; the oldest goes first beyond this."""
+
+
+async def read_status(api: ProfileReadAPI, entry: ProfileEntry) -> None:
+    """Replaces the entry's status by the API's, where the object is still the entry's (its uid).
+
+    The registry's copy of a profile another replica evaluated is as old as this replica's
+    listing: the watch events of the other's status writes are dropped unparsed (handlers.py)."""
+    obj = await api.get_profile(entry.namespace, entry.name)
+    meta = obj.get("metadata") or {}
+    if meta.get("uid") == entry.uid and isinstance(obj.get("status"), Mapping):
+        entry.status = obj["status"]
 
 
 @dataclass(slots=True)
@@ -260,6 +282,14 @@ class Evaluator:
         return "; ".join(refusals) if refusals else None
 
     # ------------------------------------------------------------ jobs
+
+    async def adopt(self, entry: ProfileEntry) -> bool:
+        """``initialize`` a profile taken over from another replica (sharding), on its status read
+        again (``read_status``): hysteresis, verdict and goodput resume from it, as after a restart."""
+        if isinstance(self._api, ProfileReadAPI):
+            await read_status(self._api, entry)
+        self._state.pop(entry.key, None)
+        return await self.initialize(entry)
 
     async def initialize(self, entry: ProfileEntry) -> bool:
         """First write after (re)registration: validity, pods and conditions; a baseline
@@ -494,6 +524,9 @@ class _Due:
     key: ProfileKey = field(compare=False)
     revision: int = field(compare=False)
     job: Job = field(compare=False)
+    epoch: int = field(compare=False, default=0)
+    """The profile's bucket's ownership epoch when pushed (sharding): work pushed before this
+    replica released the bucket is dropped when it comes due."""
 
 
 class Scheduler:
@@ -527,19 +560,78 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._in_flight: set[ProfileKey] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._task_of: dict[ProfileKey, asyncio.Task[None]] = {}
+        self._held: frozenset[int] | None = None
+        """The buckets this replica evaluates (sharding); None: every profile."""
+        self._epochs: dict[int, int] = {}
 
     # ------------------------------------------------------------ inputs
 
     def on_change(self, kind: ChangeKind, entry: ProfileEntry) -> None:
         if kind == "upsert":
-            self._push(self._clock(), entry, "init")
+            if self.owns(entry.key):
+                self._push(self._clock(), entry, "init")
         else:
             self._evaluator.forget(entry)
         self._metrics.set_profiles(len(self._registry))
 
-    def _push(self, at: float, entry: ProfileEntry, job: Job) -> None:
-        heapq.heappush(self._heap, _Due(at, next(self._seq), entry.key, entry.revision, job))
+    def _push(self, at: float, entry: ProfileEntry, job: Job, epoch: int | None = None) -> None:
+        if epoch is None:
+            epoch = self._epoch(entry.key)
+        heapq.heappush(self._heap, _Due(at, next(self._seq), entry.key, entry.revision, job, epoch))
         self._wake.set()
+
+    # ------------------------------------------------------------ shards (runtime/shards.py)
+
+    def owns(self, key: ProfileKey) -> bool:
+        """Whether this replica evaluates the profile (always, unless sharded)."""
+        return self._held is None or bucket_of(*key) in self._held
+
+    def _epoch(self, key: ProfileKey) -> int:
+        return 0 if self._held is None else self._epochs.get(bucket_of(*key), 0)
+
+    def shard(self) -> None:
+        """Turn sharding on, holding no bucket yet (before the first profile is registered)."""
+        if self._held is None:
+            self._held = frozenset()
+
+    def adopt(self, buckets: frozenset[int]) -> int:
+        """Start evaluating the profiles of ``buckets`` (their owner released them); returns how many."""
+        self.shard()
+        assert self._held is not None
+        self._held |= buckets
+        now = self._clock()
+        adopted = [e for e in self._registry.profiles() if bucket_of(*e.key) in buckets]
+        for entry in adopted:
+            self._push(now, entry, "adopt")
+        return len(adopted)
+
+    async def release(self, buckets: frozenset[int], timeout_seconds: float) -> None:
+        """Stop evaluating the profiles of ``buckets``: no new work starts there at once, the work
+        in flight (an evaluation, its Events) may end for ``timeout_seconds`` and is cancelled
+        then; their state and metric series are dropped. After it returns this replica writes
+        nothing more of them, and the bucket may be handed over."""
+        self.shard()
+        assert self._held is not None
+        self._held -= buckets
+        for b in buckets:
+            self._epochs[b] = self._epochs.get(b, 0) + 1
+
+        def busy() -> list[ProfileKey]:
+            return [k for k in self._in_flight if bucket_of(*k) in buckets]
+
+        deadline = self._clock() + timeout_seconds
+        while busy() and self._clock() < deadline:
+            await asyncio.sleep(0.05)
+        late = [self._task_of[k] for k in busy() if k in self._task_of]
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+            log.warning("released buckets: %d evaluations cancelled after %.1f s", len(late), timeout_seconds)
+        for entry in self._registry.profiles():
+            if bucket_of(*entry.key) in buckets:
+                self._evaluator.forget(entry)
 
     # ------------------------------------------------------------ the loop
 
@@ -559,6 +651,8 @@ class Scheduler:
                 entry = self._registry.profile(*due.key)
                 if entry is None or entry.revision != due.revision:
                     continue  # deleted or replaced by a newer revision
+                if not self.owns(due.key) or due.epoch != self._epoch(due.key):
+                    continue  # handed over to another replica (sharding)
                 if due.key in self._in_flight:
                     heapq.heappush(
                         self._heap, _Due(now + 0.05, next(self._seq), due.key, due.revision, due.job)
@@ -571,12 +665,18 @@ class Scheduler:
                     self._work(due, entry, limit), name=f"dam-eval-{due.key[0]}/{due.key[1]}"
                 )
                 self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._task_of[due.key] = task
+                task.add_done_callback(functools.partial(self._done, due.key))
         finally:
             for task in list(self._tasks):
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _done(self, key: ProfileKey, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._task_of.get(key) is task:
+            del self._task_of[key]
 
     async def _work(self, due: _Due, entry: ProfileEntry, limit: asyncio.Semaphore) -> None:
         next_job: Job | None = "evaluate"
@@ -584,8 +684,9 @@ class Scheduler:
         events: list[tuple[st.EventSpec, str]] = []
         try:
             window = entry.spec.evaluation.window_seconds if entry.spec else 0.0
-            if due.job == "init":
-                next_job = "evaluate" if await self._evaluator.initialize(entry) else None
+            if due.job in ("init", "adopt"):
+                first = self._evaluator.adopt if due.job == "adopt" else self._evaluator.initialize
+                next_job = "evaluate" if await first(entry) else None
                 next_at = self._clock() + window
             else:
                 events = await self._evaluator.evaluate_window(entry)
@@ -629,7 +730,7 @@ class Scheduler:
             finally:
                 self._in_flight.discard(due.key)
         if next_job is not None and next_at is not None and self._same(entry):
-            self._push(next_at, entry, next_job)
+            self._push(next_at, entry, next_job, due.epoch)
 
     def _same(self, entry: ProfileEntry) -> bool:
         current = self._registry.profile(*entry.key)

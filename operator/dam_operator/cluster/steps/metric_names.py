@@ -40,6 +40,8 @@ OPERATOR_WEBHOOK_REQUESTS_TOTAL: Final = "dam_operator_webhook_requests_total"  
 OPERATOR_PROFILES: Final = "dam_operator_profiles"
 OPERATOR_ACTIONS_TOTAL: Final = "dam_operator_actions_total"  # {outcome}
 OPERATOR_SOURCE_BODY_TOO_LARGE_TOTAL: Final = "dam_operator_source_body_too_large_total"  # {source}
+OPERATOR_SHARD_BUCKETS: Final = "dam_operator_shard_buckets"
+OPERATOR_SHARD_MEMBERS: Final = "dam_operator_shard_members"
 
 IRON_LAW_TERMS: Final = ("data", "compute", "latency")
 USE_PRODUCTIVE: Final = "productive"
