@@ -220,10 +220,10 @@ def _truth_job(rendezvous: Path) -> dict[str, Any]:
 
 def _truth_torchrun_job(rendezvous: Path) -> dict[str, Any]:
     """The same work as ``_truth_job`` in one Pod: torchrun's two ranks (layout ``torchrun``),
-    240 steps, no restart."""
+    360 steps, no restart."""
     shared = rendezvous / "truth-1pod"
     shared.mkdir()
-    args = ["torchrun", "240", *(str(v) for k, v in TRUTH_ARGS.items() if k != "steps")]
+    args = ["torchrun", *(str(v) for v in TRUTH_ARGS.values())]
     job = training_job("truth", "truth.py", args)
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["command"] = [

@@ -168,17 +168,26 @@ def _mfu_ratios(
     from dam_operator.cluster.steps.goodput import parse_time
 
     flops = processes[0].flops
+    # Windows that the job's steps filled (a window it started or ended in, or restarted in,
+    # holds its start-up or tail: its rate is the product's over some other span).
+    spans = [(p.steps[0]["got"], p.steps[-1]["at"]) for p in processes if p.rank == 0 and p.steps]
     against_truth, per_rate = [], []
     for status in launched.history.get(launched.ns(scenario), []):
         metrics = status.get("metrics") or {}
         at = parse_time(status.get("lastEvaluationTime"))
         if metrics.get("mfu") is None or not metrics.get("stepsPerSecond") or at is None:
             continue
-        own = _rate(processes, at, 10.0)
+        if not any(begin + 1.0 <= at - WINDOW_SECONDS and at <= end for begin, end in spans):
+            continue
+        own = _rate(processes, at, WINDOW_SECONDS)
         if own > 0:
             against_truth.append(metrics["mfu"] / (flops * own / TRUTH_PEAK_FLOPS))
         per_rate.append(metrics["mfu"] / metrics["stepsPerSecond"])
     return against_truth, per_rate
+
+
+WINDOW_SECONDS = 10.0
+"""The scenarios' profiles' windowSeconds (tests/support/node_jobs.profile)."""
 
 
 @contextlib.contextmanager
@@ -214,7 +223,7 @@ def check_two_pods(scenarios: Launched) -> None:
         _close(goodput["badputSeconds"][key], truth[key], key, status, truth)
     _close(goodput["productiveSeconds"], truth["productive"], "productive", status, truth)
     against_truth, _ = _mfu_ratios(scenarios, "truth", processes)
-    assert len(against_truth) >= 3, scenarios.history.get(scenarios.ns("truth"), [])[-1:]
+    assert len(against_truth) >= 2, scenarios.history.get(scenarios.ns("truth"), [])[-1:]
     assert statistics.median(against_truth) == pytest.approx(1.0, abs=0.15), against_truth
     (replacement,) = [
         p
@@ -238,7 +247,7 @@ def check_one_pod(scenarios: Launched) -> None:
         _close(goodput["badputSeconds"][key], truth[key], key, status, truth)
     _close(goodput["productiveSeconds"], truth["productive"], "productive", status, truth)
     against_truth, per_rate = _mfu_ratios(scenarios, "truth-1pod", processes)
-    assert len(against_truth) >= 2, scenarios.history.get(scenarios.ns("truth-1pod"), [])[-1:]
+    assert against_truth, scenarios.history.get(scenarios.ns("truth-1pod"), [])[-1:]
     assert statistics.median(against_truth) == pytest.approx(1.0, abs=0.15), against_truth
     _, two_pods = _mfu_ratios(scenarios, "truth", _processes(scenarios.rendezvous / "truth"))
     assert two_pods, "the two-Pod layout had no MFU"
