@@ -193,7 +193,7 @@ def _stall_job(rendezvous: Path) -> dict[str, Any]:
 TRUTH_PEAK_FLOPS = 1e10
 """The truth scenarios' spec.hardware.peakFlops: a CPU-only job's MFU is against the peak its
 profile declares (the GPU table has no CPU)."""
-TRUTH_ARGS = {"steps": 360, "save_every": 60, "delay_ms": 1, "ckpt_mib": 96, "tail_s": 15}
+TRUTH_ARGS = {"steps": 600, "save_every": 60, "delay_ms": 1, "ckpt_mib": 96, "tail_s": 15}
 """truth.py's STEPS SAVE_EVERY DELAY_MS CKPT_MIB TAIL_S for the two-Pod layout: ~20 steps/s on a
 quiet machine (mostly data wait: the tier's other Pods share the 2 cores), 3-5 beside them; rank
 0 saving 96 MiB every 60 steps; the quiet tail outlives a window, so the last scrape has seen
@@ -223,7 +223,7 @@ def _truth_torchrun_job(rendezvous: Path) -> dict[str, Any]:
     360 steps, no restart."""
     shared = rendezvous / "truth-1pod"
     shared.mkdir()
-    args = ["torchrun", *(str(v) for v in TRUTH_ARGS.values())]
+    args = ["torchrun", "360", *(str(v) for k, v in TRUTH_ARGS.items() if k != "steps")]
     job = training_job("truth", "truth.py", args)
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["command"] = [
