@@ -140,30 +140,6 @@ def test_loader_workers_over_the_memory_limit_are_oom_killed_and_give_reduce_loa
         assert pod["status"]["phase"] == "Failed"
 
 
-def test_a_loader_killed_a_second_after_start_gives_reduce_loader_memory_and_says_a_child_was_killed(
-    scenarios: Launched,
-) -> None:
-    """Issue 28 item 8: whichever process the kernel picked and however fast, the loader's lever.
-    The kernel takes a worker within about a second of the loop's start; the trainer exits 1 on
-    DataLoader's error (not 137): the verdict says a child of the training process was killed."""
-    node = scenarios.node
-    with explained(scenarios, "loader-oom-fast") as ns:
-        status = _memory_capacity(scenarios, "loader-oom-fast")
-        pod = _failed(node, ns, "leakyfast")
-        assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 1}, pod["status"]
-        assert status["bottleneck"]["lever"] == "reduce-loader-memory", status["bottleneck"]
-        evidence = " ".join(status["bottleneck"]["evidence"])
-        # Whichever came first: the probe's count of the killed worker, or the kubelet's exit code.
-        assert any(
-            said in evidence
-            for said in (
-                "the OOM killer took the loader, not the training process",
-                "a child of the training",
-            )
-        ), evidence
-        assert "the training process was OOM-killed" not in evidence, evidence
-
-
 def test_trainer_container_oom_killed_gives_memory_capacity_from_the_container_status(
     scenarios: Launched,
 ) -> None:
