@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final, Protocol
 
+from dam_probe import lastwords
 from dam_probe._counters import CommCounters, Devices, LoaderSettings, StepCounters, WorkerKills
 from dam_probe._goodput import Accounting
 from dam_probe._watchdog import Watchdog
@@ -226,6 +227,7 @@ class Probe:
         "identity",
         "interval_ns",
         "kills",
+        "last_words_said",
         "loader",
         "memory",
         "path",
@@ -282,6 +284,7 @@ class Probe:
         self.writer: ProbeWriter | None = None
         self.disabled = False
         self.reported = False
+        self.last_words_said = False  # one line a process (``say_last_words``)
         self._at_exit_registered = False
         self._fork_registered = False
 
@@ -375,6 +378,9 @@ class Probe:
                 setattr(exc, SEEN_MARK, True)
             for pid, signum in found:
                 self.kills.add(pid, signum)
+            if iterator is not None:
+                # A worker killed before the first batch: the loader's settings were never taken.
+                self.loader.record(iterator)
             if self.active():
                 # Waits for a publish in flight on another thread (the watchdog's): the process may
                 # exit right after (os._exit, the OOM killer), and a skipped publish loses the count.
@@ -450,8 +456,12 @@ class Probe:
             self.publish_lock.release()
 
     def close(self) -> None:
-        """Final publish with the closed flag (registered with ``atexit``)."""
-        if self.writer is None or self.disabled:
+        """Final publish with the closed flag, and the last words (``dam_probe.lastwords``) when
+        the webhook asked for them (registered with ``atexit``)."""
+        if self.disabled:
+            return
+        say_last_words(self)
+        if self.writer is None:
             return
         self.publish(time.perf_counter_ns(), closed=True)
         writer, self.writer = self.writer, None
@@ -475,9 +485,35 @@ class Probe:
         self.publish_lock = threading.Lock()
         self.path = ""
         self.reported = False
+        self.last_words_said = False
         self.identity = (None, None, None)  # the child's own, at its first publish
         if self.disabled:
             self.step.next_publish_ns = NEVER
+
+
+def say_last_words(p: Probe) -> bool:
+    """One line in the container's termination message (``dam_probe.lastwords``): the loader's
+    workers and their kills, which the operator reads from the Pod's status when no scrape saw them
+    (a loader killed a second after start). Only a process that iterated a DataLoader, stepped, or
+    saw a worker die says anything, once; never raises."""
+    try:
+        path = lastwords.exit_record_path()
+        loader = p.loader.figures
+        kills, signum = p.kills.figures()
+        if not path or p.last_words_said or (loader is None and not kills and not p.step.steps):
+            return False
+        words = lastwords.LastWords(
+            pid=os.getpid(),
+            rank=p.identity[0],
+            steps=p.step.steps,
+            loader_workers=None if loader is None else loader[0],
+            worker_kills=kills,
+            kill_signal=signum,
+        )
+        p.last_words_said = lastwords.write(path, words)
+        return p.last_words_said
+    except Exception:
+        return False
 
 
 def _publish_to(

@@ -192,6 +192,16 @@ def training_job(
     }
 
 
+def as_user(job: dict[str, Any], uid: int = 1000) -> dict[str, Any]:
+    """``job`` with its Pod run as ``uid`` (``runAsNonRoot``), as the README's trainer runs."""
+    job["spec"]["template"]["spec"]["securityContext"] = {
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "runAsNonRoot": True,
+    }
+    return job
+
+
 def with_shm(job: dict[str, Any], size: str = "256Mi") -> dict[str, Any]:
     """``job`` with a memory-backed ``/dev/shm`` of ``size`` (an ``emptyDir`` with ``medium:
     Memory``), as PyTorch Jobs with DataLoader workers mount one: the container runtime's default

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.support import node_readme
-from tests.support.node_jobs import WORKLOADS, profile, training_job, with_shm
+from tests.support.node_jobs import WORKLOADS, as_user, profile, training_job, with_shm
 from tests.support.nodecluster import NodeCluster
 from tests.support.operator_harness import REPO
 from tests.support.procs import wait_for
@@ -272,6 +272,16 @@ def _scenarios(rendezvous: Path) -> list[Scenario]:
             "loader-oom",
             profile(),
             [training_job("leaky", "leaky_loader.py", ["64", "2"], limits={"memory": "2Gi"})],
+            WORKLOADS / "leaky_loader.py",
+        ),
+        # Issue 28 item 8: the fast loader OOM. Each sample keeps 64 MiB in its worker with no
+        # pause: under a 1200Mi limit the kernel kills a worker about a second after the loop
+        # starts, before any scrape; the trainer then exits 1 on DataLoader's error. As uid 1000:
+        # the probe's last words go into the kubelet's termination-message file as a non-root user.
+        Scenario(
+            "loader-oom-fast",
+            profile(),
+            [as_user(training_job("leakyfast", "leaky_loader.py", ["64", "0"], limits={"memory": "1200Mi"}))],
             WORKLOADS / "leaky_loader.py",
         ),
         # The training process itself grows 256 MiB a step: killed seconds after it starts, before

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from dam_contract import names
+from dam_probe.lastwords import parse as parse_last_words
 from tests.support.node_jobs import (
     OPERATOR_SELECTOR,
     SIDECAR_CONTAINER,
@@ -138,6 +139,32 @@ def test_loader_workers_over_the_memory_limit_are_oom_killed_and_give_reduce_loa
         # The kernel took a worker; the trainer then exited on DataLoader's error (exit 1).
         assert _terminated(pod) == _terminated(pod) | {"reason": "OOMKilled", "exitCode": 1}, pod["status"]
         assert pod["status"]["phase"] == "Failed"
+
+
+def test_a_loader_killed_a_second_after_start_gives_reduce_loader_memory_from_the_probes_last_words(
+    scenarios: Launched,
+) -> None:
+    """Issue 28 item 8: whichever process the kernel picked and however fast, the loader's lever.
+    The kernel takes a worker within about a second of the loop's start, before any scrape; the
+    trainer exits 1 on DataLoader's error (not 137). The probe's last words (its loader's workers
+    and the kill) reach the operator in the container's termination message, written by uid 1000
+    into the kubelet's file: the very first memory-capacity verdict names the loader."""
+    node = scenarios.node
+    with explained(scenarios, "loader-oom-fast") as ns:
+        status = _memory_capacity(scenarios, "loader-oom-fast")
+        pod = _failed(node, ns, "leakyfast")
+        terminated = _terminated(pod)
+        assert terminated == terminated | {"reason": "OOMKilled", "exitCode": 1}, pod["status"]
+        (words,) = parse_last_words(terminated.get("message") or "")
+        assert words.loader_workers == 2 and words.worker_kills >= 1, terminated
+        assert status["bottleneck"]["lever"] == "reduce-loader-memory", status["bottleneck"]
+        evidence = status["bottleneck"]["evidence"]
+        assert any(
+            "the OOM killer took the loader, not the training process" in e
+            or e.startswith("a child of the training")
+            for e in evidence
+        ), evidence
+        assert not any(e.startswith("the training process was OOM-killed") for e in evidence), evidence
 
 
 def test_trainer_container_oom_killed_gives_memory_capacity_from_the_container_status(

@@ -80,7 +80,11 @@ def test_sidecar_is_a_native_sidecar_after_the_probe_installer() -> None:
 def test_training_container_gets_the_probe_dir_volume_and_pythonpath() -> None:
     pod = _inject(_pod())
     train = pod["spec"]["containers"][0]
-    assert _env(train) == {"DAM_PROBE_DIR": PROBE_DIR, "PYTHONPATH": PROBE_DIR}
+    assert _env(train) == {
+        "DAM_PROBE_DIR": PROBE_DIR,
+        "PYTHONPATH": PROBE_DIR,
+        "DAM_PROBE_EXIT_RECORD": "/dev/termination-log",  # core/v1's default path
+    }
     assert {"name": VOLUME_NAME, "mountPath": PROBE_DIR, "readOnly": False} in train["volumeMounts"]
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == VOLUME_NAME)
     assert volume["emptyDir"]["medium"] == "Memory"
@@ -96,6 +100,29 @@ def test_existing_pythonpath_is_kept_behind_the_probe_dir() -> None:
     train = _inject(pod)["spec"]["containers"][0]
     assert _env(train)["PYTHONPATH"] == f"{PROBE_DIR}:/app:/lib"
     assert _env(train)["X"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("container", "said"),
+    [
+        ({"terminationMessagePath": "/var/run/last-words"}, "/var/run/last-words"),
+        (
+            {"terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"},
+            "/dev/termination-log",
+        ),
+        # Its users want the log's tail there: anything in the file would replace it.
+        ({"terminationMessagePolicy": "FallbackToLogsOnError"}, None),
+        ({"env": [{"name": "DAM_PROBE_EXIT_RECORD", "value": ""}]}, ""),  # the user's own value wins
+    ],
+    ids=["its-own-path", "the-default", "fallback-to-logs", "the-users-value"],
+)
+def test_the_probe_leaves_its_last_words_in_the_containers_own_termination_message(
+    container: dict[str, Any], said: str | None
+) -> None:
+    pod = _pod()
+    pod["spec"]["containers"][0].update(container)
+    train = _inject(pod)["spec"]["containers"][0]
+    assert _env(train).get("DAM_PROBE_EXIT_RECORD") == said
 
 
 def test_pythonpath_from_a_configmap_is_left_alone() -> None:
@@ -140,7 +167,11 @@ def test_a_user_volume_named_like_ours_is_never_reused_and_env_already_set_is_ke
     out = _inject(pod)
     assert [v["name"] for v in out["spec"]["volumes"]] == [VOLUME_NAME, f"{VOLUME_NAME}-1", TOKEN_VOLUME_NAME]
     assert out["spec"]["volumes"][0] == {"name": VOLUME_NAME, "emptyDir": {}}
-    assert [e["name"] for e in out["spec"]["containers"][0]["env"]] == ["DAM_PROBE_DIR", "PYTHONPATH"]
+    assert [e["name"] for e in out["spec"]["containers"][0]["env"]] == [
+        "DAM_PROBE_DIR",
+        "PYTHONPATH",
+        "DAM_PROBE_EXIT_RECORD",
+    ]
 
 
 def test_sidecar_added_by_hand_only_marks_the_pod() -> None:

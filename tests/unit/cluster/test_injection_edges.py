@@ -210,7 +210,11 @@ def test_a_mount_at_the_probe_directory_moves_ours_and_everything_follows() -> N
     assert train["volumeMounts"][0] == {"name": "mine", "mountPath": PROBE_DIR}
     assert {"name": VOLUME_NAME, "mountPath": moved, "readOnly": False} in train["volumeMounts"]
     env = {e["name"]: e["value"] for e in train["env"]}
-    assert env == {"DAM_PROBE_DIR": moved, "PYTHONPATH": moved}
+    assert env == {
+        "DAM_PROBE_DIR": moved,
+        "PYTHONPATH": moved,
+        "DAM_PROBE_EXIT_RECORD": "/dev/termination-log",
+    }
     installer, sidecar = _ours(out)
     assert installer["command"] == ["dam", "probe-install", moved]
     assert sidecar["command"][-2:] == ["--probe-dir", moved]

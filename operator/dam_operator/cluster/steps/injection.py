@@ -16,7 +16,9 @@ The patch adds to a matched training pod:
   (``_token_mount``);
 - on every training container ``DAM_PROBE_DIR`` and ``PYTHONPATH`` (``/dam/probe``
   prepended to a literal value already in the pod spec; ``/dam/probe:$(PYTHONPATH)`` where
-  ``envFrom`` may set it; left alone, with a warning, where it comes from ``valueFrom``);
+  ``envFrom`` may set it; left alone, with a warning, where it comes from ``valueFrom``), and
+  where the probe loads ``DAM_PROBE_EXIT_RECORD``, the container's own termination-message file
+  (``exit_record_env``);
 - ``shareProcessNamespace: true`` only where the profile asks for it
   (``spec.sidecar.shareProcessNamespace``) and the cluster admin allows it
   (``InjectionSettings.allow_share_process_namespace``, the chart's
@@ -57,6 +59,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from dam_operator.cluster.steps.spec import DAMProfileSpec, quantity_value
+from dam_probe.lastwords import ENV_EXIT_RECORD
 from dam_probe.overrides import loader_override_env
 
 __all__ = [
@@ -726,6 +729,26 @@ def _volume_ops(
     return [{"op": "add", "path": "/spec/volumes", "value": new_volumes}]
 
 
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""core/v1's default ``terminationMessagePath`` (the API server sets it before admission)."""
+
+
+def exit_record_env(container: Mapping[str, Any]) -> dict[str, str]:
+    """``DAM_PROBE_EXIT_RECORD``: the container's own termination-message file, where the probe
+    leaves its last words (``dam_probe.lastwords``: the loader's workers and their kills, for a
+    process that dies before any scrape). None for ``terminationMessagePolicy:
+    FallbackToLogsOnError``: a file with anything in it replaces the log's tail that its users want
+    in the message. The path is the Pod's own (its container writes there anyway)."""
+    if container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+        return {}
+    path = container.get("terminationMessagePath")
+    return {
+        ENV_EXIT_RECORD: path
+        if isinstance(path, str) and path.startswith("/")
+        else DEFAULT_TERMINATION_MESSAGE_PATH
+    }
+
+
 def _training_container_ops(
     pod: Mapping[str, Any],
     containers: Sequence[Mapping[str, Any]],
@@ -743,7 +766,8 @@ def _training_container_ops(
         base = f"/spec/containers/{i}"
         probe = _takes_probe(container)
         carried = carried or probe
-        ops.extend(_env_ops(base, container, names.probe_dir, loader_env if probe else None))
+        extra = {**loader_env, **exit_record_env(container)} if probe else None
+        ops.extend(_env_ops(base, container, names.probe_dir, extra))
         ops.extend(_mount_ops(base, container, names))
         if probe and i == cpu_index and actions is not None and actions.cpu is not None:
             ops.extend(_cpu_ops(base, container, actions.cpu))

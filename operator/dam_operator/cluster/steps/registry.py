@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from dam_operator.cluster.steps.injection import ANNOTATION_ACTION, SIDECAR_CONTAINER, pod_notes
 from dam_operator.cluster.steps.spec import DAMProfileSpec, selector_matches
+from dam_probe.lastwords import LastWords
+from dam_probe.lastwords import parse as parse_last_words
 
 ProfileKey = tuple[str, str]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -34,6 +36,10 @@ class OomRecord:
     (e.g. 1) when it took a child, such as a DataLoader worker, and the main process then exited."""
     state: str
     """``state`` (the container is down now) or ``lastState`` (it restarted since)."""
+    last_words: tuple[LastWords, ...] = ()
+    """What its training processes' probes said on their way out (``dam_probe.lastwords``, from
+    the termination ``message``): the loader's workers and their kills, for a process that died
+    before any scrape; empty when none did (the main process SIGKILLed writes nothing)."""
 
 
 def oom_record(pod_status: Mapping[str, Any]) -> OomRecord | None:
@@ -57,11 +63,13 @@ def oom_record(pod_status: Mapping[str, Any]) -> OomRecord | None:
                     when = str(terminated.get("finishedAt") or "")
                     code = terminated.get("exitCode")
                     if when and (latest is None or when > latest.finished_at):
+                        message = terminated.get("message")
                         latest = OomRecord(
                             when,
                             str(cs.get("name") or ""),
                             code if isinstance(code, int) and not isinstance(code, bool) else None,
                             state_key,
+                            parse_last_words(message) if isinstance(message, str) else (),
                         )
     return latest
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dam_contract import names
-from dam_contract.snapshot import CompactSnapshot, Snapshot
+from dam_contract.snapshot import CompactSnapshot, Sample, Snapshot
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.actions import ActionStep, ResizeRequest, window_actions
 from dam_operator.cluster.steps.goodput import GoodputLedger, parse_datetime
@@ -33,6 +33,7 @@ from dam_operator.cluster.steps.progress_step import (
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import DAMProfileSpec
+from dam_operator.diagnosis import series
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Observation, Verdict
@@ -125,6 +126,40 @@ def _oom_sentence(pod: PodInfo, mark: Snapshot | None) -> str:
         f"pod {pod.name}: {who} was OOM-killed at {at}{where}, {phase}: judged from the kubelet's "
         f"container status and {last}"
     )
+
+
+def with_last_words(snapshot: Snapshot, pod: PodInfo) -> Snapshot:
+    """``snapshot`` with the series the OOM-killed container's probes left in its termination
+    message (``OomRecord.last_words``) and the scrape lacks: the loader's ``num_workers`` by rank,
+    and the workers DataLoader said died. A loader the kernel killed a second after the loop
+    started reaches the operator only so (no scrape saw it): the loader lever, not the trainer's."""
+    words = () if pod.oom is None else pod.oom.last_words
+    if not words:
+        return snapshot
+    have = snapshot.names()
+    added: list[Sample] = []
+    if names.DATALOADER_NUM_WORKERS not in have:
+        added.extend(
+            Sample(
+                names.DATALOADER_NUM_WORKERS,
+                () if w.rank is None else ((names.RANK_LABEL, str(w.rank)),),
+                float(w.loader_workers),
+            )
+            for w in words
+            if w.loader_workers is not None
+        )
+    # The pod's count (the sidecar's, over every process it saw) and the dying processes' own
+    # (said after the last scrape): the larger, never their sum (the scrape may have counted them).
+    kills = float(sum(w.worker_kills for w in words))
+    scraped = series.counter_increase(Snapshot([]), snapshot, names.DATALOADER_WORKER_KILLS_TOTAL)
+    replace = scraped is None or kills > scraped
+    if replace:
+        added.append(Sample(names.DATALOADER_WORKER_KILLS_TOTAL, (), max(kills, scraped or 0.0)))
+    if not added:
+        return snapshot
+    drop = {names.DATALOADER_WORKER_KILLS_TOTAL} if replace else set()
+    keep = [s for n in sorted(have - drop) for s in snapshot.samples(n)]
+    return Snapshot([*keep, *added], snapshot.timestamp_seconds)
 
 
 def oom_exit_code(pod: PodInfo) -> int | None:
@@ -625,7 +660,7 @@ def _pod_windows(
         killed = oom_killed_within(by_name[name].last_oom_kill, when, elapsed)
         windows[name] = PodWindow(
             before,
-            result,
+            with_last_words(result, by_name[name]) if killed else result,
             elapsed_seconds=elapsed,
             oom_killed=killed,
             starting=pod_starting(by_name[name], when),
@@ -672,6 +707,7 @@ def _oom_windows(  # noqa: PLR0917 (six positional: called once, in window_step)
             ],
             first.timestamp_seconds,
         )
+        last = with_last_words(last, pod)
         windows[pod.name] = PodWindow(
             first, last, elapsed_seconds=None, oom_killed=True, oom_exit_code=oom_exit_code(pod)
         )

@@ -8,7 +8,11 @@ memory corroborates it (page cache fills a limit harmlessly).
 The container's exit code (``oom_exit_code``) says whom the OOM killer took: 137 (128 + SIGKILL)
 the training process itself; another code a child of it, after which the training process exited
 on its own. A child killed in a container that runs DataLoader workers is the loader's: the lever
-is then ``reduce-loader-memory`` even when the probe's count of the kill is missing.
+is then ``reduce-loader-memory`` even when the probe's count of the kill is missing; with nothing
+known of the loader (no scrape, no last words), the loader is suspected, with less confidence.
+A loader killed before any scrape still tells its workers and the kill: the probe's last words in
+the container's termination message (``dam_probe.lastwords``), read into the window by the
+cluster's window step.
 """
 
 from __future__ import annotations
@@ -121,6 +125,19 @@ def _host(ctx: Context, seen: list[Evidence], *, killed: bool, kills: bool) -> F
             )
         )
         return Finding(Regime.MEMORY_CAPACITY, "reduce-loader-memory", conf, evidence=seen, also=_LOADER_ALSO)
+    unknown = o.worker_count is None and o.worker_rss_bytes is None and o.loader_num_workers is None
+    if unknown and child_killed(ctx):
+        # No scrape and no last words (the probe did not load, or its process was SIGKILLed): a
+        # Python training process's child is most often a DataLoader worker.
+        missing.append("loaderNumWorkers (whether the killed child was a DataLoader worker)")
+        seen.append(
+            ev.note(
+                "the OOM killer took a child of the training process; no probe record says whether "
+                "DataLoader workers ran: suspect the loader"
+            )
+        )
+        also = ("smaller-micro-batch", "raise-memory-limit")
+        return Finding(Regime.MEMORY_CAPACITY, "reduce-loader-memory", conf - 0.2, seen, missing, also=also)
     if workers and not (o.main_rss_bytes is not None and o.worker_rss_bytes is not None):
         missing.append("workerRssBytes and mainRssBytes (which process holds the memory)")
         seen.append(
