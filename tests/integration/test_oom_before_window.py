@@ -26,6 +26,7 @@ from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,
     apply,
+    damprofile,
     ensure_crds,
     free_port,
     operator_namespace,
@@ -78,19 +79,7 @@ def sidecar_port() -> Iterator[int]:
 
 
 def _profile(port: int) -> str:
-    return yaml.safe_dump(
-        {
-            "apiVersion": "dam.mlsys.dev/v1alpha1",
-            "kind": "DAMProfile",
-            "metadata": {"name": "p"},
-            "spec": {
-                "selector": {"matchLabels": {"app": "trainer"}},
-                "sampling": {"intervalSeconds": 1},
-                "evaluation": {"windowSeconds": 5, "hysteresisWindows": 1},
-                "sidecar": {"port": port},
-            },
-        }
-    )
+    return yaml.safe_dump(damprofile("p", {"app": "trainer"}, port=port))
 
 
 def _pod(cp: ControlPlane, ns: str, name: str) -> None:

@@ -24,6 +24,7 @@ from tests.support.fake_sidecar import FakeJob, FakeSidecars, Regime, ThreadedFa
 from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,
+    damprofile,
     dumps,
     log_on_failure,
     profile_of,
@@ -40,19 +41,7 @@ STEADY = Regime(steps_per_second=2.0, data_wait_ratio=0.4, gpu_util=0.4, sm_acti
 
 
 def _profile(name: str, port: int) -> str:
-    return yaml.safe_dump(
-        {
-            "apiVersion": "dam.mlsys.dev/v1alpha1",
-            "kind": "DAMProfile",
-            "metadata": {"name": name},
-            "spec": {
-                "selector": {"matchLabels": {"app": name}},
-                "sampling": {"intervalSeconds": 1},
-                "evaluation": {"windowSeconds": WINDOW, "hysteresisWindows": 1},
-                "sidecar": {"port": port},
-            },
-        }
-    )
+    return yaml.safe_dump(damprofile(name, {"app": name}, port=port, window_seconds=WINDOW))
 
 
 def _pod(name: str, app: str) -> str:

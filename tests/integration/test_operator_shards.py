@@ -26,7 +26,14 @@ from dam_operator.cluster.steps import sharding as sh
 from tests.support.fake_sidecar import FakeJob, FakeSidecars, ThreadedFakeSidecars, pod_ip
 from tests.support.faultproxy import FaultProxy, refused, verb_and_resource
 from tests.support.kubecluster import ControlPlane
-from tests.support.operator_harness import OperatorProcess, events_for, install_chart, profile_of, wait_for
+from tests.support.operator_harness import (
+    OperatorProcess,
+    damprofile,
+    events_for,
+    install_chart,
+    profile_of,
+    wait_for,
+)
 
 WINDOW = 8
 PROFILES = 30
@@ -39,19 +46,7 @@ SERIES = re.compile(r'^dam_profile_\w+\{[^}]*profile="([^"]+)"', re.MULTILINE)
 def manifests(port: int) -> str:
     docs: list[dict[str, Any]] = []
     for name in NAMES:
-        docs.append(
-            {
-                "apiVersion": "dam.mlsys.dev/v1alpha1",
-                "kind": "DAMProfile",
-                "metadata": {"name": name},
-                "spec": {
-                    "selector": {"matchLabels": {"job": name}},
-                    "sampling": {"intervalSeconds": 1},
-                    "evaluation": {"windowSeconds": WINDOW, "hysteresisWindows": 1},
-                    "sidecar": {"port": port},
-                },
-            }
-        )
+        docs.append(damprofile(name, {"job": name}, port=port, window_seconds=WINDOW))
         docs.append(
             {
                 "apiVersion": "v1",

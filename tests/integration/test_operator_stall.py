@@ -38,6 +38,7 @@ from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,
     condition,
+    damprofile,
     dumps,
     ensure_crds,
     events_for,
@@ -157,22 +158,16 @@ def test_the_operator_names_the_rank_that_stalls_a_two_pod_job_and_restarts_its_
         )
         try:
             op.start()
-            profile = {
-                "apiVersion": "dam.mlsys.dev/v1alpha1",
-                "kind": "DAMProfile",
-                "metadata": {"name": PROFILE},
-                "spec": {
-                    "selector": {"matchLabels": {"app": "stall"}},
-                    "sampling": {"intervalSeconds": 1},
-                    "evaluation": {
-                        "windowSeconds": WINDOW,
-                        "stallAfterSeconds": STALL_AFTER,
-                        "stallStepMultiple": 10,
-                    },
-                    "actions": {"onStall": "Restart", "restartGraceSeconds": RESTART_GRACE},
-                    "sidecar": {"inject": False, "port": port},
-                },
-            }
+            profile = damprofile(
+                PROFILE,
+                {"app": "stall"},
+                port=port,
+                window_seconds=WINDOW,
+                hysteresis_windows=None,
+                inject=False,
+                evaluation={"stallAfterSeconds": STALL_AFTER, "stallStepMultiple": 10},
+                actions={"onStall": "Restart", "restartGraceSeconds": RESTART_GRACE},
+            )
             cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(profile))
             for rank, name in enumerate(pod_names):
                 ip = f"127.0.0.{rank + 2}"

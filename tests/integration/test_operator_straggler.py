@@ -24,6 +24,7 @@ from tests.support.kubecluster import ControlPlane
 from tests.support.operator_harness import (
     OperatorProcess,
     condition,
+    damprofile,
     dumps,
     ensure_crds,
     events_for,
@@ -105,17 +106,7 @@ def test_the_operator_names_the_straggler_pod_of_a_three_pod_ddp_job(
         op = OperatorProcess(cp, tmp_path, namespace=ns, operator_namespace=system_ns, webhook=False)
         try:
             op.start()
-            profile = {
-                "apiVersion": "dam.mlsys.dev/v1alpha1",
-                "kind": "DAMProfile",
-                "metadata": {"name": PROFILE},
-                "spec": {
-                    "selector": {"matchLabels": {"app": "ddp"}},
-                    "sampling": {"intervalSeconds": 1},
-                    "evaluation": {"windowSeconds": 5, "hysteresisWindows": 2},
-                    "sidecar": {"inject": False, "port": port},
-                },
-            }
+            profile = damprofile(PROFILE, {"app": "ddp"}, port=port, hysteresis_windows=2, inject=False)
             cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(profile))
             for rank in range(RANKS):
                 name, ip = f"trainer-{rank}", f"127.0.0.{rank + 2}"

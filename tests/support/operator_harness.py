@@ -500,6 +500,38 @@ def apply(cp: ControlPlane, namespace: str, manifest: str) -> None:
     cp.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
 
 
+def damprofile(
+    name: str,
+    labels: Mapping[str, str],
+    *,
+    port: int,
+    window_seconds: float = 5,
+    hysteresis_windows: int | None = 1,
+    inject: bool = True,
+    evaluation: Mapping[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A DAMProfile selecting pods by ``labels``, scraped every second on ``port``; ``evaluation``
+    adds to (or, with ``hysteresis_windows=None``, stands without) the window and hysteresis;
+    ``spec`` adds top-level spec fields (``actions=...``)."""
+    judged: dict[str, Any] = {"windowSeconds": window_seconds}
+    if hysteresis_windows is not None:
+        judged["hysteresisWindows"] = hysteresis_windows
+    sidecar: dict[str, Any] = {"port": port} if inject else {"inject": False, "port": port}
+    return {
+        "apiVersion": "dam.mlsys.dev/v1alpha1",
+        "kind": "DAMProfile",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": dict(labels)},
+            "sampling": {"intervalSeconds": 1},
+            "evaluation": {**judged, **(evaluation or {})},
+            **spec,
+            "sidecar": sidecar,
+        },
+    }
+
+
 def profile_of(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     found: dict[str, Any] = cp.api("GET", f"{GROUP_PATH}/namespaces/{namespace}/damprofiles/{name}")
     return found
