@@ -57,9 +57,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dam_operator.diagnosis import regimes
-from dam_operator.diagnosis.axes import Axis, Regime
+from dam_operator.diagnosis.axes import Axis, Kind, Regime
 from dam_operator.diagnosis.derived import Derived, derive
-from dam_operator.diagnosis.evidence import Evidence, Kind, note, pct
+from dam_operator.diagnosis.evidence import Evidence, note, pct
 from dam_operator.diagnosis.gpus import Peak, resolve
 from dam_operator.diagnosis.model import (
     Bottleneck,

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dam_operator.diagnosis.evidence import Evidence, Kind, note
+from dam_operator.diagnosis.axes import Kind
+from dam_operator.diagnosis.evidence import Evidence, note
 from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.model import Bottleneck, Straggler, Verdict
 from dam_operator.diagnosis.ranks import STRAGGLER_PREFIX, straggler_sentence

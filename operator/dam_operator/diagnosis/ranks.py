@@ -30,7 +30,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from dam_operator.diagnosis.evidence import Evidence, Kind, note, pct, thr
+from dam_operator.diagnosis.axes import Kind
+from dam_operator.diagnosis.evidence import Evidence, note, pct, thr
 from dam_operator.diagnosis.levers import Axis
 from dam_operator.diagnosis.model import Observation, RankFigures, RankId, Straggler, Thresholds
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from dam_operator.diagnosis.evidence import Kind
+from dam_operator.diagnosis.axes import Kind
 from dam_operator.diagnosis.model import Axis, Observation, Regime
 from tests.unit.diagnosis.snapshots import Job, Rank
 from tests.unit.diagnosis.test_ranks import cpu_job, one_pod, verdict_of

@@ -8,8 +8,8 @@ import pytest
 
 from dam_contract import names
 from dam_contract.snapshot import parse_snapshot
+from dam_operator.diagnosis.axes import Kind
 from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.evidence import Kind
 from dam_operator.diagnosis.model import Axis, Observation, RankId, Regime, Straggler, Thresholds, Verdict
 from dam_operator.diagnosis.ranks import MAX_RANK_FIGURES, find_straggler, rank_figures
 from dam_operator.diagnosis.render import render_text

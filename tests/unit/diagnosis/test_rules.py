@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from dam_operator.diagnosis import evidence as ev
+from dam_operator.diagnosis.axes import Kind
 from dam_operator.diagnosis.derived import derive
 from dam_operator.diagnosis.engine import diagnose
-from dam_operator.diagnosis.evidence import Kind
 from dam_operator.diagnosis.model import Bottleneck, Observation, Regime, Thresholds
 from dam_operator.diagnosis.regimes import RULES
 from dam_operator.diagnosis.rules import checkpoint, communication, data, decide, gpu, host

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from dam_operator.diagnosis import evidence as ev
+from dam_operator.diagnosis.axes import Kind
 from dam_operator.diagnosis.derived import Derived, positive
-from dam_operator.diagnosis.evidence import Evidence, Kind
+from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.levers import Axis, Regime
 from dam_operator.diagnosis.model import Hardware, Observation, Thresholds
 from dam_operator.diagnosis.ranks import SaveWait

@@ -5,7 +5,7 @@ each said once: a line is added only when the finding has none of its kind."""
 from __future__ import annotations
 
 from dam_operator.diagnosis import evidence as ev
-from dam_operator.diagnosis.evidence import Kind
+from dam_operator.diagnosis.axes import Kind
 from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.rules.base import Context, Finding
 

@@ -17,7 +17,8 @@ that decides names it (``Context.suspects``).
 from __future__ import annotations
 
 from dam_operator.diagnosis import evidence as ev
-from dam_operator.diagnosis.evidence import Evidence, Kind
+from dam_operator.diagnosis.axes import Kind
+from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.rules.base import Context
 
 CONFIDENT_SCREENS = 2.0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dam_operator.diagnosis.evidence import Evidence, Kind, pct
+from dam_operator.diagnosis.axes import Kind
+from dam_operator.diagnosis.evidence import Evidence, pct
 from dam_operator.diagnosis.rules.base import Context, Finding, unknown
 
 

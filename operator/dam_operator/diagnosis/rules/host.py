@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dam_operator.diagnosis import evidence as ev
 from dam_operator.diagnosis import levers
-from dam_operator.diagnosis.evidence import Evidence, Kind
+from dam_operator.diagnosis.axes import Kind
+from dam_operator.diagnosis.evidence import Evidence
 from dam_operator.diagnosis.levers import Regime
 from dam_operator.diagnosis.rules.base import Context, Finding, unknown
 
