@@ -39,7 +39,7 @@ def phase(loader, work):
     s1, w1, t1 = counters()
     return {"steps": s1 - s0, "ratio": (w1 - w0) / (t1 - t0) if t1 > t0 else None}
 
-report["starved"] = phase(DataLoader(Samples(0.003), batch_size=8, num_workers=WORKERS), 0.0)
+report["starved"] = phase(DataLoader(Samples(0.01), batch_size=8, num_workers=WORKERS), 0.0)
 report["busy"] = phase(DataLoader(Samples(0.0), batch_size=8), 0.02)
 report["pid"] = os.getpid()
 report["wrapped"] = hasattr(torch.utils.data.dataloader._BaseDataLoaderIter.__next__, "_dam_probe_wrapped")
