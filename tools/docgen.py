@@ -13,9 +13,13 @@ from pathlib import Path
 def splice(page: Path, begin: str, end: str, block: str) -> str:
     """The page's text with ``block`` (which starts with ``begin`` and ends with ``end``) in place
     of what lies between the markers, the markers included."""
-    text = page.read_text(encoding="utf-8")
+    return splice_text(page.read_text(encoding="utf-8"), begin, end, block, str(page))
+
+
+def splice_text(text: str, begin: str, end: str, block: str, where: str) -> str:
+    """``splice`` of a page's ``text`` already in hand (a page with two generated tables)."""
     if begin not in text or end not in text:
-        raise SystemExit(f"{page}: add the markers {begin} and {end} where the table goes")
+        raise SystemExit(f"{where}: add the markers {begin} and {end} where the table goes")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return head + block + tail

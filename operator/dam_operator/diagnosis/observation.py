@@ -11,6 +11,7 @@ Python names. Pure data: no I/O, no Kubernetes, no NVML.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -209,91 +210,190 @@ class Hardware(_Wire):
     )
 
 
+@dataclass(frozen=True)
+class Screen:
+    """What a threshold screens, as docs/method.md's thresholds table says it (the table is written
+    from these by tools/gen_regime_doc.py): the signal (its ``status.metrics`` key in backticks;
+    "" under the row above), where it comes from, and what crossing the threshold means. Carried
+    in the field's annotation (pydantic keeps it as metadata and validates nothing with it); a
+    threshold that screens two signals carries two."""
+
+    signal: str
+    source: str
+    meaning: str
+    default: str = ""
+    """For a screen with no threshold (``SCREENS_WITHOUT_THRESHOLD``): what its default column says."""
+
+
+SCREENS_WITHOUT_THRESHOLD: tuple[Screen, ...] = (
+    Screen("`oomKills`", "cgroup `memory.events` `oom_kill` in the window", "memory capacity", "> 0"),
+)
+"""Rows of the thresholds table that no threshold can move (after the thresholds' rows)."""
+
+
+def screens(field: str) -> tuple[Screen, ...]:
+    """The ``Screen`` rows a ``Thresholds`` field carries (none: a field the table must not miss)."""
+    return tuple(m for m in Thresholds.model_fields[field].metadata if isinstance(m, Screen))
+
+
 class Thresholds(_Wire):
     """Screening thresholds of docs/method.md. Every one is overridable in the spec.
 
     The one declaration of the thresholds: ``cluster.steps.spec.ThresholdsSpec`` (every field
     optional, same bounds) and the CRD's ``spec.thresholds`` schema (the description, with
     "(default X)" from the default here) are written from these fields by ``deploy/render.py``
-    (``--check`` fails when they are stale). A new threshold is its field here and nothing else."""
+    (``--check`` fails when they are stale), and its rows of docs/method.md's thresholds table from
+    the ``Screen`` its annotation carries (tools/gen_regime_doc.py). A new threshold is its field
+    here and nothing else."""
 
-    data_wait_suspect: Ratio = Field(
+    data_wait_suspect: Annotated[
+        Ratio, Screen("`dataWaitRatio`", "probe: loader wait / step seconds", "above → suspect Data")
+    ] = Field(
         0.10,
         description="Data wait ratio (time blocked on the DataLoader / step time) above which Data is "
         "suspected.",
     )
-    data_wait_fine: Ratio = Field(
+    data_wait_fine: Annotated[Ratio, Screen("", "", "below → Data is fine")] = Field(
         0.01, description="Data wait ratio below which the input pipeline is ruled out."
     )
-    gpu_util_starved: Ratio = Field(
-        0.80, description="GPU utilization below which the accelerator counts as starved."
-    )
-    gpu_util_busy: Ratio = Field(
+    gpu_util_starved: Annotated[
+        Ratio, Screen("`gpuUtilization`", "NVML utilization.gpu", "below → the GPU is starved")
+    ] = Field(0.80, description="GPU utilization below which the accelerator counts as starved.")
+    gpu_util_busy: Annotated[Ratio, Screen("", "", "above → busy")] = Field(
         0.95, description="GPU utilization above which the accelerator counts as busy."
     )
-    sm_active_busy: Ratio = Field(
+    sm_active_busy: Annotated[
+        Ratio, Screen("`smActive`", "GPM (Hopper+)", "SMs busy (not just a kernel resident)")
+    ] = Field(
         0.80,
         description="SM active ratio above which the SMs count as busy, for the compute-bound test.",
     )
-    dram_bandwidth_saturated: Ratio = Field(
+    dram_bandwidth_saturated: Annotated[
+        Ratio, Screen("`dramBandwidthUtilization`", "GPM (Hopper+)", "at/above → memory bandwidth saturated")
+    ] = Field(
         0.70,
         description="DRAM bandwidth utilization above which device memory counts as saturated "
         "(memory-bound).",
     )
-    mfu_investigate: Ratio = Field(
-        0.30, description="Model FLOPs utilization below which efficiency is worth investigating."
-    )
-    mfu_efficient: Ratio = Field(
+    mfu_investigate: Annotated[
+        Ratio, Screen("`mfu`", "FLOPs / peak", "below → low hardware efficiency η")
+    ] = Field(0.30, description="Model FLOPs utilization below which efficiency is worth investigating.")
+    mfu_efficient: Annotated[Ratio, Screen("", "", "above → efficient")] = Field(
         0.50, description="Model FLOPs utilization above which the job counts as efficient."
     )
-    main_cpu_saturated_cores: Annotated[float, Field(gt=0.0, le=4.0)] = Field(
+    main_cpu_saturated_cores: Annotated[
+        Annotated[float, Field(gt=0.0, le=4.0)],
+        Screen("`mainCpuCores`", "/proc, role=main", "at/above → the Python thread saturates a core"),
+    ] = Field(
         0.90,
         description="CPU of the main training thread, in cores, at or above which it counts as saturated "
         "(launch/Python overhead, latency-bound).",
     )
-    cpu_throttled_suspect: Ratio = Field(
+    cpu_throttled_suspect: Annotated[
+        Ratio,
+        Screen(
+            "`cpuThrottledRatio`",
+            "cgroup CFS throttled time / window",
+            "above → the CPU quota throttles the job",
+        ),
+    ] = Field(
         0.10,
         description="CFS throttled ratio of the training container above which the CPU limit is suspected.",
     )
     # A busy node: the step would be 1 / (1 - share) times shorter without the run-queue delay.
-    cpu_wait_suspect: Ratio = Field(
+    cpu_wait_suspect: Annotated[
+        Ratio,
+        Screen(
+            "`cpuWaitRatio`",
+            "run-queue delay of the main process (`/proc/<pid>/schedstat` field 2, its main thread) / window",
+            "at/above → a busy node holds the job back (`raise-cpu-request`)",
+        ),
+        Screen(
+            "`workerCpuWaitRatio`",
+            "the loader workers' run-queue delay / (window × workers)",
+            "at/above in an input-bound job → the node starves the loader",
+        ),
+    ] = Field(
         0.20,
         description="Run-queue delay of the main training process / wall time at or above which a busy "
         "node holds the job back.",
     )
     # Tensor cores in use or not chooses the compute-bound lever.
-    tensor_active_low: Ratio = Field(
-        0.20, description="Tensor-pipe active ratio above which tensor cores count as in use."
-    )
-    worker_cpu_saturated: Ratio = Field(
+    tensor_active_low: Annotated[
+        Ratio, Screen("`tensorActive`", "GPM (Hopper+)", "below → matrix math misses the tensor cores")
+    ] = Field(0.20, description="Tensor-pipe active ratio above which tensor cores count as in use.")
+    worker_cpu_saturated: Annotated[
+        Ratio,
+        Screen(
+            "`workerCpuCores` + `mainCpuCores` vs the container CPU limit",
+            "/proc, cgroup",
+            "share at/above → CPU limit saturated",
+        ),
+    ] = Field(
         0.90,
         description="Share of the container's CPU limit used by DataLoader workers at or above which "
         "they saturate it.",
     )
-    min_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
-        3, description="Fewest training steps in a window that still support a verdict."
-    )
-    communication_suspect: Ratio = Field(
+    min_steps: Annotated[
+        Annotated[int, Field(ge=1, le=1_000_000)], Screen("steps in the window", "probe", "fewer → `unknown`")
+    ] = Field(3, description="Fewest training steps in a window that still support a verdict.")
+    communication_suspect: Annotated[
+        Ratio,
+        Screen(
+            "`exposedCommunicationRatio`",
+            "probe: exposed collective seconds / step seconds, the least-waiting rank's "
+            "(its wait for a saving rank's checkpoint out, 2b)",
+            "above → suspect communication",
+        ),
+    ] = Field(
         0.10,
         description="Skew-corrected exposed communication (the least-waiting rank's) above this share of "
         "the step suspects communication-bound.",
     )
-    straggler_skew: Ratio = Field(
+    straggler_skew: Annotated[
+        Ratio,
+        Screen(
+            "`collectiveSkew`",
+            "probe: (max − min collective seconds per step across ranks) / step time",
+            "above → one rank holds the job back (a straggler)",
+        ),
+    ] = Field(
         0.10,
         description="Spread of collective wait per step across ranks (max - min) above this share of the "
         "step names a straggler.",
     )
-    gpu_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = Field(
+    gpu_memory_full: Annotated[
+        Annotated[float, Field(gt=0.5, le=1.0)],
+        Screen(
+            "`gpuMemoryUsedRatio`", "NVML memory used / total, the fullest GPU", "above → memory capacity"
+        ),
+    ] = Field(
         0.95,
         description="Device memory used above this share of total means memory capacity is the limit.",
     )
-    container_memory_full: Annotated[float, Field(gt=0.5, le=1.0)] = Field(
+    container_memory_full: Annotated[
+        Annotated[float, Field(gt=0.5, le=1.0)],
+        Screen(
+            "`containerMemoryRatio`",
+            "cgroup `memory.current` / `memory.max`",
+            "at/above → memory capacity when resident memory corroborates, else a warning",
+        ),
+    ] = Field(
         0.95,
         description="Container memory at this share of its limit or above is a weaker memory-capacity "
         "screen.",
     )
     # Checkpoint-bound when no larger loss (data wait, exposed communication) explains more.
-    checkpoint_suspect: Ratio = Field(
+    checkpoint_suspect: Annotated[
+        Ratio,
+        Screen(
+            "`checkpointRatio`",
+            "time the training thread blocked in checkpoint saves (`torch.save`, "
+            "`torch.distributed.checkpoint.save`, the blocking part of `async_save`) / window, "
+            "the most-saving process",
+            "above, and larger than the data wait and the exposed communication → checkpoint-bound",
+        ),
+    ] = Field(
         0.10,
         description="Time the training thread blocked in checkpoint saves / wall time above which the "
         "job is checkpoint-bound.",

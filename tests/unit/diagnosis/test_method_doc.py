@@ -1,5 +1,6 @@
 """docs/method.md names every threshold, regime and lever the engine uses; its regime table and
-docs/architecture.md's are generated from the lever catalogue (tools/gen_regime_doc.py)."""
+docs/architecture.md's are generated from the lever catalogue, its thresholds table from the
+thresholds' fields (tools/gen_regime_doc.py)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,20 @@ def test_the_check_finds_a_stale_table_and_a_rewrite_mends_it(
     assert tool.main([]) == 0
     assert page.read_text(encoding="utf-8") == METHOD
     assert tool.main(["--check"]) == 0
+
+
+def test_a_threshold_without_its_screen_stops_the_thresholds_table(
+    tool: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dam_operator.diagnosis import observation
+
+    real = observation.screens
+    monkeypatch.setattr(observation, "screens", lambda f: () if f == "min_steps" else real(f))
+    with pytest.raises(SystemExit, match=r"Thresholds\.min_steps"):
+        tool.thresholds_table(observation)
+
+
+def test_a_threshold_screening_two_signals_has_a_row_for_each() -> None:
+    block = METHOD.split("<!-- thresholds:begin -->", 1)[1].split("<!-- thresholds:end -->", 1)[0]
+    rows = [line for line in block.splitlines() if "| `cpuWaitSuspect` |" in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["`cpuWaitRatio`", "`workerCpuWaitRatio`"]
