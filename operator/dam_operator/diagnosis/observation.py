@@ -282,7 +282,8 @@ class Thresholds(_Wire):
         0.50, description="Model FLOPs utilization above which the job counts as efficient."
     )
     main_cpu_saturated_cores: Annotated[
-        Annotated[float, Field(gt=0.0, le=4.0)],
+        float,
+        Field(gt=0.0, le=4.0),
         Screen("`mainCpuCores`", "/proc, role=main", "at/above → the Python thread saturates a core"),
     ] = Field(
         0.90,
@@ -335,7 +336,7 @@ class Thresholds(_Wire):
         "they saturate it.",
     )
     min_steps: Annotated[
-        Annotated[int, Field(ge=1, le=1_000_000)], Screen("steps in the window", "probe", "fewer → `unknown`")
+        int, Field(ge=1, le=1_000_000), Screen("steps in the window", "probe", "fewer → `unknown`")
     ] = Field(3, description="Fewest training steps in a window that still support a verdict.")
     communication_suspect: Annotated[
         Ratio,
@@ -363,7 +364,8 @@ class Thresholds(_Wire):
         "step names a straggler.",
     )
     gpu_memory_full: Annotated[
-        Annotated[float, Field(gt=0.5, le=1.0)],
+        float,
+        Field(gt=0.5, le=1.0),
         Screen(
             "`gpuMemoryUsedRatio`", "NVML memory used / total, the fullest GPU", "above → memory capacity"
         ),
@@ -372,7 +374,8 @@ class Thresholds(_Wire):
         description="Device memory used above this share of total means memory capacity is the limit.",
     )
     container_memory_full: Annotated[
-        Annotated[float, Field(gt=0.5, le=1.0)],
+        float,
+        Field(gt=0.5, le=1.0),
         Screen(
             "`containerMemoryRatio`",
             "cgroup `memory.current` / `memory.max`",
