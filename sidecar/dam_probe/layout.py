@@ -140,8 +140,9 @@ import os
 import stat
 import struct
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 MAGIC: Final = b"DAMPROBE"
 VERSION: Final = 2
@@ -224,30 +225,10 @@ UNKNOWN_RANK: Final = -1
 
 _HEADER = struct.Struct("<8sII")  # magic, version, size
 _SEQ = struct.Struct("<Q")
-_PAYLOAD = struct.Struct("<QQQQQQQdIIQQQ")  # pid .. cgroup id (offset 24..120)
-_PAYLOAD_V2 = struct.Struct("<iiiIQQQQQQQQ")  # rank .. memory cgroup id (offset 512..592)
+_PAYLOAD = struct.Struct("<QQQQQQQdII")  # pid .. flags (offset 24..96); the rest: FIELDS
 _SEQ_OFFSET: Final = 16
 _PAYLOAD_OFFSET: Final = 24
 _DEVICES_OFFSET: Final = 128
-_V2_OFFSET: Final = 512
-_PROCESS = struct.Struct("<QQQQII")  # main CPU ns .. PID namespace (offset 592..632, flag bit 4)
-_PROCESS_OFFSET: Final = 592
-_RUN_QUEUE = struct.Struct("<QQ")  # run-queue delay ns: main, workers (offset 632..648, flag bit 5)
-_RUN_QUEUE_OFFSET: Final = 632
-_LOADER_KILLS = struct.Struct("<II")  # workers killed, last signal (offset 648..656, flag bit 6)
-_LOADER_KILLS_OFFSET: Final = 648
-_GOODPUT = struct.Struct("<QQQQ")  # process start, startup, productive, other (656..688, bit 7)
-_GOODPUT_OFFSET: Final = 656
-_CHECKPOINTS = struct.Struct("<QQQQQ")  # blocked, inside steps, saves, last end, steps (688..728, bit 8)
-_CHECKPOINTS_OFFSET: Final = 688
-_FLOPS = struct.Struct("<dQII")  # measured FLOPs, wall ns, steps, state (728..752; state under bit 7)
-_FLOPS_OFFSET: Final = 728
-_FLOPS_REASON = struct.Struct("<I44s")  # reason, detail (752..800, flag bit 10)
-_FLOPS_REASON_OFFSET: Final = 752
-_PROGRESS = struct.Struct("<QQQI4x40s152s")  # entered .. frames (800..1024, flag bit 11)
-_PROGRESS_OFFSET: Final = 800
-_LOADER = struct.Struct("<HHBB2x")  # workers, prefetch, pin, persistent (offset 120..128, flag bit 12)
-_LOADER_OFFSET: Final = 120
 _U16_MAX: Final = 2**16 - 1
 _I32_MAX: Final = 2**31 - 1
 _U32_MAX: Final = 2**32 - 1
@@ -391,77 +372,7 @@ class ProbeRecord:
     version: int = VERSION  # the layout version the record was read from (or will be written as)
 
     def __post_init__(self) -> None:
-        _needs(
-            self.cgroup_throttled_ns,
-            (self.cgroup_limit_millicores, self.cgroup_id),
-            "cgroup_limit_millicores and cgroup_id need cgroup_throttled_ns",
-        )
-        _needs(
-            self.collectives,
-            (self.collective_ns, self.collective_exposed_ns, self.collective_bytes),
-            "collective_ns, collective_exposed_ns and collective_bytes need collectives",
-        )
-        _needs(
-            self.memory_usage_bytes,
-            (self.memory_limit_bytes, self.oom_kills, self.memory_cgroup_id),
-            "memory_limit_bytes, oom_kills and memory_cgroup_id need memory_usage_bytes",
-        )
-        _needs(
-            self.process_cpu_ns,
-            (
-                self.worker_cpu_ns,
-                self.process_rss_bytes,
-                self.worker_rss_bytes,
-                self.workers,
-                self.pid_namespace,
-            ),
-            "worker_cpu_ns, the RSS fields, workers and pid_namespace need process_cpu_ns",
-        )
-        _needs(
-            self.loader_worker_kills,
-            (self.loader_kill_signal,),
-            "loader_kill_signal needs loader_worker_kills",
-        )
-        _needs(
-            self.run_queue_ns,
-            (self.worker_run_queue_ns,),
-            "worker_run_queue_ns needs run_queue_ns",
-        )
-        _together(
-            (self.process_start_ns, self.startup_ns, self.productive_ns, self.other_ns, self.flops_state),
-            "process_start_ns, startup_ns, productive_ns, other_ns, flops_state go together",
-        )
-        _together(
-            (
-                self.checkpoint_ns,
-                self.checkpoint_step_ns,
-                self.checkpoints,
-                self.last_checkpoint_ns,
-                self.last_checkpoint_steps,
-            ),
-            "the five checkpoint fields go together",
-        )
-        _together(
-            (self.measured_flops_per_step, self.flops_measured_ns, self.flops_measured_steps),
-            "measured_flops_per_step, flops_measured_ns, flops_measured_steps go together",
-        )
-        _together((self.flops_reason, self.flops_detail), "flops_reason and flops_detail go together")
-        _together(
-            (
-                self.collectives_entered,
-                self.last_batch_ns,
-                self.place_read_ns,
-                self.place,
-                self.place_detail,
-                self.place_frames,
-            ),
-            "the six progress fields go together",
-        )
-        _needs(
-            self.loader_num_workers,
-            (self.loader_prefetch_factor, self.loader_pin_memory, self.loader_persistent_workers),
-            "the DataLoader settings need loader_num_workers",
-        )
+        _check_groups(self)
         if self.measured_flops_per_step is not None and not (
             math.isfinite(self.measured_flops_per_step) and self.measured_flops_per_step >= 0
         ):
@@ -514,18 +425,6 @@ def _check_ranks(record: ProbeRecord) -> None:
             raise ValueError(f"{name} must be between 0 and {_I32_MAX}, got {value}")
 
 
-def _needs(anchor: object, fields: tuple[object, ...], message: str) -> None:
-    """``fields`` are only known with ``anchor`` (a ``ValueError(message)`` otherwise)."""
-    if anchor is None and any(v is not None for v in fields):
-        raise ValueError(message)
-
-
-def _together(fields: tuple[object, ...], message: str) -> None:
-    """``fields`` are all known or none is (a ``ValueError(message)`` otherwise)."""
-    if any(v is None for v in fields) and any(v is not None for v in fields):
-        raise ValueError(message)
-
-
 def probe_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{FILE_PREFIX}{pid}{FILE_SUFFIX}")
 
@@ -547,31 +446,6 @@ def _rank_field(value: int | None) -> int:
     return UNKNOWN_RANK if value is None else value
 
 
-_V2_FLAGS: Final = (  # a version-2 flag bit, set when its field is known (not None)
-    (FLAG_MEMORY, "memory_usage_bytes"),
-    (FLAG_COLLECTIVES, "collectives"),
-    (FLAG_PROCESS, "process_cpu_ns"),
-    (FLAG_LOADER_KILLS, "loader_worker_kills"),
-    (FLAG_RUN_QUEUE, "run_queue_ns"),
-    (FLAG_GOODPUT, "productive_ns"),
-    (FLAG_CHECKPOINTS, "checkpoint_ns"),
-    (FLAG_FLOPS_MEASURED, "measured_flops_per_step"),
-    (FLAG_FLOPS_REASON, "flops_reason"),
-    (FLAG_PROGRESS, "collectives_entered"),
-    (FLAG_LOADER_SETTINGS, "loader_num_workers"),
-    (FLAG_PRECISION, "matmul_precision"),
-)
-
-
-def _flags(record: ProbeRecord) -> int:
-    flags = (FLAG_CLOSED if record.closed else 0) | (0 if record.cgroup_throttled_ns is None else FLAG_CGROUP)
-    if record.version >= 2:
-        for bit, name in _V2_FLAGS:
-            if getattr(record, name) is not None:
-                flags |= bit
-    return flags
-
-
 def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
     """The version-1 fields, then (version 2) the rest: what ``encode`` and the writer publish."""
     uuids = record.device_uuids[:MAX_DEVICES]
@@ -588,106 +462,12 @@ def _pack_payload(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
         float(record.flops_per_step),
         len(uuids),
         _flags(record),
-        record.cgroup_throttled_ns or 0,
-        record.cgroup_limit_millicores or 0,
-        record.cgroup_id or 0,
     )
     for i in range(MAX_DEVICES):
         raw = uuids[i].encode("ascii", "replace")[: UUID_BYTES - 1] if i < len(uuids) else b""
         off = _DEVICES_OFFSET + i * UUID_BYTES
         buf[off : off + UUID_BYTES] = raw.ljust(UUID_BYTES, b"\0")
-    if record.version >= 2:
-        _pack_v2(buf, record)
-
-
-def _pack_v2(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
-    _PAYLOAD_V2.pack_into(
-        buf,
-        _V2_OFFSET,
-        _rank_field(record.rank),
-        _rank_field(record.local_rank),
-        _rank_field(record.world_size),
-        min(record.matmul_precision or 0, _U32_MAX),
-        record.collectives or 0,
-        record.collective_ns or 0,
-        record.collective_exposed_ns or 0,
-        record.collective_bytes or 0,
-        record.memory_usage_bytes or 0,
-        record.memory_limit_bytes or 0,
-        record.oom_kills or 0,
-        record.memory_cgroup_id or 0,
-    )
-    _PROCESS.pack_into(
-        buf,
-        _PROCESS_OFFSET,
-        record.process_cpu_ns or 0,
-        record.worker_cpu_ns or 0,
-        record.process_rss_bytes or 0,
-        record.worker_rss_bytes or 0,
-        min(record.workers or 0, _U32_MAX),
-        (record.pid_namespace or 0) & _U32_MAX,
-    )
-    _RUN_QUEUE.pack_into(buf, _RUN_QUEUE_OFFSET, record.run_queue_ns or 0, record.worker_run_queue_ns or 0)
-    _LOADER_KILLS.pack_into(
-        buf,
-        _LOADER_KILLS_OFFSET,
-        min(record.loader_worker_kills or 0, _U32_MAX),
-        min(record.loader_kill_signal or 0, _U32_MAX),
-    )
-    _GOODPUT.pack_into(
-        buf,
-        _GOODPUT_OFFSET,
-        record.process_start_ns or 0,
-        record.startup_ns or 0,
-        record.productive_ns or 0,
-        record.other_ns or 0,
-    )
-    _CHECKPOINTS.pack_into(
-        buf,
-        _CHECKPOINTS_OFFSET,
-        record.checkpoint_ns or 0,
-        record.checkpoint_step_ns or 0,
-        record.checkpoints or 0,
-        record.last_checkpoint_ns or 0,
-        record.last_checkpoint_steps or 0,
-    )
-    _FLOPS.pack_into(
-        buf,
-        _FLOPS_OFFSET,
-        float(record.measured_flops_per_step or 0.0),
-        record.flops_measured_ns or 0,
-        min(record.flops_measured_steps or 0, _U32_MAX),
-        min(record.flops_state or 0, _U32_MAX),
-    )
-    _FLOPS_REASON.pack_into(
-        buf,
-        _FLOPS_REASON_OFFSET,
-        min(record.flops_reason or 0, _U32_MAX),
-        (record.flops_detail or "").encode("ascii", "replace")[:FLOPS_DETAIL_BYTES],
-    )
-    _PROGRESS.pack_into(
-        buf,
-        _PROGRESS_OFFSET,
-        record.collectives_entered or 0,
-        record.last_batch_ns or 0,
-        record.place_read_ns or 0,
-        min(record.place or 0, _U32_MAX),
-        (record.place_detail or "").encode("ascii", "replace")[:PLACE_DETAIL_BYTES],
-        (record.place_frames or "").encode("ascii", "replace")[:PLACE_FRAMES_BYTES],
-    )
-    _pack_loader(buf, record)
-
-
-def _pack_loader(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
-    """The DataLoader settings (offset 120..128, version 2: flag bit 12)."""
-    _LOADER.pack_into(
-        buf,
-        _LOADER_OFFSET,
-        min(record.loader_num_workers or 0, _U16_MAX),
-        min(record.loader_prefetch_factor or 0, _U16_MAX),
-        _switch_field(record.loader_pin_memory),
-        _switch_field(record.loader_persistent_workers),
-    )
+    _pack_fields(buf, record)
 
 
 def _switch_field(value: bool | None) -> int:
@@ -699,127 +479,16 @@ def _switch_or_none(raw: int) -> bool | None:
     return {1: False, 2: True}.get(raw)
 
 
-def _loader_settings_fields(data: bytes, flags: int) -> dict[str, int | bool | None]:
-    """The DataLoader settings of a version-2 image (flag bit 12); {} without the flag."""
-    if not flags & FLAG_LOADER_SETTINGS:
-        return {}
-    workers, prefetch, pin, persistent = _LOADER.unpack_from(data, _LOADER_OFFSET)
-    return {
-        "loader_num_workers": workers,
-        "loader_prefetch_factor": prefetch or None,
-        "loader_pin_memory": _switch_or_none(pin),
-        "loader_persistent_workers": _switch_or_none(persistent),
-    }
-
-
-def _pair_kwargs(
-    loader_kills: tuple[int, int] | None,
-    run_queue: tuple[int, int] | None,
-    flops_reason: tuple[int, str] | None,
-) -> dict[str, object]:
-    """``ProbeRecord`` fields of ``publish``'s pairs: loader kills, run-queue delays, FLOPs' reason."""
-    out: dict[str, object] = {}
-    for (first, second), pair in (
-        (("loader_worker_kills", "loader_kill_signal"), loader_kills),
-        (("run_queue_ns", "worker_run_queue_ns"), run_queue),
-        (("flops_reason", "flops_detail"), flops_reason),
-    ):
-        out[first], out[second] = (None, None) if pair is None else pair
-    return out
-
-
-def _goodput_kwargs(
-    goodput: tuple[int, int, int, int, int] | None,
-    checkpoints: tuple[int, int, int, int, int] | None,
-    measured_flops: tuple[float, int, int] | None,
-) -> dict[str, int | float]:
-    out: dict[str, int | float] = {}
-    if goodput is not None:
-        out.update(zip(_GOODPUT_NAMES, goodput, strict=True))
-    if checkpoints is not None:
-        out.update(zip(_CHECKPOINT_NAMES, checkpoints, strict=True))
-    if measured_flops is not None:
-        out.update(zip(_FLOPS_NAMES, measured_flops, strict=True))
-    return out
-
-
-_GOODPUT_NAMES: Final = ("process_start_ns", "startup_ns", "productive_ns", "other_ns", "flops_state")
-_CHECKPOINT_NAMES: Final = (
-    "checkpoint_ns",
-    "checkpoint_step_ns",
-    "checkpoints",
-    "last_checkpoint_ns",
-    "last_checkpoint_steps",
-)
-_FLOPS_NAMES: Final = ("measured_flops_per_step", "flops_measured_ns", "flops_measured_steps")
-
-
-_PROCESS_NAMES: Final = (
-    "process_cpu_ns",
-    "worker_cpu_ns",
-    "process_rss_bytes",
-    "worker_rss_bytes",
-    "workers",
-    "pid_namespace",
-)
-
-
-def _process_fields(process: tuple[int, int, int, int, int, int] | None) -> dict[str, int]:
-    return {} if process is None else dict(zip(_PROCESS_NAMES, process, strict=True))
-
-
-_PROGRESS_NAMES: Final = (
-    "collectives_entered",
-    "last_batch_ns",
-    "place_read_ns",
-    "place",
-    "place_detail",
-    "place_frames",
-)
-
-
-def _progress_fields(progress: tuple[int, int, int, int, str, str] | None) -> dict[str, int | str]:
-    return {} if progress is None else dict(zip(_PROGRESS_NAMES, progress, strict=True))
-
-
-_LOADER_NAMES: Final = (
-    "loader_num_workers",
-    "loader_prefetch_factor",
-    "loader_pin_memory",
-    "loader_persistent_workers",
-)
-
-
-def _loader_fields(
-    settings: tuple[int, int | None, bool | None, bool | None] | None,
-) -> dict[str, int | bool | None]:
-    return {} if settings is None else dict(zip(_LOADER_NAMES, settings, strict=True))
-
-
 def _rank_or_none(value: int) -> int | None:
     return value if value >= 0 else None
-
-
-# The version-2 blocks that ``decode`` reads as they stand: flag bit, struct, offset, the fields in order.
-_V2_BLOCKS: Final = (
-    (
-        FLAG_PROCESS,
-        _PROCESS,
-        _PROCESS_OFFSET,
-        _PROCESS_NAMES,
-    ),
-    (FLAG_RUN_QUEUE, _RUN_QUEUE, _RUN_QUEUE_OFFSET, ("run_queue_ns", "worker_run_queue_ns")),
-    (FLAG_LOADER_KILLS, _LOADER_KILLS, _LOADER_KILLS_OFFSET, ("loader_worker_kills", "loader_kill_signal")),
-    (FLAG_CHECKPOINTS, _CHECKPOINTS, _CHECKPOINTS_OFFSET, _CHECKPOINT_NAMES),
-)
 
 
 def decode(data: bytes) -> tuple[int, ProbeRecord]:
     """Parse one file image (layout version 1 or 2) into ``(sequence, record)``; raises ProbeFormatError."""
     version = _check_header(data)
     (sequence,) = _SEQ.unpack_from(data, _SEQ_OFFSET)
-    (pid, start, steps, wait, step, last, batch, flops, n_dev, flags, throttled, limit, cgroup_id) = (
-        _PAYLOAD.unpack_from(data, _PAYLOAD_OFFSET)
+    (pid, start, steps, wait, step, last, batch, flops, n_dev, flags) = _PAYLOAD.unpack_from(
+        data, _PAYLOAD_OFFSET
     )
     if n_dev > MAX_DEVICES:
         raise ProbeFormatError(f"device count {n_dev} exceeds {MAX_DEVICES}")
@@ -830,44 +499,6 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         off = _DEVICES_OFFSET + i * UUID_BYTES
         raw = bytes(data[off : off + UUID_BYTES]).split(b"\0", 1)[0]
         uuids.append(raw.decode("ascii", "replace"))
-    cgroup = bool(flags & FLAG_CGROUP)  # clear in files written before the cgroup fields existed
-    extra: dict[str, int | float | str | None] = {}
-    if version >= 2:
-        (
-            rank,
-            local_rank,
-            world,
-            precision,
-            colls,
-            coll_ns,
-            exposed_ns,
-            coll_bytes,
-            mem,
-            mem_limit,
-            ooms,
-            mem_id,
-        ) = _PAYLOAD_V2.unpack_from(data, _V2_OFFSET)
-        extra.update(
-            rank=_rank_or_none(rank), local_rank=_rank_or_none(local_rank), world_size=_rank_or_none(world)
-        )
-        if flags & FLAG_PRECISION:
-            extra["matmul_precision"] = precision if precision in PRECISION_NAMES else PRECISION_UNKNOWN
-        if flags & FLAG_COLLECTIVES:
-            extra.update(
-                collectives=colls,
-                collective_ns=coll_ns,
-                collective_exposed_ns=exposed_ns,
-                collective_bytes=coll_bytes,
-            )
-        if flags & FLAG_MEMORY:
-            extra.update(
-                memory_usage_bytes=mem, memory_limit_bytes=mem_limit, oom_kills=ooms, memory_cgroup_id=mem_id
-            )
-        for bit, block, offset, names in _V2_BLOCKS:
-            if flags & bit:
-                extra.update(zip(names, block.unpack_from(data, offset), strict=True))
-        extra.update(_goodput_fields(data, flags))
-        extra.update(_loader_settings_fields(data, flags))
     return sequence, ProbeRecord(
         pid=pid,
         start_time_ns=start,
@@ -879,49 +510,9 @@ def decode(data: bytes) -> tuple[int, ProbeRecord]:
         flops_per_step=flops,
         closed=bool(flags & FLAG_CLOSED),
         device_uuids=tuple(uuids),
-        cgroup_throttled_ns=throttled if cgroup else None,
-        cgroup_limit_millicores=limit if cgroup else None,
-        cgroup_id=cgroup_id if cgroup else None,
         version=version,
-        **extra,  # type: ignore[arg-type]
+        **_unpack_fields(data, version, flags),
     )
-
-
-def _goodput_fields(data: bytes, flags: int) -> dict[str, int | float | str]:
-    """The goodput and measured-FLOP fields of a version-2 image, by their flag bits."""
-    out: dict[str, int | float | str] = {}
-    measured, measured_ns, measured_steps, state = _FLOPS.unpack_from(data, _FLOPS_OFFSET)
-    if flags & FLAG_GOODPUT:
-        start, startup, productive, other = _GOODPUT.unpack_from(data, _GOODPUT_OFFSET)
-        out.update(
-            process_start_ns=start,
-            startup_ns=startup,
-            productive_ns=productive,
-            other_ns=other,
-            flops_state=state if state in FLOPS_STATES else FLOPS_UNAVAILABLE,
-        )
-    if flags & FLAG_FLOPS_MEASURED:
-        if not math.isfinite(measured) or measured < 0:
-            raise ProbeFormatError(f"invalid measured FLOPs per step {measured}")
-        out.update(
-            measured_flops_per_step=measured,
-            flops_measured_ns=measured_ns,
-            flops_measured_steps=measured_steps,
-        )
-    if flags & FLAG_FLOPS_REASON:
-        reason, detail = _FLOPS_REASON.unpack_from(data, _FLOPS_REASON_OFFSET)
-        out.update(flops_reason=reason, flops_detail=_ascii_field(detail))
-    if flags & FLAG_PROGRESS:
-        entered, last_batch, read_ns, place, detail, frames = _PROGRESS.unpack_from(data, _PROGRESS_OFFSET)
-        out.update(
-            collectives_entered=entered,
-            last_batch_ns=last_batch,
-            place_read_ns=read_ns,
-            place=place if place in PLACE_NAMES else PLACE_NONE,
-            place_detail=_ascii_field(detail),
-            place_frames=_text_field(frames),
-        )
-    return out
 
 
 def _ascii_field(raw: bytes) -> str:
@@ -933,6 +524,260 @@ def _ascii_field(raw: bytes) -> str:
 def _text_field(raw: bytes) -> str:
     """``_ascii_field`` that keeps its line breaks (the frames field: one frame a line)."""
     return "\n".join(_ascii_field(line) for line in raw.split(b"\0", 1)[0].split(b"\n"))
+
+
+# The field table: every field after the version-1 core (pid .. flags, the device UUIDs), one row each.
+# It drives the writer (``_pack_fields``), the reader (``_unpack_fields``), ``ProbeRecord``'s validation
+# (``_GROUPS``) and the sidecar's sampler (``dam_sidecar.samplers.probe``). A field is read back only from
+# a layout at least as new as its ``version`` and, when it has one, with its ``flag`` bit set; otherwise
+# it is None. ``kind``: counter (cumulative), gauge, or info (an identity, a state, text).
+def _u(bits: int) -> Callable[[Any], int]:
+    top = 2**bits - 1
+    return lambda value: min(value or 0, top)
+
+
+def _q(value: Any) -> int:
+    return value or 0  # type: ignore[no-any-return]
+
+
+def _text(size: int) -> Callable[[Any], bytes]:
+    return lambda value: (value or "").encode("ascii", "replace")[:size]
+
+
+def _keep(raw: Any) -> Any:
+    return raw
+
+
+def _one_of(known: Iterable[int], otherwise: int) -> Callable[[Any], int]:
+    values = frozenset(known)
+    return lambda raw: raw if raw in values else otherwise
+
+
+def _measured(raw: Any) -> float:
+    if not math.isfinite(raw) or raw < 0:
+        raise ProbeFormatError(f"invalid measured FLOPs per step {raw}")
+    return float(raw)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One ``ProbeRecord`` field in the file: its struct code at its offset, under a flag bit."""
+
+    name: str
+    code: str
+    offset: int
+    version: int  # the layout version that introduced it
+    flag: int  # the flag bit that marks it valid; 0: always, from its version
+    unit: str  # "ns", "bytes", "count", "millicores", "flops", "" (an id, a state, text)
+    kind: str = "gauge"  # "counter" | "gauge" | "info"
+    put: Callable[[Any], Any] = _q  # record value (None = unknown) -> raw
+    get: Callable[[Any], Any] = _keep  # raw -> record value
+    packer: struct.Struct = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "packer", struct.Struct("<" + self.code))
+
+
+_C = "counter"
+_I = "info"
+FIELDS: Final = (
+    Field("cgroup_throttled_ns", "Q", 96, 1, FLAG_CGROUP, "ns", _C),
+    Field("cgroup_limit_millicores", "Q", 104, 1, FLAG_CGROUP, "millicores"),
+    Field("cgroup_id", "Q", 112, 1, FLAG_CGROUP, "", _I),
+    Field("loader_num_workers", "H", 120, 2, FLAG_LOADER_SETTINGS, "count", put=_u(16)),
+    Field(
+        "loader_prefetch_factor",
+        "H",
+        122,
+        2,
+        FLAG_LOADER_SETTINGS,
+        "count",
+        put=_u(16),
+        get=lambda r: r or None,
+    ),
+    Field("loader_pin_memory", "B", 124, 2, FLAG_LOADER_SETTINGS, "", _I, _switch_field, _switch_or_none),
+    Field(
+        "loader_persistent_workers", "B", 125, 2, FLAG_LOADER_SETTINGS, "", _I, _switch_field, _switch_or_none
+    ),
+    Field("rank", "i", 512, 2, 0, "", _I, _rank_field, _rank_or_none),
+    Field("local_rank", "i", 516, 2, 0, "", _I, _rank_field, _rank_or_none),
+    Field("world_size", "i", 520, 2, 0, "", _I, _rank_field, _rank_or_none),
+    Field("matmul_precision", "I", 524, 2, FLAG_PRECISION, "", _I, _u(32), _one_of(PRECISION_NAMES, 0)),
+    Field("collectives", "Q", 528, 2, FLAG_COLLECTIVES, "count", _C),
+    Field("collective_ns", "Q", 536, 2, FLAG_COLLECTIVES, "ns", _C),
+    Field("collective_exposed_ns", "Q", 544, 2, FLAG_COLLECTIVES, "ns", _C),
+    Field("collective_bytes", "Q", 552, 2, FLAG_COLLECTIVES, "bytes", _C),
+    Field("memory_usage_bytes", "Q", 560, 2, FLAG_MEMORY, "bytes"),
+    Field("memory_limit_bytes", "Q", 568, 2, FLAG_MEMORY, "bytes"),
+    Field("oom_kills", "Q", 576, 2, FLAG_MEMORY, "count", _C),
+    Field("memory_cgroup_id", "Q", 584, 2, FLAG_MEMORY, "", _I),
+    Field("process_cpu_ns", "Q", 592, 2, FLAG_PROCESS, "ns", _C),
+    Field("worker_cpu_ns", "Q", 600, 2, FLAG_PROCESS, "ns", _C),
+    Field("process_rss_bytes", "Q", 608, 2, FLAG_PROCESS, "bytes"),
+    Field("worker_rss_bytes", "Q", 616, 2, FLAG_PROCESS, "bytes"),
+    Field("workers", "I", 624, 2, FLAG_PROCESS, "count", put=_u(32)),
+    Field("pid_namespace", "I", 628, 2, FLAG_PROCESS, "", _I, lambda v: (v or 0) & _U32_MAX),
+    Field("run_queue_ns", "Q", 632, 2, FLAG_RUN_QUEUE, "ns", _C),
+    Field("worker_run_queue_ns", "Q", 640, 2, FLAG_RUN_QUEUE, "ns", _C),
+    Field("loader_worker_kills", "I", 648, 2, FLAG_LOADER_KILLS, "count", _C, _u(32)),
+    Field("loader_kill_signal", "I", 652, 2, FLAG_LOADER_KILLS, "", _I, _u(32)),
+    Field("process_start_ns", "Q", 656, 2, FLAG_GOODPUT, "ns", _I),
+    Field("startup_ns", "Q", 664, 2, FLAG_GOODPUT, "ns"),
+    Field("productive_ns", "Q", 672, 2, FLAG_GOODPUT, "ns", _C),
+    Field("other_ns", "Q", 680, 2, FLAG_GOODPUT, "ns", _C),
+    Field("checkpoint_ns", "Q", 688, 2, FLAG_CHECKPOINTS, "ns", _C),
+    Field("checkpoint_step_ns", "Q", 696, 2, FLAG_CHECKPOINTS, "ns", _C),
+    Field("checkpoints", "Q", 704, 2, FLAG_CHECKPOINTS, "count", _C),
+    Field("last_checkpoint_ns", "Q", 712, 2, FLAG_CHECKPOINTS, "ns", _I),
+    Field("last_checkpoint_steps", "Q", 720, 2, FLAG_CHECKPOINTS, "count", _I),
+    Field(
+        "measured_flops_per_step",
+        "d",
+        728,
+        2,
+        FLAG_FLOPS_MEASURED,
+        "flops",
+        put=lambda v: float(v or 0.0),
+        get=_measured,
+    ),
+    Field("flops_measured_ns", "Q", 736, 2, FLAG_FLOPS_MEASURED, "ns"),
+    Field("flops_measured_steps", "I", 744, 2, FLAG_FLOPS_MEASURED, "count", put=_u(32)),
+    Field("flops_state", "I", 748, 2, FLAG_GOODPUT, "", _I, _u(32), _one_of(FLOPS_STATES, FLOPS_UNAVAILABLE)),
+    Field("flops_reason", "I", 752, 2, FLAG_FLOPS_REASON, "", _I, _u(32)),
+    Field(
+        "flops_detail",
+        f"{FLOPS_DETAIL_BYTES}s",
+        756,
+        2,
+        FLAG_FLOPS_REASON,
+        "",
+        _I,
+        _text(FLOPS_DETAIL_BYTES),
+        _ascii_field,
+    ),
+    Field("collectives_entered", "Q", 800, 2, FLAG_PROGRESS, "count", _C),
+    Field("last_batch_ns", "Q", 808, 2, FLAG_PROGRESS, "ns", _I),
+    Field("place_read_ns", "Q", 816, 2, FLAG_PROGRESS, "ns", _I),
+    Field("place", "I", 824, 2, FLAG_PROGRESS, "", _I, _u(32), _one_of(PLACE_NAMES, PLACE_NONE)),
+    Field(
+        "place_detail",
+        f"{PLACE_DETAIL_BYTES}s",
+        832,
+        2,
+        FLAG_PROGRESS,
+        "",
+        _I,
+        _text(PLACE_DETAIL_BYTES),
+        _ascii_field,
+    ),
+    Field(
+        "place_frames",
+        f"{PLACE_FRAMES_BYTES}s",
+        872,
+        2,
+        FLAG_PROGRESS,
+        "",
+        _I,
+        _text(PLACE_FRAMES_BYTES),
+        _text_field,
+    ),
+)
+FIELD_NAMES: Final = {f.name: f for f in FIELDS}
+_FIELDS_OF: Final = {v: tuple(f for f in FIELDS if f.version <= v) for v in SIZES}
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Fields known together: ``needs`` (the rest only with the first) or all-or-none; the first's
+    flag bit marks the group valid in the file."""
+
+    flag: int
+    names: tuple[str, ...]
+    together: bool
+    message: str
+
+
+def _group(flag: int, together: bool, message: str, anchor: str | None = None) -> _Group:
+    names = tuple(f.name for f in FIELDS if f.flag == flag)
+    if anchor is not None:
+        names = (anchor, *(n for n in names if n != anchor))
+    return _Group(flag, names, together, message)
+
+
+_GROUPS: Final = (
+    _group(FLAG_CGROUP, False, "cgroup_limit_millicores and cgroup_id need cgroup_throttled_ns"),
+    _group(
+        FLAG_COLLECTIVES, False, "collective_ns, collective_exposed_ns and collective_bytes need collectives"
+    ),
+    _group(FLAG_MEMORY, False, "memory_limit_bytes, oom_kills and memory_cgroup_id need memory_usage_bytes"),
+    _group(
+        FLAG_PROCESS, False, "worker_cpu_ns, the RSS fields, workers and pid_namespace need process_cpu_ns"
+    ),
+    _group(FLAG_LOADER_KILLS, False, "loader_kill_signal needs loader_worker_kills"),
+    _group(FLAG_RUN_QUEUE, False, "worker_run_queue_ns needs run_queue_ns"),
+    _group(
+        FLAG_GOODPUT,
+        True,
+        "process_start_ns, startup_ns, productive_ns, other_ns, flops_state go together",
+        "productive_ns",
+    ),
+    _group(FLAG_CHECKPOINTS, True, "the five checkpoint fields go together"),
+    _group(
+        FLAG_FLOPS_MEASURED,
+        True,
+        "measured_flops_per_step, flops_measured_ns, flops_measured_steps go together",
+    ),
+    _group(FLAG_FLOPS_REASON, True, "flops_reason and flops_detail go together"),
+    _group(FLAG_PROGRESS, True, "the six progress fields go together"),
+    _group(FLAG_LOADER_SETTINGS, False, "the DataLoader settings need loader_num_workers"),
+    _group(FLAG_PRECISION, False, "matmul_precision"),
+)
+# ``ProbeWriter.publish``'s tuples: each is its group's fields in table order.
+_PUBLISHED: Final = {
+    "collectives": FLAG_COLLECTIVES,
+    "memory": FLAG_MEMORY,
+    "process": FLAG_PROCESS,
+    "loader_kills": FLAG_LOADER_KILLS,
+    "run_queue": FLAG_RUN_QUEUE,
+    "goodput": FLAG_GOODPUT,
+    "checkpoints": FLAG_CHECKPOINTS,
+    "measured_flops": FLAG_FLOPS_MEASURED,
+    "flops_reason": FLAG_FLOPS_REASON,
+    "progress": FLAG_PROGRESS,
+    "loader_settings": FLAG_LOADER_SETTINGS,
+}
+_TUPLE_NAMES: Final = {arg: tuple(f.name for f in FIELDS if f.flag == bit) for arg, bit in _PUBLISHED.items()}
+
+
+def _check_groups(record: ProbeRecord) -> None:
+    for group in _GROUPS:
+        values = [getattr(record, name) for name in group.names]
+        if group.together:
+            if any(v is None for v in values) and any(v is not None for v in values):
+                raise ValueError(group.message)
+        elif values[0] is None and any(v is not None for v in values[1:]):
+            raise ValueError(group.message)
+
+
+def _flags(record: ProbeRecord) -> int:
+    flags = FLAG_CLOSED if record.closed else 0
+    for group in _GROUPS:
+        if (group.flag == FLAG_CGROUP or record.version >= 2) and getattr(record, group.names[0]) is not None:
+            flags |= group.flag
+    return flags
+
+
+def _pack_fields(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
+    for f in _FIELDS_OF[record.version]:
+        f.packer.pack_into(buf, f.offset, f.put(getattr(record, f.name)))
+
+
+def _unpack_fields(data: bytes, version: int, flags: int) -> dict[str, Any]:
+    return {
+        f.name: f.get(f.packer.unpack_from(data, f.offset)[0])
+        for f in _FIELDS_OF[version]
+        if not f.flag or flags & f.flag
+    }
 
 
 def _check_header(data: bytes) -> int:
@@ -1114,8 +959,22 @@ class ProbeWriter:
         same way: the table in the module docstring); None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy) window covers one copy.
         known = cgroup_throttled_ns is not None
-        count, coll_ns, exposed_ns, coll_bytes = collectives if collectives is not None else (None,) * 4
-        usage, limit, ooms, memory_id = memory if memory is not None else (None,) * 4
+        published: dict[str, Any] = {}
+        for arg, values in (
+            ("collectives", collectives),
+            ("memory", memory),
+            ("process", process),
+            ("loader_kills", loader_kills),
+            ("run_queue", run_queue),
+            ("goodput", goodput),
+            ("checkpoints", checkpoints),
+            ("measured_flops", measured_flops),
+            ("flops_reason", flops_reason),
+            ("progress", progress),
+            ("loader_settings", loader_settings),
+        ):
+            if values is not None:
+                published.update(zip(_TUPLE_NAMES[arg], values, strict=True))
         _pack_payload(
             self._scratch,
             ProbeRecord(
@@ -1135,20 +994,8 @@ class ProbeWriter:
                 rank=rank,
                 local_rank=local_rank,
                 world_size=world_size,
-                collectives=count,
-                collective_ns=coll_ns,
-                collective_exposed_ns=exposed_ns,
-                collective_bytes=coll_bytes,
-                memory_usage_bytes=usage,
-                memory_limit_bytes=limit,
-                oom_kills=ooms,
-                memory_cgroup_id=memory_id,
-                **_process_fields(process),  # type: ignore[arg-type]
-                **_pair_kwargs(loader_kills, run_queue, flops_reason),  # type: ignore[arg-type]
-                **_goodput_kwargs(goodput, checkpoints, measured_flops),  # type: ignore[arg-type]
-                **_progress_fields(progress),  # type: ignore[arg-type]
-                **_loader_fields(loader_settings),  # type: ignore[arg-type]
                 matmul_precision=matmul_precision,
+                **published,
             ),
         )
         mm = self._mm
