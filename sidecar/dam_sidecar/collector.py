@@ -2,12 +2,15 @@
 
 The per-source collectors (``dam_sidecar.collectors``: the probe files, NVML, the host's CPU and
 cgroup, the sidecar's own health) each read their source in ``sample()`` and show it in
-``collect()``. ``SidecarCollector`` runs their ``sample()`` in list order, once per tick, in a
-background loop (``start()``) or on demand (``sample_now()``), and caches their families and the
-text rendered from them; its own ``collect()`` and ``text()`` only read that cache, so /metrics
-costs a few hundred microseconds whatever NVML does. ``snapshot()`` gives the same samples as a
-``dam_contract.snapshot.Snapshot`` for in-process use (``dam run``'s local mode), built from the cached
-families without rendering and parsing text::
+``collect()``. ``SidecarCollector`` refreshes the feeds they were handed (the probe files, read
+once for the probe, GPU and host collectors), then runs every ``sample()``, once per tick (no
+collector reads what another one sampled: their order is the order of /metrics only), then hands
+the tick's record to its observers (the health collector), in a background loop (``start()``)
+or on demand (``sample_now()``), and caches their families and the text rendered from them;
+its own ``collect()`` and ``text()`` only read that cache, so /metrics costs a few hundred
+microseconds whatever NVML does. ``snapshot()`` gives the same samples as a
+``dam_contract.snapshot.Snapshot`` for in-process use (``dam run``'s local mode), built from the
+cached families without rendering and parsing text::
 
     from dam_sidecar.collector import build_collector
     from dam_sidecar.settings import SidecarSettings
@@ -33,11 +36,11 @@ from prometheus_client.registry import Collector
 
 from dam_contract.snapshot import Sample, Snapshot
 from dam_sidecar.attribution import Attributor
-from dam_sidecar.collectors.base import SourceCollector, Tick
+from dam_sidecar.collectors.base import Feed, SourceCollector, TickObserver, TickRecord
 from dam_sidecar.collectors.gpu import GpuCollector
 from dam_sidecar.collectors.health import HealthCollector
 from dam_sidecar.collectors.host import HostCollector
-from dam_sidecar.collectors.probe import ProbeCollector
+from dam_sidecar.collectors.probe import ProbeCollector, ProbeFeed
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.exposition import Family, render
 from dam_sidecar.samplers.cpu import CpuSampler, CpuSource, PublishedCpu
@@ -54,17 +57,30 @@ class SidecarCollector(Collector):
     """A custom collector: one ``collect()`` over the cached families of the latest tick.
 
     Register it on your own registry (``make_server`` does; never the process-wide default).
+    ``clock`` stamps each tick (``dam_snapshot_timestamp_seconds``), ``timer`` times its samplers.
     """
 
     def __init__(
-        self, collectors: Sequence[SourceCollector], *, errors: ErrorLog, interval_seconds: float = 1.0
+        self,
+        collectors: Sequence[SourceCollector],
+        *,
+        errors: ErrorLog,
+        interval_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.collectors = tuple(collectors)
+        self.feeds = _feeds_of(self.collectors)
+        self.observers: tuple[TickObserver, ...] = tuple(
+            c for c in self.collectors if isinstance(c, TickObserver)
+        )
         self.errors = errors
         self.interval_seconds = interval_seconds
+        self.clock = clock
+        self.timer = timer
         self._lock = threading.Lock()
         self._sample_lock = threading.Lock()
-        self._latest = Tick()
+        self._latest = TickRecord()
         self._have_sample = False
         self._families_cache: list[Family] = []
         self._text_cache = b""
@@ -73,20 +89,18 @@ class SidecarCollector(Collector):
         self._last_tick_monotonic = time.monotonic()
 
     # --- sampling -----------------------------------------------------------------
-    def sample_now(self) -> Tick:
-        """Sample every collector once, in list order (never raises), and cache the result."""
+    def sample_now(self) -> TickRecord:
+        """Refresh every feed, then sample every collector, once each (never raises), hand the
+        tick's record to the observers and cache the result."""
         with self._sample_lock:
-            tick = Tick()
+            durations: list[tuple[str, float]] = []
+            for f in self.feeds:  # first: every collector reads its feeds as this tick found them
+                self._timed(f, f.refresh, f.fallback, durations)
             for c in self.collectors:
-                t0 = time.perf_counter()
-                try:
-                    c.sample(tick)
-                except Exception as exc:  # a sampler bug must never stop the exporter
-                    self.errors.record(c.sampler or type(c).__name__, "exception", f"sampler raised {exc!r}")
-                    log.debug("sampler %s raised", c.sampler, exc_info=True)
-                    c.fallback(tick)
-                if c.sampler:
-                    tick.durations.append((c.sampler, time.perf_counter() - t0))
+                self._timed(c, c.sample, c.fallback, durations)
+            tick = TickRecord(tuple(durations), self.clock())
+            for o in self.observers:
+                o.observe(tick)
             families = list(self._families())
             text = render(families)  # once per tick; every scrape serves these bytes
             with self._lock:
@@ -97,11 +111,31 @@ class SidecarCollector(Collector):
                 self._last_tick_monotonic = time.monotonic()
             return tick
 
+    def _timed(
+        self,
+        part: Feed | SourceCollector,
+        read: Callable[[], None],
+        fallback: Callable[[], None],
+        durations: list[tuple[str, float]],
+    ) -> None:
+        """``read()``; where it raises, counted under the part's sampler and ``fallback()``; its
+        duration kept where it has a sampler name."""
+        name = part.sampler or type(part).__name__
+        t0 = self.timer() if part.sampler else 0.0
+        try:
+            read()
+        except Exception as exc:  # a sampler bug must never stop the exporter
+            self.errors.record(name, "exception", f"sampler raised {exc!r}")
+            log.debug("sampler %s raised", name, exc_info=True)
+            fallback()
+        if part.sampler:
+            durations.append((part.sampler, self.timer() - t0))
+
     def _families(self) -> Iterator[Family]:
         for c in self.collectors:
             yield from c.collect()
 
-    def latest(self) -> Tick:
+    def latest(self) -> TickRecord:
         with self._lock:
             return self._latest
 
@@ -194,17 +228,27 @@ def standard_collectors(
     errors: ErrorLog,
     attributor: Attributor,
     extra_pids: Iterable[int] = (),
-    clock: Callable[[], float] = time.time,
     published: PublishedCpu | None = None,
 ) -> list[SourceCollector]:
-    """The sidecar's collectors, in the order they sample: the probe first (the GPU attribution and
-    the host's pids and container fallbacks read its sample), the health collector last."""
+    """The sidecar's collectors, in the order of /metrics. The probe files are one feed, read once a
+    tick, handed to the three collectors that read them (the probe families, the GPU attribution,
+    the host's pids and container fallbacks); the health collector observes the tick."""
+    feed = ProbeFeed(probe)
     return [
-        ProbeCollector(probe),
-        GpuCollector(nvml, attributor),
-        HostCollector(cpu, published, extra_pids),
-        HealthCollector(errors, clock),
+        ProbeCollector(feed),
+        GpuCollector(nvml, attributor, feed),
+        HostCollector(cpu, feed, published, extra_pids),
+        HealthCollector(errors),
     ]
+
+
+def _feeds_of(collectors: Iterable[SourceCollector]) -> tuple[Feed, ...]:
+    """The feeds the collectors were handed, each once, in the order first named."""
+    seen: dict[int, Feed] = {}
+    for c in collectors:
+        for f in c.feeds:
+            seen.setdefault(id(f), f)
+    return tuple(seen.values())
 
 
 def build_nvml(settings: SidecarSettings, errors: ErrorLog) -> NvmlSource:

@@ -4,11 +4,15 @@ The shape of prometheus client_python's ``ProcessCollector`` (one ``collect()``;
 goes on is given, never the process-wide default) and of dcgm-exporter's collector factory (a
 list built from the settings): ``dam_sidecar.collector.standard_collectors``. Unlike
 ``ProcessCollector``, ``collect()`` never reads its source: the sidecar's sampling tick calls
-``sample()`` on each collector in list order (one thread, every ``interval_seconds``), then
-``collect()`` once, and caches the families and their text until the next tick.
+``sample()`` on each collector once (one thread, every ``interval_seconds``), then ``collect()``
+once, and caches the families and their text until the next tick.
 
-A collector that reads what another one found this tick (the probe's pids, GPU UUIDs, cgroup
-figures) finds it in the ``Tick``: the probe collector comes first in the list for that reason.
+Each collector reads its own source and is given, at construction, whatever else it needs: the
+GPU and host collectors read the probe's GPU UUIDs, pids and cgroup figures from the ``ProbeFeed``
+they are handed (``feeds``), which the tick refreshes once, before any collector samples. So no
+collector depends on another one's place in the list (tests/unit/sidecar/test_collector_order.py
+samples them in every order). What the tick measured of itself (each sampler's duration, its end)
+is handed to the collectors that ``observe`` it (the health collector), after every one sampled.
 
 A family that is one field of the collector's sample is not written here: its declaration in
 ``dam_contract.names`` names the field (``MetricSpec.sample``), ``declared`` picks a source's
@@ -21,33 +25,50 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, cast, runtime_checkable
 
 from dam_contract import names as n
 from dam_contract.names import BY_NAME, CATALOG, MetricSpec
 from dam_sidecar.exposition import Family
-from dam_sidecar.samplers.probe import ProbeSample
 
 # Reads one declared sample field of a collector's sample (None: unknown, the series is left out).
 Reader = Callable[[object], float | None]
 
 
-@dataclass
-class Tick:
-    """What one sampling tick found, filled in as the collectors run (in list order)."""
+@dataclass(frozen=True)
+class TickRecord:
+    """What one sampling tick measured of itself, handed to the observers after every collector sampled."""
 
-    probe: ProbeSample = field(default_factory=ProbeSample)  # set by the probe collector
-    durations: list[tuple[str, float]] = field(default_factory=list)  # (sampler, seconds) of each timed one
-    timestamp_seconds: float = 0.0  # set by the health collector, when the samplers are done
+    durations: tuple[tuple[str, float], ...] = ()
+    """(sampler, seconds) of each timed feed and collector, in the order they sampled."""
+    timestamp_seconds: float = 0.0
+    """Unix time when the samplers were done (0: no tick yet)."""
 
 
-class SourceCollector(Protocol):
-    """One source's collector. ``sampler`` names it in ``dam_sidecar_sampler_*`` ("" if untimed)."""
+class Feed(Protocol):
+    """A source that several collectors read (the probe files): the tick refreshes it once, before
+    any collector samples, and times it as ``sampler``."""
 
     sampler: str
 
-    def sample(self, tick: Tick) -> None:
+    def refresh(self) -> None:
+        """Read the source once (may raise: counted like a collector's, then ``fallback``)."""
+        ...
+
+    def fallback(self) -> None:
+        """``refresh`` raised this tick: keep what was read before, marked down."""
+        ...
+
+
+class SourceCollector(Protocol):
+    """One source's collector. ``sampler`` names it in ``dam_sidecar_sampler_*`` ("" if untimed);
+    ``feeds``: the shared sources it reads besides its own (refreshed by the tick before it samples)."""
+
+    sampler: str
+    feeds: tuple[Feed, ...]
+
+    def sample(self) -> None:
         """Read the source once (on the sampling thread) and keep what ``collect()`` shows.
 
         May raise: the tick counts it in ``dam_sidecar_sampler_errors_total{reason="exception"}``
@@ -55,7 +76,7 @@ class SourceCollector(Protocol):
         """
         ...
 
-    def fallback(self, tick: Tick) -> None:
+    def fallback(self) -> None:
         """``sample`` raised this tick: keep the previous counters (never a counter reset), marked down."""
         ...
 
@@ -65,6 +86,15 @@ class SourceCollector(Protocol):
 
     def close(self) -> None:
         """Release the source (NVML); the others have nothing to release."""
+        ...
+
+
+@runtime_checkable
+class TickObserver(Protocol):
+    """A collector that reports on the tick itself (the health collector)."""
+
+    def observe(self, record: TickRecord) -> None:
+        """Called once a tick, after every feed and collector sampled."""
         ...
 
 

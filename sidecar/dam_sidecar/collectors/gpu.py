@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 from dam_contract import names as n
 from dam_sidecar.attribution import STATES, Attribution, Attributor
-from dam_sidecar.collectors.base import Tick, declared, fields, gauge, single
+from dam_sidecar.collectors.base import Feed, declared, fields, gauge, single
+from dam_sidecar.collectors.probe import ProbeFeed
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.nvml import GpuSample, NvmlSample, NvmlSource
 
@@ -16,25 +17,28 @@ _GPM = declared("gpm")
 
 
 class GpuCollector:
-    """NVML's figures for the GPUs attributed to the job (by the UUIDs the probes published this tick)."""
+    """NVML's figures for the GPUs attributed to the job (by the UUIDs the probes published this
+    tick, read from the probe feed it is handed)."""
 
     sampler = "nvml"
 
-    def __init__(self, source: NvmlSource, attributor: Attributor) -> None:
+    def __init__(self, source: NvmlSource, attributor: Attributor, probe: ProbeFeed) -> None:
         self.source = source
         self.attributor = attributor
+        self.probe = probe
+        self.feeds: tuple[Feed, ...] = (probe,)
         self.latest = NvmlSample(up=False)
         self.attribution = Attribution("none", frozenset())
 
-    def sample(self, tick: Tick) -> None:
-        self._update(self.source.sample(), tick)
+    def sample(self) -> None:
+        self._update(self.source.sample())
 
-    def fallback(self, tick: Tick) -> None:
-        self._update(NvmlSample(up=False), tick)
+    def fallback(self) -> None:
+        self._update(NvmlSample(up=False))
 
-    def _update(self, sample: NvmlSample, tick: Tick) -> None:
+    def _update(self, sample: NvmlSample) -> None:
         self.latest = sample
-        self.attribution = self.attributor.decide(tick.probe.device_uuids)
+        self.attribution = self.attributor.decide(self.probe.latest.device_uuids)
 
     def close(self) -> None:
         self.source.close()

@@ -2,33 +2,33 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from dam_contract import names as n
-from dam_sidecar.collectors.base import Tick, counter, gauge, single
+from dam_sidecar.collectors.base import Feed, TickRecord, counter, gauge, single
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.exposition import Family
 
 
 class HealthCollector:
-    """Last in the list: it reports the durations of the collectors before it and stamps the tick."""
+    """Reports the tick itself, wherever it stands in the list: it ``observe``s the tick's record
+    (each sampler's duration, the end of sampling) after every collector sampled."""
 
     sampler = ""  # nothing of its own to time
+    feeds: tuple[Feed, ...] = ()
 
-    def __init__(self, errors: ErrorLog, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, errors: ErrorLog) -> None:
         self.errors = errors
-        self.clock = clock
-        self.durations: tuple[tuple[str, float], ...] = ()
-        self.timestamp_seconds = 0.0  # 0: no tick yet
+        self.record = TickRecord()
 
-    def sample(self, tick: Tick) -> None:
-        tick.timestamp_seconds = self.clock()
-        self.durations = tuple(tick.durations)
-        self.timestamp_seconds = tick.timestamp_seconds
-
-    def fallback(self, tick: Tick) -> None:
+    def sample(self) -> None:
         return None
+
+    def fallback(self) -> None:
+        return None
+
+    def observe(self, record: TickRecord) -> None:
+        self.record = record
 
     def close(self) -> None:
         return None
@@ -39,8 +39,8 @@ class HealthCollector:
             errors.add_metric([sampler, reason], count)
         yield errors
         durations = gauge(n.SAMPLER_DURATION_SECONDS, ("sampler",))
-        for sampler, seconds in self.durations:
+        for sampler, seconds in self.record.durations:
             durations.add_metric([sampler], seconds)
         yield durations
-        if self.timestamp_seconds > 0:
-            yield single(n.SNAPSHOT_TIMESTAMP_SECONDS, self.timestamp_seconds)
+        if self.record.timestamp_seconds > 0:
+            yield single(n.SNAPSHOT_TIMESTAMP_SECONDS, self.record.timestamp_seconds)

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from dam_contract import names as n
-from dam_sidecar.collectors.base import Tick, counter, declared, fields, gauge
+from dam_sidecar.collectors.base import Feed, counter, declared, fields, gauge
+from dam_sidecar.collectors.probe import ProbeFeed
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.cpu import CpuSample, CpuSource, PublishedCpu, with_probe_workers, with_published
 from dam_sidecar.samplers.probe import ProbeSample
@@ -81,14 +82,21 @@ class HostReading:
 
 
 class HostCollector:
-    """Reads /proc and the cgroup for the probe's live processes (from the tick) and ``extra_pids``."""
+    """Reads /proc and the cgroup for the probe's live processes (from the probe feed it is handed)
+    and ``extra_pids``."""
 
     sampler = "cpu"
 
     def __init__(
-        self, source: CpuSource, published: PublishedCpu | None = None, extra_pids: Iterable[int] = ()
+        self,
+        source: CpuSource,
+        probe: ProbeFeed,
+        published: PublishedCpu | None = None,
+        extra_pids: Iterable[int] = (),
     ) -> None:
         self.source = source
+        self.probe = probe
+        self.feeds: tuple[Feed, ...] = (probe,)
         self.published = published if published is not None else PublishedCpu()
         # The same figures of the trainers read here: their workers when /proc hides some.
         self._visible = PublishedCpu(own_namespace=self.published.own_namespace)
@@ -98,8 +106,8 @@ class HostCollector:
         self._oom_kills = SourcedCounter()
         self._sources_logged: dict[str, str] = {}  # what → the source last logged for it
 
-    def sample(self, tick: Tick) -> None:
-        probe = tick.probe
+    def sample(self) -> None:
+        probe = self.probe.latest
         # A pid of another PID namespace (no shareProcessNamespace) is not read here: it may
         # name another process in this /proc. Its probe publishes its figures instead.
         foreign = self.published.foreign(probe.records)
@@ -109,8 +117,8 @@ class HostCollector:
         own = with_probe_workers(self.source.sample(pids), self._visible.sample(visible))
         self._update(with_published(own, self.published.sample(foreign)), probe)
 
-    def fallback(self, tick: Tick) -> None:
-        self._update(self.latest.cpu, tick.probe)
+    def fallback(self) -> None:
+        self._update(self.latest.cpu, self.probe.latest)
 
     def close(self) -> None:
         return None

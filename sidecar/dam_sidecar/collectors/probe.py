@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from dam_contract import names as n
-from dam_sidecar.collectors.base import Tick, gauge, labelled, per_rank, rank_value, single
+from dam_sidecar.collectors.base import Feed, gauge, labelled, per_rank, rank_value, single
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.probe import ProbeSample, ProbeSource, RankSample
 
@@ -23,8 +23,10 @@ _COLLECTIVE_COUNTERS = (
 )
 
 
-class ProbeCollector:
-    """``dam_steps_total`` and the other probe families, per rank; puts its sample in the tick."""
+class ProbeFeed:
+    """The probe files, read once a tick for every collector that is handed this feed: the probe
+    collector (its families), the GPU collector (the UUIDs the probes published) and the host
+    collector (the probes' pids and their cgroup figures). Timed as the ``probe`` sampler."""
 
     sampler = "probe"
 
@@ -32,13 +34,29 @@ class ProbeCollector:
         self.source = source
         self.latest = ProbeSample()
 
-    def sample(self, tick: Tick) -> None:
+    def refresh(self) -> None:
         self.latest = self.source.sample()
-        tick.probe = self.latest
 
-    def fallback(self, tick: Tick) -> None:
+    def fallback(self) -> None:
+        """The files could not be read this tick: the counters kept, no process counted live."""
         self.latest = replace(self.latest, up=False, live_pids=())
-        tick.probe = self.latest
+
+
+class ProbeCollector:
+    """``dam_steps_total`` and the other probe families, per rank, from the probe feed."""
+
+    sampler = ""  # the feed is timed (as "probe"), not this view of it
+
+    def __init__(self, feed: ProbeFeed) -> None:
+        self.feed = feed
+        self.feeds: tuple[Feed, ...] = (feed,)
+        self.latest = ProbeSample()
+
+    def sample(self) -> None:
+        self.latest = self.feed.latest
+
+    def fallback(self) -> None:
+        self.latest = self.feed.latest
 
     def close(self) -> None:
         return None

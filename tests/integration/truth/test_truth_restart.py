@@ -69,8 +69,10 @@ def test_each_cause_and_the_mfu_of_a_job_restarted_by_torchrun_match_the_job_s_o
     for cause in CAUSES:
         measured = _figure(goodput, cause)
         assert abs(measured - truth[cause]) <= max(1.0, 0.10 * truth[cause]), (cause, report)
-    # the truth's restart is the real thing (the kill to the next first batch, the redone steps)
-    assert truth["restart"] > 2.0 and truth["checkpoint"] > 1.5, report
+    # the truth's restart is the real thing (the kill to the next first batch, the redone steps),
+    # and each is more than the 1 s the comparison forgives, so a cause measured as 0 fails it
+    # (four 96 MiB saves take 1.2-2.8 s on this machine: the page cache decides; 1.5 failed 1 in 20)
+    assert truth["restart"] > 2.0 and truth["checkpoint"] > 1.0, report
     metrics = doc["metrics"]
     assert metrics["flopsPerStep"] == pytest.approx(ranks[0].flops, rel=0.01), metrics
     # the final verdict skips a window (5 s, at most a fifth of the training) as warm-up

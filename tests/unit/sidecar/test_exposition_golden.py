@@ -9,6 +9,7 @@ After a deliberate change of the exposition, rewrite the files with
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from dam_sidecar.attribution import Attributor
-from dam_sidecar.collector import standard_collectors
-from dam_sidecar.collectors.base import Tick
+from dam_sidecar.collector import SidecarCollector, standard_collectors
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.exposition import render
 from dam_sidecar.samplers.cpu import CpuSample, PublishedCpu
@@ -168,15 +168,13 @@ def exposition(probe: ProbeSample, nvml: NvmlSample, cpu: CpuSample) -> bytes:
         cpu=Fixed(cpu),  # type: ignore[arg-type]
         errors=errors,
         attributor=Attributor("visible_devices", None),
-        clock=lambda: 1_700_000_100.25,
         published=PublishedCpu(own_namespace=0),
     )
-    tick = Tick()
-    for c in collectors:
-        c.sample(tick)
-        if c.sampler:
-            tick.durations.append((c.sampler, 0.001))
-    return render(f for c in collectors for f in c.collect())
+    timer = itertools.cycle((0.0, 0.001)).__next__  # every timed sampler took 1 ms
+    sidecar = SidecarCollector(collectors, errors=errors, clock=lambda: 1_700_000_100.25, timer=timer)
+    sidecar.sample_now()
+    assert sidecar.text() == render(f for c in collectors for f in c.collect())
+    return sidecar.text()
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

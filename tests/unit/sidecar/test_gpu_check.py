@@ -66,9 +66,9 @@ def snapshots(wait_share: float, utilization: int = 95) -> tuple[str, str]:
             cpu=Cpu(),
             errors=errors,
             attributor=Attributor("none", None),
-            clock=lambda: t[0],
         ),
         errors=errors,
+        clock=lambda: t[0],
     )
     c.sample_now()
     before = c.text().decode()
