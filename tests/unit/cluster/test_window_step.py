@@ -13,7 +13,7 @@ from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.registry import PodInfo, sidecar_restart
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import initial_step, invalid_step, window_step
+from dam_operator.cluster.steps.window_step import decide_window, initial_step, invalid_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
@@ -34,7 +34,7 @@ def _pair(job: Job) -> tuple[Snapshot, Snapshot]:
 
 
 def _window(spec: dict[str, Any], pods: list[PodInfo], before: dict[str, Any], after: dict[str, Any]) -> Any:
-    return window_step(
+    return decide_window(
         spec=parse_spec(spec),
         status={},
         generation=1,
@@ -180,7 +180,7 @@ def test_a_refused_spec_lists_its_uninstrumented_pods_and_says_why_once_per_gene
         refused=refused,
     )
     assert [e.reason for e in newer.events] == [st.REASON_REFUSED]
-    window = window_step(
+    window = decide_window(
         spec=spec,
         status=written,
         generation=2,
@@ -223,7 +223,7 @@ def test_a_job_of_three_pods_names_its_straggler_pod_and_posts_one_event() -> No
     assert [e.reason for e in first.events if e.reason == st.REASON_STRAGGLER] == [st.REASON_STRAGGLER]
     assert "trainer-1" in next(e.message for e in first.events if e.reason == st.REASON_STRAGGLER)
     # The same straggler in the next window: no second Event.
-    again = window_step(
+    again = decide_window(
         spec=parse_spec(spec),
         status=first.patch["status"],
         generation=1,
@@ -370,7 +370,7 @@ def test_a_finished_jobs_verdict_is_kept_once_no_pod_of_the_profile_is_active() 
     def step(
         pods: list[PodInfo], results: dict[str, Any], status: dict[str, Any], published: Any, n: int
     ) -> Any:
-        return window_step(
+        return decide_window(
             spec=spec,
             status=status,
             generation=1,
@@ -438,7 +438,7 @@ def test_a_pod_oom_killed_before_a_window_counts_its_workers_once() -> None:
     killed = PodInfo(
         "ns", "leaky", {"app": "t"}, phase="Failed", instrumented=True, last_oom_kill="2026-11-30T11:59:55Z"
     )
-    step = window_step(
+    step = decide_window(
         spec=parse_spec({"selector": SELECTOR}),
         status={},
         generation=1,
@@ -485,7 +485,7 @@ def test_the_scrape_at_the_kill_does_not_replace_the_memory_mark_that_names_the_
     running = PodInfo("ns", "leaky", {"app": "t"}, pod_ip="10.0.0.1", phase="Running", instrumented=True)
 
     def step(pods: list[PodInfo], results: dict[str, Any], prev: Any, **more: Any) -> Any:
-        return window_step(
+        return decide_window(
             spec=spec,
             status={},
             generation=1,

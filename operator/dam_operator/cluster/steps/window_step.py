@@ -7,12 +7,15 @@ the three steps here, then writes what it returns. The first write after a (re)s
 failures with the same functions (``classify`` and ``count_pods``), so ``status.pods``
 and the conditions cannot differ between them with nothing changed in the cluster.
 
-The only state a step touches is the profile's ``Stabilizer`` (hysteresis), which is
-passed in and updated in place; everything else is returned.
+A profile's state between windows is one frozen ``ProfileState`` (plain data: its baselines,
+memory marks, hysteresis, goodput ledger, slowdown tracker and published verdict);
+``window_step(state, inputs)`` returns the next one and never mutates the one passed in (it
+works on copies of the mutable ``Stabilizer``, ``GoodputLedger`` and ``SlowdownTracker``).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -363,7 +366,7 @@ def _memory_marks(
     }
 
 
-def window_step(
+def decide_window(
     *,
     spec: DAMProfileSpec,
     status: Mapping[str, Any],
@@ -388,7 +391,8 @@ def window_step(
     act (``window_actions``), judge the job's progress and goodput (``_progress_and_goodput``).
     A pod OOM-killed before it formed a window is evidence (``_oom_windows``). ``refused``: as in
     ``initial_step``; ``restart_allowed``: pods/delete granted (``progress_step``); ``goodput``
-    and ``slowdown``: the profile's ledger and slowdown tracker, updated in place."""
+    and ``slowdown``: the profile's ledger and slowdown tracker, updated in place (``window_step``
+    is the form that does not mutate: it passes copies)."""
     window_seconds = spec.evaluation.window_seconds
     scrape = _classify_with_gaps(pods, results, when, window_seconds)
     counts = count_pods(pods, scrape)
@@ -440,6 +444,92 @@ def window_step(
         progress=progress,
         events=[*verdict_events, *acted.events, *progress.events],
     )
+
+
+@dataclass(frozen=True)
+class ProfileState:
+    """One profile's state between windows, as plain data: no API client, no callable, no clock.
+
+    Everything a window needs from the windows before it, so that it can be serialized and
+    travel with the profile between operator replicas (issue 30). ``window_step`` never mutates
+    it: it returns the next one, which the scheduler keeps in place of this one."""
+
+    stabilizer: Stabilizer
+    """The verdict's hysteresis (``diagnosis.hysteresis``)."""
+    baselines: Mapping[str, Snapshot] = field(default_factory=dict)
+    """Each pod's snapshot to difference the next window against."""
+    marks: Mapping[str, Snapshot] = field(default_factory=dict)
+    """Each pod's last memory gauges (``memory_mark``): the evidence of a pod that dies."""
+    goodput: GoodputLedger = field(default_factory=GoodputLedger)
+    """The job's goodput so far (``cluster.steps.goodput``), resumed from ``status.goodput``."""
+    slowdown: SlowdownTracker = field(default_factory=SlowdownTracker)
+    """The job's step-rate baseline and slowdown (``diagnosis.slowdown``)."""
+    published: tuple[str, str] | None = None
+    """(axis, regime) last written to the status (or read from it on resume)."""
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """The operator process's settings a window reads (the same for every profile)."""
+
+    webhook_enabled: bool
+    max_baseline_seconds: float
+    restart_allowed: bool = False
+    """pods/delete granted (``progress_step``, ``onStall: Restart``)."""
+
+
+@dataclass(frozen=True)
+class WindowInputs:
+    """What one window of one profile observed: the profile, its pods, the scrapes, the time."""
+
+    spec: DAMProfileSpec
+    status: Mapping[str, Any]
+    generation: int | None
+    pods: Sequence[PodInfo]
+    results: Results
+    when: dt.datetime
+    settings: WindowSettings
+    ended: Sequence[PodInfo] = ()
+    """Pods OOM-killed and gone (``Registry.oom_ended_pods_for``)."""
+    finished: Sequence[PodInfo] = ()
+    refused: str | None = None
+
+
+def window_step(state: ProfileState, inputs: WindowInputs) -> tuple[ProfileState, StepResult]:
+    """One window (``decide_window``) as a function of the profile's state: the next state and
+    what to write. ``state`` is left as it was: the step works on copies of its mutable parts."""
+    stabilizer = copy.deepcopy(state.stabilizer)
+    goodput = copy.deepcopy(state.goodput)
+    slowdown = copy.deepcopy(state.slowdown)
+    result = decide_window(
+        spec=inputs.spec,
+        status=inputs.status,
+        generation=inputs.generation,
+        pods=inputs.pods,
+        results=inputs.results,
+        baselines=state.baselines,
+        stabilizer=stabilizer,
+        published=state.published,
+        when=inputs.when,
+        webhook_enabled=inputs.settings.webhook_enabled,
+        max_baseline_seconds=inputs.settings.max_baseline_seconds,
+        ended=inputs.ended,
+        marks=state.marks,
+        goodput=goodput,
+        finished=inputs.finished,
+        refused=inputs.refused,
+        restart_allowed=inputs.settings.restart_allowed,
+        slowdown=slowdown,
+    )
+    after = ProfileState(
+        stabilizer=stabilizer,
+        baselines=result.baselines,
+        marks=result.marks,
+        goodput=goodput,
+        slowdown=slowdown,
+        published=result.published,
+    )
+    return after, result
 
 
 def _act(  # noqa: PLR0917 (called once, in window_step)
