@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import pickle
 from typing import Any
 
 from dam_contract.snapshot import Snapshot, parse_snapshot
 from dam_operator.cluster.adapters.sources import REASON_UNREACHABLE
 from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.goodput import GoodputLedger
 from dam_operator.cluster.steps.registry import PodInfo, sidecar_restart
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import decide_window, initial_step, invalid_step
+from dam_operator.cluster.steps.window_step import (
+    ProfileState,
+    WindowInputs,
+    WindowSettings,
+    decide_window,
+    initial_step,
+    invalid_step,
+    window_step,
+)
 from dam_operator.diagnosis.hysteresis import Stabilizer
+from dam_operator.diagnosis.slowdown import SlowdownTracker
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
 WHEN = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -47,6 +58,49 @@ def _window(spec: dict[str, Any], pods: list[PodInfo], before: dict[str, Any], a
         webhook_enabled=True,
         max_baseline_seconds=600.0,
     )
+
+
+def test_window_step_returns_the_next_state_and_leaves_the_one_it_was_given_as_it_was() -> None:
+    """The profile's state is a value: the window reads it, returns the next one (the verdict
+    now stabilized, the new baselines) and the same patch ``decide_window`` writes; the state it
+    was given (stabilizer, ledger, tracker, baselines) pickles to the same bytes as before."""
+    before, after = _pair(Job(seconds=30.0, steps=60.0, wait_ratio=0.5))
+    spec = parse_spec({"selector": SELECTOR, "evaluation": {"windowSeconds": 30}})
+    state = ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines={"a": before})
+    inputs = WindowInputs(
+        spec=spec,
+        status={},
+        generation=1,
+        pods=[_pod("a", True)],
+        results={"a": after},
+        when=WHEN,
+        settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+    )
+    frozen = pickle.dumps(state)
+    nxt, result = window_step(state, inputs)
+    assert pickle.dumps(state) == frozen
+    assert state.stabilizer.current is None
+    assert nxt.stabilizer.current is not None
+    assert nxt.stabilizer.current.axis == "Data", nxt.stabilizer.current
+    assert nxt.published == result.published == st.verdict_key(nxt.stabilizer.current)
+    assert nxt.baselines == result.baselines
+    assert nxt.baselines["a"] is not before
+    again = decide_window(
+        spec=spec,
+        status={},
+        generation=1,
+        pods=[_pod("a", True)],
+        results={"a": after},
+        baselines={"a": before},
+        stabilizer=Stabilizer(confirm_windows=1),
+        published=None,
+        when=WHEN,
+        webhook_enabled=True,
+        max_baseline_seconds=600.0,
+        goodput=GoodputLedger(),
+        slowdown=SlowdownTracker(),
+    )
+    assert result.patch == again.patch
 
 
 def test_first_write_and_later_windows_count_pods_the_same_way() -> None:
