@@ -367,7 +367,11 @@ class Evaluator:
             finished=self._registry.finished_pods_for(entry),
             refused=self._refused(spec),
         )
-        state.profile, result = window_step(state.profile, inputs)
+        after, result = window_step(state.profile, inputs)
+        # The published verdict is committed only once the status write has gone through: a
+        # write that raises (a lost answer, a 5xx) leaves the last one published, so the next
+        # window emits the verdict's Event again instead of taking it as already told.
+        state.profile = dataclasses.replace(after, published=state.profile.published)
         self._record(entry, result)
         if result.resizes:
             await self._resize(entry, result, st.format_time(when))
@@ -378,6 +382,7 @@ class Evaluator:
                 status = written
                 if result.verdict is not None:
                     state.written = tuple(records)
+        state.profile = dataclasses.replace(state.profile, published=result.published)
         observe_window(self._metrics, entry, result, status=status, gp=state.profile.goodput, when=when)
         if result.progress.delete_pods and isinstance(self._api, PodDeleteAPI):
             await delete_stalled_pods(self._api, self._metrics, entry, pods, result.progress.delete_pods)
