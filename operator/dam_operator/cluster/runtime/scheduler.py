@@ -52,8 +52,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import ValidationError
-
 from dam_operator.cluster.adapters.kube import ApiError, NotFoundError
 from dam_operator.cluster.adapters.sources import MetricSource, PodResults, PodTarget
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
@@ -71,11 +69,11 @@ from dam_operator.cluster.steps.window_step import (
     WindowSettings,
     initial_step,
     invalid_step,
+    resumed_state,
     window_step,
+    with_confirm_windows,
 )
 from dam_operator.diagnosis.evidence import Evidence
-from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_operator.diagnosis.model import Bottleneck
 
 log = logging.getLogger("dam_operator.cluster.scheduler")
 
@@ -244,23 +242,13 @@ class Evaluator:
         confirm = spec.evaluation.hysteresis_windows
         state = self._state.get(entry.key)
         if state is None or state.uid != entry.uid:
-            stabilizer = Stabilizer(confirm_windows=confirm)
-            restored = _bottleneck_from(entry.status.get("bottleneck"))
-            published = None
-            if restored is not None:
-                stabilizer.restore(restored)
-                published = st.verdict_key(restored)
-            profile = ProfileState(
-                stabilizer=stabilizer, goodput=GoodputLedger.resume(entry.status), published=published
+            state = _ProfileState(
+                uid=entry.uid, confirm_windows=confirm, profile=resumed_state(entry.status, confirm)
             )
-            state = _ProfileState(uid=entry.uid, confirm_windows=confirm, profile=profile)
-            log.debug("profile %s/%s: new state, resumed verdict %s", *entry.key, published)
+            log.debug("profile %s/%s: new state, resumed verdict %s", *entry.key, state.profile.published)
             self._state[entry.key] = state
         elif state.confirm_windows != confirm:
-            fresh = Stabilizer(confirm_windows=confirm)
-            if state.profile.stabilizer.current is not None:
-                fresh.restore(state.profile.stabilizer.current)
-            state.profile = dataclasses.replace(state.profile, stabilizer=fresh)
+            state.profile = with_confirm_windows(state.profile, confirm)
             state.confirm_windows = confirm
         return state
 
@@ -368,9 +356,7 @@ class Evaluator:
             refused=self._refused(spec),
         )
         after, result = window_step(state.profile, inputs)
-        # The published verdict is committed only once the status write has gone through: a
-        # write that raises (a lost answer, a 5xx) leaves the last one published, so the next
-        # window emits the verdict's Event again instead of taking it as already told.
+        # published once written (ProfileState.published): a write that raises tells it again
         state.profile = dataclasses.replace(after, published=state.profile.published)
         self._record(entry, result)
         if result.resizes:
@@ -505,15 +491,6 @@ class Evaluator:
         if current is not None and current is not entry and current.uid == entry.uid:
             current.status_packed = entry.status_packed
         return new_status
-
-
-def _bottleneck_from(raw: Any) -> Bottleneck | None:
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return Bottleneck.model_validate(dict(raw))
-    except ValidationError:
-        return None
 
 
 # ---------------------------------------------------------------- the loop

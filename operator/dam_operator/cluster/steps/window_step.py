@@ -18,8 +18,10 @@ from __future__ import annotations
 import copy
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from pydantic import ValidationError
 
 from dam_contract import names
 from dam_contract.snapshot import CompactSnapshot, Sample, Snapshot
@@ -39,7 +41,7 @@ from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.diagnosis import series
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_operator.diagnosis.model import Observation, Verdict
+from dam_operator.diagnosis.model import Bottleneck, Observation, Verdict
 from dam_operator.diagnosis.slowdown import SlowdownTracker
 from dam_operator.diagnosis.window import JobWindow, PodWindow, baseline, furthest_steps, job_window
 
@@ -465,7 +467,41 @@ class ProfileState:
     slowdown: SlowdownTracker = field(default_factory=SlowdownTracker)
     """The job's step-rate baseline and slowdown (``diagnosis.slowdown``)."""
     published: tuple[str, str] | None = None
-    """(axis, regime) last written to the status (or read from it on resume)."""
+    """(axis, regime) last written to the status (or read from it on resume). The scheduler
+    keeps the returned state's verdict out of it until the status write went through: a write
+    that raises (a lost answer, a 5xx) leaves the last one, so the next window emits the
+    verdict's Event again instead of taking it as told."""
+
+
+def resumed_state(status: Mapping[str, Any], confirm_windows: int) -> ProfileState:
+    """A profile's first state in this process, from what its status holds: the verdict written
+    (the hysteresis starts from it, and it counts as published) and the goodput ledger."""
+    stabilizer = Stabilizer(confirm_windows=confirm_windows)
+    restored = _bottleneck_from(status.get("bottleneck"))
+    if restored is not None:
+        stabilizer.restore(restored)
+    return ProfileState(
+        stabilizer=stabilizer,
+        goodput=GoodputLedger.resume(status),
+        published=st.verdict_key(restored) if restored is not None else None,
+    )
+
+
+def with_confirm_windows(state: ProfileState, confirm_windows: int) -> ProfileState:
+    """``spec.evaluation.hysteresisWindows`` changed: a fresh hysteresis that keeps the verdict."""
+    fresh = Stabilizer(confirm_windows=confirm_windows)
+    if state.stabilizer.current is not None:
+        fresh.restore(state.stabilizer.current)
+    return replace(state, stabilizer=fresh)
+
+
+def _bottleneck_from(raw: Any) -> Bottleneck | None:
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return Bottleneck.model_validate(dict(raw))
+    except ValidationError:
+        return None
 
 
 @dataclass(frozen=True)
