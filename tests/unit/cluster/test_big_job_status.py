@@ -23,7 +23,7 @@ from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.progress_step import MAX_RESTART_PODS_LISTED, progress_step
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import initial_step, window_step
+from dam_operator.cluster.steps.window_step import decide_window, initial_step
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from tests.support.fake_sidecar import RankedJob, serve_handler
 
@@ -104,7 +104,7 @@ def test_a_window_of_1000_pods_by_8_ranks_names_the_late_rank_and_stays_under_64
         webhook_enabled=True,
     )
     status = first.patch["status"]
-    result = window_step(
+    result = decide_window(
         spec=spec,
         status=status,
         generation=1,

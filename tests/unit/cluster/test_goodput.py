@@ -27,7 +27,7 @@ from dam_operator.cluster.steps.goodput import (
 )
 from dam_operator.cluster.steps.registry import PodInfo, RestartRecord, restart_record
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import window_step
+from dam_operator.cluster.steps.window_step import decide_window
 from dam_operator.diagnosis.hysteresis import Stabilizer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -766,7 +766,7 @@ def test_the_window_step_writes_status_goodput_and_removes_keys_gone_from_it() -
     spec = parse_spec({"selector": {"matchLabels": {"app": "t"}}, "evaluation": {"windowSeconds": 30}})
     ledger = GoodputLedger()
     previous = {"goodput": {"ratio": 0.1, "stale": 1}}
-    result = window_step(
+    result = decide_window(
         spec=spec,
         status=previous,
         generation=1,

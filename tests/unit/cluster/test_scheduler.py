@@ -322,6 +322,34 @@ def test_an_event_the_api_refused_is_posted_at_the_next_window_in_order_with_its
     asyncio.run(scenario())
 
 
+def test_a_verdict_whose_status_write_failed_is_told_by_the_window_that_writes_it() -> None:
+    """A status write that raises (a 503, a lost answer) leaves the verdict unpublished: the
+    window that gets it written emits its Event, instead of taking it as already told."""
+
+    async def scenario() -> None:
+        async with World() as w:
+            await w.evaluator.initialize(w.entry)
+            await w.window()
+            assert [e["reason"] for e in w.api.events] == ["BottleneckChanged"]
+            for job in w.jobs.values():
+                job.switch(COMPUTE)
+            w.api.fail_with = ApiError(503, "unavailable")
+            for _ in range(3):  # past the hysteresis: the Machine verdict is formed, not written
+                with pytest.raises(ApiError):
+                    await w.window()
+            assert w.api.status()["bottleneck"]["axis"] == "Data"
+            assert len(w.api.events) == 1
+            w.api.fail_with = None
+            written = await w.window()
+            assert written["bottleneck"]["axis"] == "Machine"
+            assert [e["reason"] for e in w.api.events] == ["BottleneckChanged"] * 2
+            assert "was Data (input-bound)" in w.api.events[1]["message"]
+            await w.window()
+            assert len(w.api.events) == 2, "told once"
+
+    asyncio.run(scenario())
+
+
 def test_events_the_api_refuses_are_kept_up_to_a_bound_oldest_dropped_first() -> None:
     async def scenario() -> None:
         async with World() as w:

@@ -10,7 +10,7 @@ from dam_contract import names
 from dam_contract.snapshot import Sample, Snapshot
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import window_step
+from dam_operator.cluster.steps.window_step import decide_window
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Regime
 
@@ -37,7 +37,7 @@ def scrape(t: float) -> Snapshot:
 
 
 def step(baselines: dict[str, Snapshot], t: float, stabilizer: Stabilizer, max_baseline: float) -> Any:
-    return window_step(
+    return decide_window(
         spec=SPEC,
         status={},
         generation=1,

@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import pickle
 from typing import Any
 
 from dam_contract.snapshot import Snapshot, parse_snapshot
 from dam_operator.cluster.adapters.sources import REASON_UNREACHABLE
 from dam_operator.cluster.steps import status as st
+from dam_operator.cluster.steps.goodput import GoodputLedger
 from dam_operator.cluster.steps.registry import PodInfo, sidecar_restart
 from dam_operator.cluster.steps.source_error import SourceError
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import initial_step, invalid_step, window_step
+from dam_operator.cluster.steps.window_step import (
+    ProfileState,
+    WindowInputs,
+    WindowSettings,
+    decide_window,
+    initial_step,
+    invalid_step,
+    window_step,
+)
 from dam_operator.diagnosis.hysteresis import Stabilizer
+from dam_operator.diagnosis.slowdown import SlowdownTracker
 from tests.unit.diagnosis.snapshots import Job, Rank, snapshot_pair
 
 WHEN = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -34,7 +45,7 @@ def _pair(job: Job) -> tuple[Snapshot, Snapshot]:
 
 
 def _window(spec: dict[str, Any], pods: list[PodInfo], before: dict[str, Any], after: dict[str, Any]) -> Any:
-    return window_step(
+    return decide_window(
         spec=parse_spec(spec),
         status={},
         generation=1,
@@ -47,6 +58,49 @@ def _window(spec: dict[str, Any], pods: list[PodInfo], before: dict[str, Any], a
         webhook_enabled=True,
         max_baseline_seconds=600.0,
     )
+
+
+def test_window_step_returns_the_next_state_and_leaves_the_one_it_was_given_as_it_was() -> None:
+    """The profile's state is a value: the window reads it, returns the next one (the verdict
+    now stabilized, the new baselines) and the same patch ``decide_window`` writes; the state it
+    was given (stabilizer, ledger, tracker, baselines) pickles to the same bytes as before."""
+    before, after = _pair(Job(seconds=30.0, steps=60.0, wait_ratio=0.5))
+    spec = parse_spec({"selector": SELECTOR, "evaluation": {"windowSeconds": 30}})
+    state = ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines={"a": before})
+    inputs = WindowInputs(
+        spec=spec,
+        status={},
+        generation=1,
+        pods=[_pod("a", True)],
+        results={"a": after},
+        when=WHEN,
+        settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+    )
+    frozen = pickle.dumps(state)
+    nxt, result = window_step(state, inputs)
+    assert pickle.dumps(state) == frozen
+    assert state.stabilizer.current is None
+    assert nxt.stabilizer.current is not None
+    assert nxt.stabilizer.current.axis == "Data", nxt.stabilizer.current
+    assert nxt.published == result.published == st.verdict_key(nxt.stabilizer.current)
+    assert nxt.baselines == result.baselines
+    assert nxt.baselines["a"] is not before
+    again = decide_window(
+        spec=spec,
+        status={},
+        generation=1,
+        pods=[_pod("a", True)],
+        results={"a": after},
+        baselines={"a": before},
+        stabilizer=Stabilizer(confirm_windows=1),
+        published=None,
+        when=WHEN,
+        webhook_enabled=True,
+        max_baseline_seconds=600.0,
+        goodput=GoodputLedger(),
+        slowdown=SlowdownTracker(),
+    )
+    assert result.patch == again.patch
 
 
 def test_first_write_and_later_windows_count_pods_the_same_way() -> None:
@@ -180,7 +234,7 @@ def test_a_refused_spec_lists_its_uninstrumented_pods_and_says_why_once_per_gene
         refused=refused,
     )
     assert [e.reason for e in newer.events] == [st.REASON_REFUSED]
-    window = window_step(
+    window = decide_window(
         spec=spec,
         status=written,
         generation=2,
@@ -223,7 +277,7 @@ def test_a_job_of_three_pods_names_its_straggler_pod_and_posts_one_event() -> No
     assert [e.reason for e in first.events if e.reason == st.REASON_STRAGGLER] == [st.REASON_STRAGGLER]
     assert "trainer-1" in next(e.message for e in first.events if e.reason == st.REASON_STRAGGLER)
     # The same straggler in the next window: no second Event.
-    again = window_step(
+    again = decide_window(
         spec=parse_spec(spec),
         status=first.patch["status"],
         generation=1,
@@ -370,7 +424,7 @@ def test_a_finished_jobs_verdict_is_kept_once_no_pod_of_the_profile_is_active() 
     def step(
         pods: list[PodInfo], results: dict[str, Any], status: dict[str, Any], published: Any, n: int
     ) -> Any:
-        return window_step(
+        return decide_window(
             spec=spec,
             status=status,
             generation=1,
@@ -438,7 +492,7 @@ def test_a_pod_oom_killed_before_a_window_counts_its_workers_once() -> None:
     killed = PodInfo(
         "ns", "leaky", {"app": "t"}, phase="Failed", instrumented=True, last_oom_kill="2026-11-30T11:59:55Z"
     )
-    step = window_step(
+    step = decide_window(
         spec=parse_spec({"selector": SELECTOR}),
         status={},
         generation=1,
@@ -485,7 +539,7 @@ def test_the_scrape_at_the_kill_does_not_replace_the_memory_mark_that_names_the_
     running = PodInfo("ns", "leaky", {"app": "t"}, pod_ip="10.0.0.1", phase="Running", instrumented=True)
 
     def step(pods: list[PodInfo], results: dict[str, Any], prev: Any, **more: Any) -> Any:
-        return window_step(
+        return decide_window(
             spec=spec,
             status={},
             generation=1,

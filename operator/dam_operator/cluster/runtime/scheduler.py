@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import heapq
@@ -51,9 +52,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import ValidationError
-
-from dam_contract.snapshot import Snapshot
 from dam_operator.cluster.adapters.kube import ApiError, NotFoundError
 from dam_operator.cluster.adapters.sources import MetricSource, PodResults, PodTarget
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
@@ -64,11 +62,18 @@ from dam_operator.cluster.steps.injection import InjectionSettings, resize_patch
 from dam_operator.cluster.steps.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
 from dam_operator.cluster.steps.sharding import bucket_of
 from dam_operator.cluster.steps.spec import DAMProfileSpec
-from dam_operator.cluster.steps.window_step import StepResult, initial_step, invalid_step, window_step
+from dam_operator.cluster.steps.window_step import (
+    ProfileState,
+    StepResult,
+    WindowInputs,
+    WindowSettings,
+    initial_step,
+    invalid_step,
+    resumed_state,
+    window_step,
+    with_confirm_windows,
+)
 from dam_operator.diagnosis.evidence import Evidence
-from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_operator.diagnosis.model import Bottleneck
-from dam_operator.diagnosis.slowdown import SlowdownTracker
 
 log = logging.getLogger("dam_operator.cluster.scheduler")
 
@@ -182,18 +187,10 @@ async def read_status(api: ProfileReadAPI, entry: ProfileEntry) -> None:
 @dataclass(slots=True)
 class _ProfileState:
     uid: str
-    stabilizer: Stabilizer
     confirm_windows: int
-    snapshots: dict[str, Snapshot] = field(default_factory=dict)
-    marks: dict[str, Snapshot] = field(default_factory=dict)
-    """Each pod's last memory gauges (``window.memory_mark``): the evidence of a pod that dies."""
-    published: tuple[str, str] | None = None
-    """(axis, regime) last written to the status (or read from it on resume)."""
-    goodput: GoodputLedger = field(default_factory=GoodputLedger)
-    """The job's goodput so far (``cluster.goodput``), resumed from ``status.goodput``."""
-    slowdown: SlowdownTracker = field(default_factory=SlowdownTracker)
-    """The job's step-rate baseline and slowdown (``diagnosis.slowdown``); an operator restart
-    forms the baseline again."""
+    profile: ProfileState
+    """What the windows carry from one to the next (``window_step.ProfileState``, plain data);
+    each window replaces it with the one ``window_step`` returns."""
     written: tuple[Evidence, ...] = ()
     """The records behind the evidence sentences the status holds (those of the last verdict
     written; none after a restart): ``status.changes_status`` compares evidence by them."""
@@ -246,22 +243,13 @@ class Evaluator:
         state = self._state.get(entry.key)
         if state is None or state.uid != entry.uid:
             state = _ProfileState(
-                uid=entry.uid,
-                stabilizer=Stabilizer(confirm_windows=confirm),
-                confirm_windows=confirm,
-                goodput=GoodputLedger.resume(entry.status),
+                uid=entry.uid, confirm_windows=confirm, profile=resumed_state(entry.status, confirm)
             )
-            restored = _bottleneck_from(entry.status.get("bottleneck"))
-            if restored is not None:
-                state.stabilizer.restore(restored)
-                state.published = st.verdict_key(restored)
-            log.debug("profile %s/%s: new state, resumed verdict %s", *entry.key, state.published)
+            log.debug("profile %s/%s: new state, resumed verdict %s", *entry.key, state.profile.published)
             self._state[entry.key] = state
         elif state.confirm_windows != confirm:
-            fresh = Stabilizer(confirm_windows=confirm)
-            if state.stabilizer.current is not None:
-                fresh.restore(state.stabilizer.current)
-            state.stabilizer, state.confirm_windows = fresh, confirm
+            state.profile = with_confirm_windows(state.profile, confirm)
+            state.confirm_windows = confirm
         return state
 
     def forget(self, entry: ProfileEntry) -> None:
@@ -317,8 +305,11 @@ class Evaluator:
             webhook_enabled=self._webhook_enabled,
             refused=self._refused(spec),
         )
-        state.snapshots.update(result.baselines)
-        state.marks.update(result.marks)
+        state.profile = dataclasses.replace(
+            state.profile,
+            baselines={**state.profile.baselines, **result.baselines},
+            marks={**state.profile.marks, **result.marks},
+        )
         self._record(entry, result)
         await self._write(entry, result.patch)
         for event in result.events:
@@ -348,28 +339,25 @@ class Evaluator:
         when = self._now()
         pods = self._registry.pods_for(entry)
         status: Mapping[str, Any] = entry.status
-        result = window_step(
+        inputs = WindowInputs(
             spec=spec,
             status=status,
             generation=entry.generation,
             pods=pods,
             results=await self._scrape(spec, pods),
-            baselines=state.snapshots,
-            stabilizer=state.stabilizer,
-            published=state.published,
             when=when,
-            webhook_enabled=self._webhook_enabled,
-            max_baseline_seconds=self._max_baseline_windows * spec.evaluation.window_seconds,
+            settings=WindowSettings(
+                webhook_enabled=self._webhook_enabled,
+                max_baseline_seconds=self._max_baseline_windows * spec.evaluation.window_seconds,
+                restart_allowed=self._stall_restart,
+            ),
             ended=self._registry.oom_ended_pods_for(entry),
-            marks=state.marks,
-            goodput=state.goodput,
             finished=self._registry.finished_pods_for(entry),
             refused=self._refused(spec),
-            restart_allowed=self._stall_restart,
-            slowdown=state.slowdown,
         )
-        state.snapshots = result.baselines
-        state.marks = result.marks
+        after, result = window_step(state.profile, inputs)
+        # published once written (ProfileState.published): a write that raises tells it again
+        state.profile = dataclasses.replace(after, published=state.profile.published)
         self._record(entry, result)
         if result.resizes:
             await self._resize(entry, result, st.format_time(when))
@@ -380,8 +368,8 @@ class Evaluator:
                 status = written
                 if result.verdict is not None:
                     state.written = tuple(records)
-        state.published = result.published
-        observe_window(self._metrics, entry, result, status=status, gp=state.goodput, when=when)
+        state.profile = dataclasses.replace(state.profile, published=result.published)
+        observe_window(self._metrics, entry, result, status=status, gp=state.profile.goodput, when=when)
         if result.progress.delete_pods and isinstance(self._api, PodDeleteAPI):
             await delete_stalled_pods(self._api, self._metrics, entry, pods, result.progress.delete_pods)
         self._metrics.evaluation(ok=True)
@@ -503,15 +491,6 @@ class Evaluator:
         if current is not None and current is not entry and current.uid == entry.uid:
             current.status_packed = entry.status_packed
         return new_status
-
-
-def _bottleneck_from(raw: Any) -> Bottleneck | None:
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return Bottleneck.model_validate(dict(raw))
-    except ValidationError:
-        return None
 
 
 # ---------------------------------------------------------------- the loop

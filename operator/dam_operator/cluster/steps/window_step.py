@@ -7,16 +7,21 @@ the three steps here, then writes what it returns. The first write after a (re)s
 failures with the same functions (``classify`` and ``count_pods``), so ``status.pods``
 and the conditions cannot differ between them with nothing changed in the cluster.
 
-The only state a step touches is the profile's ``Stabilizer`` (hysteresis), which is
-passed in and updated in place; everything else is returned.
+A profile's state between windows is one frozen ``ProfileState`` (plain data: its baselines,
+memory marks, hysteresis, goodput ledger, slowdown tracker and published verdict);
+``window_step(state, inputs)`` returns the next one and never mutates the one passed in (it
+works on copies of the mutable ``Stabilizer``, ``GoodputLedger`` and ``SlowdownTracker``).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from pydantic import ValidationError
 
 from dam_contract import names
 from dam_contract.snapshot import CompactSnapshot, Sample, Snapshot
@@ -36,7 +41,7 @@ from dam_operator.cluster.steps.spec import DAMProfileSpec
 from dam_operator.diagnosis import series
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.hysteresis import Stabilizer
-from dam_operator.diagnosis.model import Observation, Verdict
+from dam_operator.diagnosis.model import Bottleneck, Observation, Verdict
 from dam_operator.diagnosis.slowdown import SlowdownTracker
 from dam_operator.diagnosis.window import JobWindow, PodWindow, baseline, furthest_steps, job_window
 
@@ -363,7 +368,7 @@ def _memory_marks(
     }
 
 
-def window_step(
+def decide_window(
     *,
     spec: DAMProfileSpec,
     status: Mapping[str, Any],
@@ -388,7 +393,8 @@ def window_step(
     act (``window_actions``), judge the job's progress and goodput (``_progress_and_goodput``).
     A pod OOM-killed before it formed a window is evidence (``_oom_windows``). ``refused``: as in
     ``initial_step``; ``restart_allowed``: pods/delete granted (``progress_step``); ``goodput``
-    and ``slowdown``: the profile's ledger and slowdown tracker, updated in place."""
+    and ``slowdown``: the profile's ledger and slowdown tracker, updated in place (``window_step``
+    is the form that does not mutate: it passes copies)."""
     window_seconds = spec.evaluation.window_seconds
     scrape = _classify_with_gaps(pods, results, when, window_seconds)
     counts = count_pods(pods, scrape)
@@ -440,6 +446,126 @@ def window_step(
         progress=progress,
         events=[*verdict_events, *acted.events, *progress.events],
     )
+
+
+@dataclass(frozen=True)
+class ProfileState:
+    """One profile's state between windows, as plain data: no API client, no callable, no clock.
+
+    Everything a window needs from the windows before it, so that it can be serialized and
+    travel with the profile between operator replicas (issue 30). ``window_step`` never mutates
+    it: it returns the next one, which the scheduler keeps in place of this one."""
+
+    stabilizer: Stabilizer
+    """The verdict's hysteresis (``diagnosis.hysteresis``)."""
+    baselines: Mapping[str, Snapshot] = field(default_factory=dict)
+    """Each pod's snapshot to difference the next window against."""
+    marks: Mapping[str, Snapshot] = field(default_factory=dict)
+    """Each pod's last memory gauges (``memory_mark``): the evidence of a pod that dies."""
+    goodput: GoodputLedger = field(default_factory=GoodputLedger)
+    """The job's goodput so far (``cluster.steps.goodput``), resumed from ``status.goodput``."""
+    slowdown: SlowdownTracker = field(default_factory=SlowdownTracker)
+    """The job's step-rate baseline and slowdown (``diagnosis.slowdown``)."""
+    published: tuple[str, str] | None = None
+    """(axis, regime) last written to the status (or read from it on resume). The scheduler
+    keeps the returned state's verdict out of it until the status write went through: a write
+    that raises (a lost answer, a 5xx) leaves the last one, so the next window emits the
+    verdict's Event again instead of taking it as told."""
+
+
+def resumed_state(status: Mapping[str, Any], confirm_windows: int) -> ProfileState:
+    """A profile's first state in this process, from what its status holds: the verdict written
+    (the hysteresis starts from it, and it counts as published) and the goodput ledger."""
+    stabilizer = Stabilizer(confirm_windows=confirm_windows)
+    restored = _bottleneck_from(status.get("bottleneck"))
+    if restored is not None:
+        stabilizer.restore(restored)
+    return ProfileState(
+        stabilizer=stabilizer,
+        goodput=GoodputLedger.resume(status),
+        published=st.verdict_key(restored) if restored is not None else None,
+    )
+
+
+def with_confirm_windows(state: ProfileState, confirm_windows: int) -> ProfileState:
+    """``spec.evaluation.hysteresisWindows`` changed: a fresh hysteresis that keeps the verdict."""
+    fresh = Stabilizer(confirm_windows=confirm_windows)
+    if state.stabilizer.current is not None:
+        fresh.restore(state.stabilizer.current)
+    return replace(state, stabilizer=fresh)
+
+
+def _bottleneck_from(raw: Any) -> Bottleneck | None:
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return Bottleneck.model_validate(dict(raw))
+    except ValidationError:
+        return None
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """The operator process's settings a window reads (the same for every profile)."""
+
+    webhook_enabled: bool
+    max_baseline_seconds: float
+    restart_allowed: bool = False
+    """pods/delete granted (``progress_step``, ``onStall: Restart``)."""
+
+
+@dataclass(frozen=True)
+class WindowInputs:
+    """What one window of one profile observed: the profile, its pods, the scrapes, the time."""
+
+    spec: DAMProfileSpec
+    status: Mapping[str, Any]
+    generation: int | None
+    pods: Sequence[PodInfo]
+    results: Results
+    when: dt.datetime
+    settings: WindowSettings
+    ended: Sequence[PodInfo] = ()
+    """Pods OOM-killed and gone (``Registry.oom_ended_pods_for``)."""
+    finished: Sequence[PodInfo] = ()
+    refused: str | None = None
+
+
+def window_step(state: ProfileState, inputs: WindowInputs) -> tuple[ProfileState, StepResult]:
+    """One window (``decide_window``) as a function of the profile's state: the next state and
+    what to write. ``state`` is left as it was: the step works on copies of its mutable parts."""
+    stabilizer = copy.deepcopy(state.stabilizer)
+    goodput = copy.deepcopy(state.goodput)
+    slowdown = copy.deepcopy(state.slowdown)
+    result = decide_window(
+        spec=inputs.spec,
+        status=inputs.status,
+        generation=inputs.generation,
+        pods=inputs.pods,
+        results=inputs.results,
+        baselines=state.baselines,
+        stabilizer=stabilizer,
+        published=state.published,
+        when=inputs.when,
+        webhook_enabled=inputs.settings.webhook_enabled,
+        max_baseline_seconds=inputs.settings.max_baseline_seconds,
+        ended=inputs.ended,
+        marks=state.marks,
+        goodput=goodput,
+        finished=inputs.finished,
+        refused=inputs.refused,
+        restart_allowed=inputs.settings.restart_allowed,
+        slowdown=slowdown,
+    )
+    after = ProfileState(
+        stabilizer=stabilizer,
+        baselines=result.baselines,
+        marks=result.marks,
+        goodput=goodput,
+        slowdown=slowdown,
+        published=result.published,
+    )
+    return after, result
 
 
 def _act(  # noqa: PLR0917 (called once, in window_step)
