@@ -136,6 +136,7 @@ import contextlib
 import errno
 import math
 import mmap
+import operator
 import os
 import stat
 import struct
@@ -686,6 +687,26 @@ FIELD_NAMES: Final = {f.name: f for f in FIELDS}
 _FIELDS_OF: Final = {v: tuple(f for f in FIELDS if f.version <= v) for v in SIZES}
 
 
+def _runs(fields: tuple[Field, ...]) -> tuple[tuple[int, struct.Struct, tuple[Field, ...]], ...]:
+    """A layout version's fields as runs of adjacent ones, each one ``struct`` (offset, struct,
+    fields), so the writer packs and the reader unpacks a run in one call; nothing between runs
+    (the device UUIDs, reserved bytes) is touched. The table is read once, at import."""
+    runs: list[tuple[int, struct.Struct, tuple[Field, ...]]] = []
+    group: list[Field] = []
+    for f in sorted(fields, key=lambda f: f.offset):
+        if group and f.offset != group[-1].offset + group[-1].packer.size:
+            if f.offset < group[-1].offset + group[-1].packer.size:
+                raise ValueError(f"probe field {f.name} at {f.offset} overlaps {group[-1].name}")
+            runs.append((group[0].offset, struct.Struct("<" + "".join(g.code for g in group)), tuple(group)))
+            group = []
+        group.append(f)
+    runs.append((group[0].offset, struct.Struct("<" + "".join(g.code for g in group)), tuple(group)))
+    return tuple(runs)
+
+
+_RUNS_OF: Final = {v: _runs(fs) for v, fs in _FIELDS_OF.items()}
+
+
 @dataclass(frozen=True)
 class _Group:
     """Fields known together: ``needs`` (the rest only with the first) or all-or-none; the first's
@@ -749,9 +770,12 @@ _PUBLISHED: Final = {
 _TUPLE_NAMES: Final = {arg: tuple(f.name for f in FIELDS if f.flag == bit) for arg, bit in _PUBLISHED.items()}
 
 
+_GROUP_VALUES: Final = tuple((g, operator.attrgetter(*g.names)) for g in _GROUPS)
+
+
 def _check_groups(record: ProbeRecord) -> None:
-    for group in _GROUPS:
-        values = [getattr(record, name) for name in group.names]
+    for group, read in _GROUP_VALUES:
+        values = read(record) if len(group.names) > 1 else (read(record),)
         if group.together:
             if any(v is None for v in values) and any(v is not None for v in values):
                 raise ValueError(group.message)
@@ -768,16 +792,17 @@ def _flags(record: ProbeRecord) -> int:
 
 
 def _pack_fields(buf: bytearray | mmap.mmap, record: ProbeRecord) -> None:
-    for f in _FIELDS_OF[record.version]:
-        f.packer.pack_into(buf, f.offset, f.put(getattr(record, f.name)))
+    for offset, packer, fields in _RUNS_OF[record.version]:
+        packer.pack_into(buf, offset, *[f.put(getattr(record, f.name)) for f in fields])
 
 
 def _unpack_fields(data: bytes, version: int, flags: int) -> dict[str, Any]:
-    return {
-        f.name: f.get(f.packer.unpack_from(data, f.offset)[0])
-        for f in _FIELDS_OF[version]
-        if not f.flag or flags & f.flag
-    }
+    out: dict[str, Any] = {}
+    for offset, packer, fields in _RUNS_OF[version]:
+        for f, raw in zip(fields, packer.unpack_from(data, offset), strict=True):
+            if not f.flag or flags & f.flag:
+                out[f.name] = f.get(raw)
+    return out
 
 
 def _check_header(data: bytes) -> int:
@@ -960,19 +985,16 @@ class ProbeWriter:
         # The payload is packed into a scratch image first, so the odd (busy) window covers one copy.
         known = cgroup_throttled_ns is not None
         published: dict[str, Any] = {}
-        for arg, values in (
-            ("collectives", collectives),
-            ("memory", memory),
-            ("process", process),
-            ("loader_kills", loader_kills),
-            ("run_queue", run_queue),
-            ("goodput", goodput),
-            ("checkpoints", checkpoints),
-            ("measured_flops", measured_flops),
-            ("flops_reason", flops_reason),
-            ("progress", progress),
-            ("loader_settings", loader_settings),
-        ):
+        groups: tuple[tuple[Any, ...] | None, ...] = (collectives, memory, process, loader_kills, run_queue)
+        groups += (
+            goodput,
+            checkpoints,
+            measured_flops,
+            flops_reason,
+            progress,
+            loader_settings,
+        )  # _PUBLISHED's
+        for arg, values in zip(_PUBLISHED, groups, strict=True):
             if values is not None:
                 published.update(zip(_TUPLE_NAMES[arg], values, strict=True))
         _pack_payload(
