@@ -33,7 +33,7 @@ from typing import Any, Unpack
 from pydantic import ValidationError
 
 from dam_contract import names
-from dam_contract.snapshot import CompactSnapshot, Labels, Sample, Snapshot
+from dam_contract.snapshot import CompactSnapshot, Sample, Snapshot
 from dam_operator.diagnosis import ranks as rank_rules
 from dam_operator.diagnosis import signals
 from dam_operator.diagnosis.extractors import Known, KnownArgs, Scrapes
@@ -162,7 +162,12 @@ def _pod_observation(
     per_rank: Mapping[RankId, Observation] | None,
 ) -> Observation:
     """The pod's observation; its ranks' cross-rank figures from ``per_rank`` (split here if None)."""
-    rank_numbers = _rank_numbers(after)
+    index = None
+    if per_rank is not None:  # split from the same snapshots: their ranks are its keys
+        rank_numbers = [r.rank for r in per_rank if r.rank is not None]
+    else:
+        index = _index(after, known.gpu_uuids)
+        rank_numbers = index.numbers
     if not rank_numbers and per_rank is not None and len(per_rank) == 1:
         # A pod without ranks is its one process: ``_rank_observations`` read the same window.
         return next(iter(per_rank.values()))
@@ -171,7 +176,7 @@ def _pod_observation(
         fields["ranks"] = len(rank_numbers)
     if len(rank_numbers) > 1:
         if per_rank is None:
-            per_rank = _rank_observations(before, after, "", known)
+            per_rank = _rank_observations(before, after, "", known, index)
         fields.update(_cross_rank_fields(per_rank))
     return _build(fields)
 
@@ -179,30 +184,84 @@ def _pod_observation(
 # --- ranks ---------------------------------------------------------------------------
 
 
-def _rank_of(labels: Labels) -> int | None:
-    raw = label_of(labels, names.RANK_LABEL)
+def _rank_number(raw: str | None) -> int | None:
     if raw is None or not raw.isdigit() or len(raw) > 7:
         return None
     return int(raw)
 
 
-def _rank_numbers(snapshot: Snapshot) -> list[int]:
+_GPU_SERIES: frozenset[str] = frozenset(
+    {*GPU_RATIO_GAUGES.values(), names.GPU_MEMORY_USED_BYTES, names.GPU_SM_CLOCK_HERTZ}
+)
+"""The GPU series whose ``gpu`` labels name the pod's GPUs (``_rank_gpus``)."""
+
+
+@dataclass(frozen=True)
+class _RankIndex:
+    """One snapshot's samples sorted by rank in one walk (``_index``): what the per-rank views,
+    the rank numbers, the local ranks and the pod's GPUs are read from, without walking the
+    snapshot again for each of them."""
+
+    timestamp_seconds: float | None
+    numbers: list[int]
     """The ranks whose probe series are in the snapshot, sorted."""
+    own: dict[int, list[Sample]]
+    """Each rank's own series (any series with a valid ``rank`` label), the label taken off."""
+    unranked: list[Sample]
+    """Probe series without a ``rank`` label (a process without a rank beside ranked ones)."""
+    has_unranked: bool
+    """Such a series other than ``dam_probe_up`` (the pod's gauge, never per rank)."""
+    shared: list[Sample]
+    """The pod's other series, seen by every rank, but for ``totals``."""
+    totals: list[Sample]
+    """Pod-wide process totals (``POD_TOTALS``): left out of a rank's view when several."""
+    local_ranks: dict[int, int]
+    """``rank → local_rank`` from ``dam_process_rank_info`` (where the probe knows it)."""
+    gpus: list[str]
+    """The ``gpu`` labels of the attributed GPU series, in GPU order."""
+
+
+def _index(snapshot: Snapshot, gpu_uuids: set[str] | None) -> _RankIndex:
     found: set[int] = set()
-    for metric in PROBE_SERIES:
+    own: dict[int, list[Sample]] = {}
+    unranked: list[Sample] = []
+    shared: list[Sample] = []
+    totals: list[Sample] = []
+    local: dict[int, int] = {}
+    gpus: set[str] = set()
+    has_unranked = False
+    for metric in snapshot.names():
+        probe, total, gpu_series = metric in PROBE_SERIES, metric in POD_TOTALS, metric in _GPU_SERIES
+        info = metric == names.PROCESS_RANK_INFO
         for s in snapshot.samples(metric):
-            rank = _rank_of(s.labels)
-            if rank is not None:
-                found.add(rank)
-    return sorted(found)
-
-
-def _has_unranked_probe_series(snapshot: Snapshot) -> bool:
-    # dam_probe_up is the pod's gauge, never per rank: it does not make an unranked process.
-    return any(
-        label_of(s.labels, names.RANK_LABEL) is None
-        for metric in PROBE_SERIES - {names.PROBE_UP}
-        for s in snapshot.samples(metric)
+            raw = label_of(s.labels, names.RANK_LABEL)
+            if raw is not None:
+                rank = _rank_number(raw)
+                if rank is None:
+                    continue
+                if probe:
+                    found.add(rank)
+                if info and (lr := s.label("local_rank")).isdigit() and len(lr) <= 7:
+                    local[rank] = int(lr)
+                own.setdefault(rank, []).append(_without_rank(s))
+            elif probe:
+                unranked.append(s)
+                has_unranked = has_unranked or metric != names.PROBE_UP
+            else:
+                (totals if total else shared).append(s)
+                if gpu_series and s.label("gpu") and attributed(s, gpu_uuids):
+                    gpus.add(s.label("gpu"))
+    numbers = sorted(found)
+    return _RankIndex(
+        timestamp_seconds=snapshot.timestamp_seconds,
+        numbers=numbers,
+        own={r: own.get(r, []) for r in numbers},
+        unranked=unranked,
+        has_unranked=has_unranked,
+        shared=shared,
+        totals=totals,
+        local_ranks=local,
+        gpus=sorted(gpus, key=_gpu_sort_key),
     )
 
 
@@ -214,71 +273,41 @@ def _gpu_sort_key(label: str) -> tuple[int, str]:
     return (int(label), "") if label.isdigit() else (1 << 30, label)
 
 
-def _local_ranks(after: Snapshot) -> dict[int, int]:
-    """``rank → local_rank`` from ``dam_process_rank_info`` (where the probe knows it)."""
-    out: dict[int, int] = {}
-    for s in after.samples(names.PROCESS_RANK_INFO):
-        rank, local = _rank_of(s.labels), s.label("local_rank")
-        if rank is not None and local.isdigit() and len(local) <= 7:
-            out[rank] = int(local)
-    return out
-
-
-def _rank_gpus(after: Snapshot, rank_numbers: list[int], gpu_uuids: set[str] | None) -> dict[int, str]:
+def _rank_gpus(after: _RankIndex) -> dict[int, str]:
     """Each rank's GPU (its ``gpu`` label), when the pod's ranks can be matched to its GPUs.
 
     Local rank i drives the pod's i-th attributed GPU (torchrun and the Kubeflow launchers set
     ``LOCAL_RANK`` so); without local ranks, ranks are matched to GPUs in order when the pod has
     exactly one GPU per rank. Otherwise every rank sees the pod's GPU averages.
     """
-    found: set[str] = set()
-    for metric in (*GPU_RATIO_GAUGES.values(), names.GPU_MEMORY_USED_BYTES, names.GPU_SM_CLOCK_HERTZ):
-        for s in after.samples(metric):
-            if attributed(s, gpu_uuids) and s.label("gpu") and label_of(s.labels, names.RANK_LABEL) is None:
-                found.add(s.label("gpu"))
-    gpus = sorted(found, key=_gpu_sort_key)
-    if len(rank_numbers) < 2 or len(gpus) < 2:
+    numbers, gpus, local = after.numbers, after.gpus, after.local_ranks
+    if len(numbers) < 2 or len(gpus) < 2:
         return {}
-    local = _local_ranks(after)
-    if all(r in local and local[r] < len(gpus) for r in rank_numbers):
-        picked = [local[r] for r in rank_numbers]
+    if all(r in local and local[r] < len(gpus) for r in numbers):
+        picked = [local[r] for r in numbers]
         if len(set(picked)) == len(picked):
-            return {r: gpus[local[r]] for r in rank_numbers}
-    if len(gpus) != len(rank_numbers):
+            return {r: gpus[local[r]] for r in numbers}
+    if len(gpus) != len(numbers):
         return {}
-    return dict(zip(rank_numbers, gpus, strict=True))
+    return dict(zip(numbers, gpus, strict=True))
 
 
 def _rank_views(
-    snapshot: Snapshot, numbers: list[int], *, several: bool, gpus: Mapping[int, str]
+    index: _RankIndex, numbers: list[int], *, several: bool, gpus: Mapping[int, str]
 ) -> dict[int | None, Snapshot]:
     """The samples each rank sees: its own probe series and the pod's shared series.
 
-    One pass over the snapshot. Key None holds the probe series without a ``rank`` label
-    (a process without a rank beside ranked ones). Pod-wide process totals are left out
-    when the pod holds several processes; a rank with its own GPU sees only that GPU.
+    Key None holds the probe series without a ``rank`` label (a process without a rank beside
+    ranked ones). Pod-wide process totals are left out when the pod holds several processes;
+    a rank with its own GPU sees only that GPU.
     """
-    own: dict[int, list[Sample]] = {r: [] for r in numbers}
-    unranked: list[Sample] = []
-    shared: list[Sample] = []
-    for metric in snapshot.names():
-        probe = metric in PROBE_SERIES
-        skip_totals = several and metric in POD_TOTALS
-        for s in snapshot.samples(metric):
-            if label_of(s.labels, names.RANK_LABEL) is not None:
-                rank = _rank_of(s.labels)
-                if rank is not None and rank in own:
-                    own[rank].append(_without_rank(s))
-            elif probe:
-                unranked.append(s)
-            elif not skip_totals:
-                shared.append(s)
+    shared = index.shared if several else [*index.shared, *index.totals]
     views: dict[int | None, Snapshot] = {}
     for rank in numbers:
         gpu = gpus.get(rank)
         seen = shared if gpu is None else [s for s in shared if not s.label("gpu") or s.label("gpu") == gpu]
-        views[rank] = Snapshot(own[rank] + seen, snapshot.timestamp_seconds)
-    views[None] = Snapshot(unranked + shared, snapshot.timestamp_seconds)
+        views[rank] = Snapshot(index.own.get(rank, []) + seen, index.timestamp_seconds)
+    views[None] = Snapshot(index.unranked + shared, index.timestamp_seconds)
     return views
 
 
@@ -302,16 +331,18 @@ def rank_observations(
 
 
 def _rank_observations(
-    before: Snapshot, after: Snapshot, pod: str, known: Known
+    before: Snapshot, after: Snapshot, pod: str, known: Known, index: _RankIndex | None = None
 ) -> dict[RankId, Observation]:
-    numbers = _rank_numbers(after)
+    if index is None:  # each snapshot is walked once for every rank's view
+        index = _index(after, known.gpu_uuids)
+    numbers = index.numbers
     if not numbers:
         return {RankId(pod, None): _build(_fields(before, after, known))}
-    unranked = _has_unranked_probe_series(after)
+    unranked = index.has_unranked
     several = len(numbers) > 1 or unranked
-    gpus = _rank_gpus(after, numbers, known.gpu_uuids)
-    views_before = _rank_views(before, numbers, several=several, gpus=gpus)
-    views_after = _rank_views(after, numbers, several=several, gpus=gpus)
+    gpus = _rank_gpus(index)
+    views_before = _rank_views(_index(before, known.gpu_uuids), numbers, several=several, gpus=gpus)
+    views_after = _rank_views(index, numbers, several=several, gpus=gpus)
     out: dict[RankId, Observation] = {}
     for rank in numbers:
         fields = _fields(views_before[rank], views_after[rank], known)

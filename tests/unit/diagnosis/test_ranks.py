@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dam_contract import names
-from dam_contract.snapshot import parse_snapshot
+from dam_contract.snapshot import Sample, Snapshot, parse_snapshot
 from dam_operator.diagnosis.axes import Kind
 from dam_operator.diagnosis.engine import diagnose
 from dam_operator.diagnosis.model import Axis, Observation, RankId, Regime, Straggler, Thresholds, Verdict
@@ -66,6 +66,27 @@ def test_a_pod_with_several_ranks_splits_into_one_observation_per_rank() -> None
     assert late.collective_ratio == pytest.approx(0.05)
     assert late.exposed_communication_ratio == pytest.approx(0.02)
     assert late.ranks == 1
+
+
+class CountingSnapshot(Snapshot):
+    """A snapshot that counts how often its samples are read, series by series."""
+
+    def __init__(self, other: Snapshot) -> None:
+        super().__init__([s for name in other.names() for s in other.samples(name)], other.timestamp_seconds)
+        self.reads = 0
+
+    def samples(self, name: str) -> list[Sample]:
+        self.reads += 1
+        return super().samples(name)
+
+
+def test_splitting_a_pod_into_ranks_reads_each_series_of_its_snapshots_once() -> None:
+    before, after = (CountingSnapshot(parse_snapshot(t)) for t in snapshot_pair(cpu_job(late_loader_ranks())))
+    split = rank_observations(before, after, pod="trainer-0")
+    assert sorted(r.rank or 0 for r in split) == [0, 1, 2]
+    # one index by rank of each scrape (the views, rank numbers, local ranks and GPUs from it),
+    # however many ranks the pod holds: each series read once
+    assert (before.reads, after.reads) == (len(before.names()), len(after.names()))
 
 
 def test_pod_observation_sums_the_ranks_and_is_skew_corrected() -> None:
