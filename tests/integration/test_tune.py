@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -60,9 +62,18 @@ FAST = ("--window", "3", "--warmup", "1", "--interval", "0.5")
 
 
 def dam_tune(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*DAM, "tune", *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO
-    )
+    """``dam tune ARGS``; its last argument is the job's script. A ``dam tune`` killed at the
+    timeout leaves its job running (the job has its own session): those processes are killed
+    too, so that one overrun does not load the machine for the tests after it."""
+    try:
+        return subprocess.run(
+            [*DAM, "tune", *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO
+        )
+    except subprocess.TimeoutExpired:
+        for pid in processes_running(args[-1]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        raise
 
 
 def processes_running(marker: str) -> list[int]:
