@@ -529,9 +529,9 @@ def _text_field(raw: bytes) -> str:
 
 # The field table: every field after the version-1 core (pid .. flags, the device UUIDs), one row each.
 # It drives the writer (``_pack_fields``), the reader (``_unpack_fields``), ``ProbeRecord``'s validation
-# (``_GROUPS``) and the sidecar's sampler (``dam_sidecar.samplers.probe``). A field is read back only from
-# a layout at least as new as its ``version`` and, when it has one, with its ``flag`` bit set; otherwise
-# it is None. ``kind``: counter (cumulative), gauge, or info (an identity, a state, text).
+# and the flag bits (``_GROUPS``), and ``ProbeWriter.publish``'s tuples (``_TUPLE_NAMES``). A field is
+# read back only from a layout at least as new as its ``version`` and, when it has one, with its ``flag``
+# bit set; otherwise it is None. ``kind``: counter (cumulative), gauge, or info (an identity, a state, text).
 def _u(bits: int) -> Callable[[Any], int]:
     top = 2**bits - 1
     return lambda value: min(value or 0, top)
@@ -683,7 +683,6 @@ FIELDS: Final = (
         _text_field,
     ),
 )
-FIELD_NAMES: Final = {f.name: f for f in FIELDS}
 _FIELDS_OF: Final = {v: tuple(f for f in FIELDS if f.version <= v) for v in SIZES}
 
 
@@ -691,17 +690,16 @@ def _runs(fields: tuple[Field, ...]) -> tuple[tuple[int, struct.Struct, tuple[Fi
     """A layout version's fields as runs of adjacent ones, each one ``struct`` (offset, struct,
     fields), so the writer packs and the reader unpacks a run in one call; nothing between runs
     (the device UUIDs, reserved bytes) is touched. The table is read once, at import."""
-    runs: list[tuple[int, struct.Struct, tuple[Field, ...]]] = []
-    group: list[Field] = []
+    groups: list[list[Field]] = []
     for f in sorted(fields, key=lambda f: f.offset):
-        if group and f.offset != group[-1].offset + group[-1].packer.size:
-            if f.offset < group[-1].offset + group[-1].packer.size:
-                raise ValueError(f"probe field {f.name} at {f.offset} overlaps {group[-1].name}")
-            runs.append((group[0].offset, struct.Struct("<" + "".join(g.code for g in group)), tuple(group)))
-            group = []
-        group.append(f)
-    runs.append((group[0].offset, struct.Struct("<" + "".join(g.code for g in group)), tuple(group)))
-    return tuple(runs)
+        end = groups[-1][-1].offset + groups[-1][-1].packer.size if groups else f.offset
+        if f.offset < end:
+            raise ValueError(f"probe field {f.name} at {f.offset} overlaps {groups[-1][-1].name}")
+        if f.offset == end and groups:
+            groups[-1].append(f)
+        else:
+            groups.append([f])
+    return tuple((g[0].offset, struct.Struct("<" + "".join(f.code for f in g)), tuple(g)) for g in groups)
 
 
 _RUNS_OF: Final = {v: _runs(fs) for v, fs in _FIELDS_OF.items()}
@@ -716,13 +714,16 @@ class _Group:
     names: tuple[str, ...]
     together: bool
     message: str
+    version: int
+    """The layout version that introduced the group: its flag bit is set only from that version."""
 
 
 def _group(flag: int, together: bool, message: str, anchor: str | None = None) -> _Group:
-    names = tuple(f.name for f in FIELDS if f.flag == flag)
+    fields = [f for f in FIELDS if f.flag == flag]
+    names = tuple(f.name for f in fields)
     if anchor is not None:
         names = (anchor, *(n for n in names if n != anchor))
-    return _Group(flag, names, together, message)
+    return _Group(flag, names, together, message, min(f.version for f in fields))
 
 
 _GROUPS: Final = (
@@ -770,6 +771,15 @@ _PUBLISHED: Final = {
 _TUPLE_NAMES: Final = {arg: tuple(f.name for f in FIELDS if f.flag == bit) for arg, bit in _PUBLISHED.items()}
 
 
+def _published(**groups: tuple[Any, ...] | None) -> dict[str, Any]:
+    """``ProbeWriter.publish``'s tuples (by their argument names) as ``ProbeRecord`` fields."""
+    out: dict[str, Any] = {}
+    for arg, values in groups.items():
+        if values is not None:
+            out.update(zip(_TUPLE_NAMES[arg], values, strict=True))
+    return out
+
+
 _GROUP_VALUES: Final = tuple((g, operator.attrgetter(*g.names)) for g in _GROUPS)
 
 
@@ -786,7 +796,7 @@ def _check_groups(record: ProbeRecord) -> None:
 def _flags(record: ProbeRecord) -> int:
     flags = FLAG_CLOSED if record.closed else 0
     for group in _GROUPS:
-        if (group.flag == FLAG_CGROUP or record.version >= 2) and getattr(record, group.names[0]) is not None:
+        if record.version >= group.version and getattr(record, group.names[0]) is not None:
             flags |= group.flag
     return flags
 
@@ -984,19 +994,19 @@ class ProbeWriter:
         same way: the table in the module docstring); None = unknown."""
         # The payload is packed into a scratch image first, so the odd (busy) window covers one copy.
         known = cgroup_throttled_ns is not None
-        published: dict[str, Any] = {}
-        groups: tuple[tuple[Any, ...] | None, ...] = (collectives, memory, process, loader_kills, run_queue)
-        groups += (
-            goodput,
-            checkpoints,
-            measured_flops,
-            flops_reason,
-            progress,
-            loader_settings,
-        )  # _PUBLISHED's
-        for arg, values in zip(_PUBLISHED, groups, strict=True):
-            if values is not None:
-                published.update(zip(_TUPLE_NAMES[arg], values, strict=True))
+        published = _published(
+            collectives=collectives,
+            memory=memory,
+            process=process,
+            loader_kills=loader_kills,
+            run_queue=run_queue,
+            goodput=goodput,
+            checkpoints=checkpoints,
+            measured_flops=measured_flops,
+            flops_reason=flops_reason,
+            progress=progress,
+            loader_settings=loader_settings,
+        )
         _pack_payload(
             self._scratch,
             ProbeRecord(
