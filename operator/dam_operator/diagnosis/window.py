@@ -206,7 +206,8 @@ class _RankIndex:
     numbers: list[int]
     """The ranks whose probe series are in the snapshot, sorted."""
     own: dict[int, list[Sample]]
-    """Each rank's own series (any series with a valid ``rank`` label), the label taken off."""
+    """Each rank's own series (any series with a valid ``rank`` label), the label taken off; also
+    of a rank without probe series here (the BEFORE scrape of a rank that AFTER's probe names)."""
     unranked: list[Sample]
     """Probe series without a ``rank`` label (a process without a rank beside ranked ones)."""
     has_unranked: bool
@@ -255,7 +256,7 @@ def _index(snapshot: Snapshot, gpu_uuids: set[str] | None) -> _RankIndex:
     return _RankIndex(
         timestamp_seconds=snapshot.timestamp_seconds,
         numbers=numbers,
-        own={r: own.get(r, []) for r in numbers},
+        own=own,
         unranked=unranked,
         has_unranked=has_unranked,
         shared=shared,
