@@ -195,7 +195,7 @@ TRUTH_PEAK_FLOPS = 1e10
 profile declares (the GPU table has no CPU)."""
 TRUTH_ARGS = {"steps": 600, "save_every": 60, "delay_ms": 1, "ckpt_mib": 96, "tail_s": 15}
 """truth.py's STEPS SAVE_EVERY DELAY_MS CKPT_MIB TAIL_S for the two-Pod layout (600 steps: the
-deletion falls mid-run however fast the node; torchrun's Pod runs 360): ~20 steps/s on a quiet
+deletion falls mid-run however fast the node; torchrun's Pod runs as many): ~20 steps/s on a quiet
 machine (mostly data wait: the tier's other Pods share the 2 cores), 3-5 beside them; rank 0
 saving 96 MiB every 60 steps; the quiet tail outlives a window, so the last scrape has seen every
 step."""
@@ -221,10 +221,13 @@ def _truth_job(rendezvous: Path) -> dict[str, Any]:
 
 def _truth_torchrun_job(rendezvous: Path) -> dict[str, Any]:
     """The same work as ``_truth_job`` in one Pod: torchrun's two ranks (layout ``torchrun``),
-    360 steps, no restart."""
+    ``TRUTH_ARGS``' 600 steps, no restart: its MFU is checked in the windows its steps filled,
+    and a window is sure to fall inside its steps only when they last two windows and a second
+    (21 s); 360 steps at the 21.8 steps/s of a quiet node lasted 16.5 s, and no window did (a
+    clean-clone run). 600 last 27 s even at that speed."""
     shared = rendezvous / "truth-1pod"
     shared.mkdir()
-    args = ["torchrun", "360", *(str(v) for k, v in TRUTH_ARGS.items() if k != "steps")]
+    args = ["torchrun", *(str(v) for v in TRUTH_ARGS.values())]
     job = training_job("truth", "truth.py", args)
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["command"] = [
