@@ -381,8 +381,12 @@ def run(
             live=live,
             previous_handlers=previous_handlers,
         )
-        final = session.final_verdict(oom_killed=None if memory is None else memory.oom_killed(returncode))
-        ranks = session.final_ranks()
+        # The command finished its steps by itself: what came after its last step is no part
+        # of the final rate (LocalSession._without_tail).
+        completed = returncode == 0 and not watch.stops()
+        oom_killed = None if memory is None else memory.oom_killed(returncode)
+        final = session.final_verdict(oom_killed=oom_killed, completed=completed)
+        ranks = session.final_ranks(completed=completed)
         goodput = _goodput(session, lives_of(source))
     code = STALL_EXIT_CODE if watch.stops() else shell_exit_status(returncode)
     out(_report(args, final, ranks, goodput, code, watch=watch))

@@ -316,11 +316,12 @@ class LocalSession:
         raw = self.verdict_of(self.window_start(), self.history[-1])
         return self.stabilizer.update(raw, self.now())
 
-    def final_span(self) -> tuple[Timed, Timed] | None:
+    def final_span(self, completed: bool = False) -> tuple[Timed, Timed] | None:
         """The (start, end) snapshots of the final verdict; None when there is no span.
 
         From the first batch to the last snapshot (or the first that shows the run's last step:
-        ``_without_tail``), with the warm-up skipped: the warm-up is
+        ``_without_tail``; ``completed``: the command exited 0 by itself), with the warm-up
+        skipped: the warm-up is
         ``WARMUP_FRACTION`` of the run since the first batch, at most one window (DataLoader
         workers starting, cudnn autotuning and compilation belong to no steady state).
 
@@ -336,18 +337,27 @@ class LocalSession:
             before_kill = self._before_first_oom_kill(last)
             if before_kill is not None:
                 return before_kill, last
-        return None if span is None else self._without_tail(*span)
+        if span is None:
+            return None
+        start, end = self._without_tail(*span, completed=completed)
+        if end is not last:  # the warm-up is a fraction of the training: to its last step
+            start = (self._steady_span(end) or (start, end))[0]
+        return start, end
 
-    def _without_tail(self, start: Timed, last: Timed) -> tuple[Timed, Timed]:
+    def _without_tail(self, start: Timed, last: Timed, *, completed: bool = False) -> tuple[Timed, Timed]:
         """The span ended at the first snapshot that shows the run's last step.
 
         The last snapshot is taken after the command exited; between its last step and then
-        the interpreter, gloo and torchrun tear down (3 s for two gloo ranks under torchrun):
-        no training, yet a span that held it divided the steps and the CPU seconds by it
-        (two ranks at 18.8 steps/s reported 14.7). Kept when that tail holds an OOM kill or a
-        killed loader worker (decisive, and seen only after the last step), or is longer than
-        a window: a job that stopped making progress for that long (a hang, a long
-        evaluation) belongs in its verdict.
+        the interpreter, gloo and torchrun tear down (3 s for two gloo ranks under torchrun),
+        and a job may save a last checkpoint: no training, yet a span that held it divided the
+        steps and the CPU seconds by it (two ranks at 18.8 steps/s reported 14.7; a 12 s tail
+        after a 10.8 steps/s job's last step gave half its MFU). Kept when that tail holds an
+        OOM kill or a killed loader worker (decisive, and seen only after the last step), or,
+        in a command that did not complete (``completed`` False: it failed, was stopped as
+        stalled or interrupted), is longer than a window: a job that stopped making progress
+        for that long (a hang) belongs in its verdict. A command that exited 0 by itself
+        finished its steps: whatever it did after the last one (a final save, an evaluation,
+        the teardown) is not its training loop's rate.
         """
         final = steps_of(last[1])
         if final <= steps_of(start[1]):
@@ -357,7 +367,7 @@ class LocalSession:
             key=lambda x: x[0],
         )
         end = next((x for x in inside if steps_of(x[1]) >= final), last)
-        if end is last or last[0] - end[0] > self.window_seconds:
+        if end is last or (not completed and last[0] - end[0] > self.window_seconds):
             return start, last
         killed = counter_increase(end[1], last[1], names.DATALOADER_WORKER_KILLS_TOTAL) or 0.0
         if oom_kills_between(end[1], last[1]) > 0 or killed > 0:
@@ -400,14 +410,15 @@ class LocalSession:
                 return previous
         return None
 
-    def final_verdict(self, oom_killed: bool | None = None) -> Verdict:
+    def final_verdict(self, oom_killed: bool | None = None, *, completed: bool = False) -> Verdict:
         """The verdict over the run from the first batch to the last snapshot, warm-up skipped.
 
         ``oom_killed``: the command itself was OOM-killed. When the run had an OOM kill, the
         window's resident memory, loader worker count and container memory are the run's
-        peaks (``with_memory_peaks``).
+        peaks (``with_memory_peaks``). ``completed``: the command exited 0 by itself
+        (``final_span``).
         """
-        span = self.final_span()
+        span = self.final_span(completed)
         if span is None:
             return self.verdict_from_nothing(oom_killed)
         before, after = span
@@ -415,12 +426,13 @@ class LocalSession:
             after = (after[0], with_memory_peaks(after[1], self.peaks))
         return self.verdict_of(before, after, oom_killed, starting=False)  # the command has ended
 
-    def final_ranks(self, limit: int = MAX_LISTED_RANKS) -> list[RankFigures]:
+    def final_ranks(self, limit: int = MAX_LISTED_RANKS, *, completed: bool = False) -> list[RankFigures]:
         """Each rank's figures over the final verdict's span, in rank order (empty for one process).
 
         At most ``limit`` ranks: the worst ones (latest at the collectives, most data wait).
+        ``completed``: as for ``final_verdict``.
         """
-        span = self.final_span()
+        span = self.final_span(completed)
         if span is None:
             return []
         (t0, before), (t1, after) = span

@@ -81,14 +81,32 @@ def test_the_final_rate_leaves_out_the_teardown_after_the_last_step() -> None:
     assert abs(v.metrics.steps_per_second - 20.0) < 0.5, v.metrics.steps_per_second
 
 
-def test_a_tail_longer_than_a_window_stays_in_the_final_verdict() -> None:
-    """A job that stopped making progress for longer than a window (a hang) is not trimmed away."""
+def _stopped_after_20_seconds() -> LocalSession:
+    """20 steps/s for 20 s, then 20 s without a step (5 s windows)."""
     session = LocalSession(window_seconds=5.0)
     session.add(0.0, snap(0, 0, 0))
     for t in range(1, 21):
         session.add(float(t), snap(20 * t, 0.01 * t, 1.0 * t))
     for t in range(21, 41):  # 20 s without a step
         session.add(float(t), snap(400, 0.2, 20.0))
-    v = session.final_verdict()
+    return session
+
+
+def test_a_tail_longer_than_a_window_stays_in_the_final_verdict() -> None:
+    """A job that stopped making progress for longer than a window (a hang, then interrupted or
+    failed) is not trimmed away."""
+    v = _stopped_after_20_seconds().final_verdict()
     assert v.metrics.steps_per_second is not None
     assert v.metrics.steps_per_second < 15.0, v.metrics.steps_per_second
+
+
+def test_a_completed_command_s_tail_is_trimmed_however_long() -> None:
+    """A command that exited 0 by itself finished its steps: 20 s of final save, evaluation or
+    teardown after its last step are no part of its rate (the truth tier's job with a 6 s tail
+    under 5 s windows; a kept tail gave 0.29 of its MFU in a clean-clone run)."""
+    session = _stopped_after_20_seconds()
+    v = session.final_verdict(completed=True)
+    assert v.metrics.steps_per_second is not None
+    assert abs(v.metrics.steps_per_second - 20.0) < 0.5, v.metrics.steps_per_second
+    span = session.final_span(completed=True)
+    assert span is not None and span[1][0] == 20.0, span and span[1][0]

@@ -32,6 +32,7 @@ STEPS = int(os.environ.get("TRUTH_STEPS", "200"))
 EVERY = int(os.environ.get("TRUTH_EVERY", "25"))
 KILL_STEP = int(os.environ.get("TRUTH_KILL_STEP", "118"))
 SLEEP = float(os.environ.get("TRUTH_SLEEP", "0.012"))
+TAIL = float(os.environ.get("TRUTH_TAIL_S", "0"))  # seconds of no step after the last one
 CKPT_FLOATS = int(os.environ.get("TRUTH_CKPT_MIB", "96")) * (1 << 20) // 4
 
 
@@ -152,6 +153,7 @@ def main(out: str) -> None:
             log(ev="save", attempt=attempt, step=step, start=s0, saved=s1, end=time.time())
     log(ev="end", attempt=attempt, wall=time.time())
     log.sync()
+    time.sleep(TAIL)  # work after the last step (an evaluation, a slow teardown): no training
     leave()
 
 
