@@ -87,6 +87,15 @@ def job_steps_of(snap: Snapshot) -> float:
     return statistics.median(per_rank.values())
 
 
+def _work_of(snap: Snapshot) -> tuple[float, float, float]:
+    """Steps, collectives and checkpoint saves counted in a snapshot (every process together)."""
+    return (
+        steps_of(snap),
+        sum(s.value for s in snap.samples(names.COLLECTIVES_TOTAL)),
+        sum(s.value for s in snap.samples(names.CHECKPOINTS_TOTAL)),
+    )
+
+
 def progress_steps(snap: Snapshot) -> float:
     """Steps of the furthest process: a job's training steps, each rank counting its own."""
     return max((s.value for s in snap.samples(names.STEPS_TOTAL)), default=0.0)
@@ -345,7 +354,8 @@ class LocalSession:
         return start, end
 
     def _without_tail(self, start: Timed, last: Timed, *, completed: bool = False) -> tuple[Timed, Timed]:
-        """The span ended at the first snapshot that shows the run's last step.
+        """The span ended at the first snapshot that shows the run's last step (and the
+        collectives and checkpoint saves counted by the end: a last save and its barrier stay in).
 
         The last snapshot is taken after the command exited; between its last step and then
         the interpreter, gloo and torchrun tear down (3 s for two gloo ranks under torchrun),
@@ -359,14 +369,17 @@ class LocalSession:
         finished its steps: whatever it did after the last one (a final save, an evaluation,
         the teardown) is not its training loop's rate.
         """
-        final = steps_of(last[1])
-        if final <= steps_of(start[1]):
+        final = _work_of(last[1])
+        if final[0] <= steps_of(start[1]):
             return start, last
         inside = sorted(
             {id(x): x for x in (*self._kept(last), *self.history) if start[0] < x[0] < last[0]}.values(),
             key=lambda x: x[0],
         )
-        end = next((x for x in inside if steps_of(x[1]) >= final), last)
+        # The run's last work: its last step and the saves and collectives that came with it (a
+        # save after the last step, the barrier its peers wait for it in, are the job's).
+        done = (x for x in inside if all(a >= b for a, b in zip(_work_of(x[1]), final, strict=True)))
+        end = next(done, last)
         if end is last or (not completed and last[0] - end[0] > self.window_seconds):
             return start, last
         killed = counter_increase(end[1], last[1], names.DATALOADER_WORKER_KILLS_TOTAL) or 0.0

@@ -110,3 +110,18 @@ def test_a_completed_command_s_tail_is_trimmed_however_long() -> None:
     assert abs(v.metrics.steps_per_second - 20.0) < 0.5, v.metrics.steps_per_second
     span = session.final_span(completed=True)
     assert span is not None and span[1][0] == 20.0, span and span[1][0]
+
+
+def test_a_completed_command_s_last_save_after_its_last_step_stays_in_the_final_span() -> None:
+    """The run's last work is its last step and the save (and its barrier) after it: a save
+    counted after the last step keeps the span open until it is counted; the idle rest is cut."""
+    session = LocalSession(window_seconds=5.0)
+    session.add(0.0, snap(0, 0, 0))
+    for t in range(1, 21):
+        session.add(float(t), snap(20 * t, 0.01 * t, 1.0 * t))
+    for t in range(21, 41):  # the last save is counted at 24 s, then 16 s of nothing
+        saved = Sample(names.CHECKPOINTS_TOTAL, (), 1.0 if t >= 24 else 0.0)
+        base = snap(400, 0.2, 20.0)
+        session.add(float(t), Snapshot([*(x for n in base.names() for x in base.samples(n)), saved]))
+    span = session.final_span(completed=True)
+    assert span is not None and span[1][0] == 24.0, span and span[1][0]
