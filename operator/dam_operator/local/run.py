@@ -381,8 +381,8 @@ def run(
             live=live,
             previous_handlers=previous_handlers,
         )
-        # The command finished its steps by itself: what came after its last step is no part
-        # of the final rate (LocalSession._without_tail).
+        # The command finished its steps by itself: what came after its last work (its last
+        # step, save and collective) is no part of the final rate (LocalSession._without_tail).
         completed = returncode == 0 and not watch.stops()
         oom_killed = None if memory is None else memory.oom_killed(returncode)
         final = session.final_verdict(oom_killed=oom_killed, completed=completed)

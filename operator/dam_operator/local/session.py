@@ -328,11 +328,11 @@ class LocalSession:
     def final_span(self, completed: bool = False) -> tuple[Timed, Timed] | None:
         """The (start, end) snapshots of the final verdict; None when there is no span.
 
-        From the first batch to the last snapshot (or the first that shows the run's last step:
+        From the first batch to the last snapshot (or the first that shows the run's last work:
         ``_without_tail``; ``completed``: the command exited 0 by itself), with the warm-up
-        skipped: the warm-up is
-        ``WARMUP_FRACTION`` of the run since the first batch, at most one window (DataLoader
-        workers starting, cudnn autotuning and compilation belong to no steady state).
+        skipped: the warm-up is ``WARMUP_FRACTION`` of the run from the first batch to the
+        span's end, at most one window (DataLoader workers starting, cudnn autotuning and
+        compilation belong to no steady state).
 
         An OOM kill anywhere in the run is decisive: when that span misses the run's first
         kill (in the warm-up, before the first batch, or a run without a batch), the span

@@ -9,7 +9,7 @@ torchrun from rank 0's checkpoint of step 100, and a tail of ``TAIL_SECONDS`` wi
 the last one (longer than a window: what a slow teardown or a final evaluation looks like). Each
 cause within 10 % or 1 s of the truth; the MFU within 15 % of the analytic FLOPs times the job's
 own rate over the declared peak (issue 28): the tail is no part of the training loop's rate (a
-tail kept in the final span gave 0.29 of it in a clean-clone run).
+12 s tail kept in the final span halved it; a clean-clone run got 0.29 of it, a tail's figure).
 
 The test never races the job: it reads the job's logs and ``dam run``'s final output after both
 ended.
