@@ -460,10 +460,11 @@ class Probe:
         the webhook asked for them (registered with ``atexit``)."""
         if self.disabled:
             return
-        say_last_words(self)
         if self.writer is None:
+            say_last_words(self)
             return
         self.publish(time.perf_counter_ns(), closed=True)
+        say_last_words(self)  # after: its totals are the closing publish's figures
         writer, self.writer = self.writer, None
         self.step.next_publish_ns = 0
         if writer is not None:
@@ -494,8 +495,9 @@ class Probe:
 def say_last_words(p: Probe) -> bool:
     """One line in the container's termination message (``dam_probe.lastwords``): the loader's
     workers and their kills, which the operator reads from the Pod's status when no scrape saw them
-    (a loader killed a second after start). Only a process that iterated a DataLoader, stepped, or
-    saw a worker die says anything, once; never raises."""
+    (a loader killed a second after start), and its exit totals (the latest publish's goodput
+    figures: the operator counts what came after its pod's last scrape). Only a process that
+    iterated a DataLoader, stepped, or saw a worker die says anything, once; never raises."""
     try:
         path = lastwords.exit_record_path()
         loader = p.loader.figures
@@ -509,6 +511,7 @@ def say_last_words(p: Probe) -> bool:
             loader_workers=None if loader is None else loader[0],
             worker_kills=kills,
             kill_signal=signum,
+            totals=p.goodput.totals(p.step.steps, p.comm_on or p.identity[0] is None),
         )
         p.last_words_said = lastwords.write(path, words)
         return p.last_words_said

@@ -64,6 +64,7 @@ import time
 from time import perf_counter_ns
 from typing import Any, ClassVar, Final, Protocol
 
+from dam_probe import lastwords
 from dam_probe._counters import CounterGroup, StepCounters
 from dam_probe.cgroup import MemoryReader
 from dam_probe.layout import (
@@ -445,6 +446,7 @@ class Accounting(CounterGroup):
         "pending",
         "process_start_ns",
         "productive_hw",
+        "published",
         "startup_ns",
         "train_thread",
     )
@@ -474,6 +476,9 @@ class Accounting(CounterGroup):
         self.pending: list[tuple[int, int]] = []
         self.productive_hw = 0
         self.other_hw = 0
+        # (Unix ns, wait ns, exposed ns) of the latest publish with goodput: its figures are the
+        # last words' totals (``dam_probe.lastwords.Totals``) when it is the closing one.
+        self.published: tuple[int, int, int] | None = None
 
     # -- the training thread --------------------------------------------------------------
 
@@ -559,7 +564,9 @@ class Accounting(CounterGroup):
             return None, checkpoints, flops
         productive = max(0, step_ns - wait_ns - exposed_ns - self.ckpt_step_ns)
         self.productive_hw = max(self.productive_hw, productive)
-        elapsed = max(0, time.time_ns() - self.process_start_ns)
+        now = time.time_ns()
+        self.published = (now, wait_ns, exposed_ns)
+        elapsed = max(0, now - self.process_start_ns)
         lost = self.startup_ns + wait_ns + exposed_ns + self.ckpt_ns
         self.other_hw = max(self.other_hw, elapsed - self.productive_hw - lost)
         state = self.flops.state
@@ -567,3 +574,22 @@ class Accounting(CounterGroup):
             state = FLOPS_DECLARED
         goodput = (self.process_start_ns, self.startup_ns, self.productive_hw, self.other_hw, state)
         return goodput, checkpoints, flops
+
+    def totals(self, steps: int, timed_collectives: bool) -> lastwords.Totals | None:
+        """The latest publish's figures as the process's exit totals (``lastwords.Totals``); None
+        before its first batch. ``timed_collectives``: its exposed time is measured (else unknown,
+        as for the sidecar, whose series is then absent)."""
+        if self.published is None:
+            return None
+        at_ns, wait_ns, exposed_ns = self.published
+        saved = self.last_ckpt_steps if self.ckpt_count else 0
+        return lastwords.Totals(
+            at_ms=at_ns // 1_000_000,
+            productive_ms=self.productive_hw // 1_000_000,
+            startup_ms=self.startup_ns // 1_000_000,
+            data_wait_ms=wait_ns // 1_000_000,
+            other_ms=self.other_hw // 1_000_000,
+            communication_ms=exposed_ns // 1_000_000 if timed_collectives else None,
+            checkpoint_ms=self.ckpt_ns // 1_000_000 if self.checkpoints_on else None,
+            steps_since_checkpoint=max(0, steps - saved) if self.checkpoints_on else None,
+        )

@@ -3,7 +3,8 @@
     dam sidecar [--port 9450] [--interval S] [--probe-dir D] [--host H]
 
 Flags override the ``DAM_*`` environment (``SidecarSettings``). SIGTERM or
-SIGINT stops it cleanly (exit 0). ``build_collector`` (re-exported here) gives
+SIGINT stops it cleanly (exit 0), after writing each rank's goodput figures to its
+termination-message file (``dam_sidecar.farewell``). ``build_collector`` (re-exported here) gives
 the same collector without HTTP, for ``dam run``'s local mode.
 """
 
@@ -23,7 +24,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 from pydantic import ValidationError
 
+from dam_sidecar import farewell
 from dam_sidecar.collector import SidecarCollector, build_collector
+from dam_sidecar.collectors.probe import ProbeFeed
 from dam_sidecar.envcheck import known_variables, unknown_variables
 from dam_sidecar.httpserver import HttpLimits, HttpServer, Request, Response, listening_socket
 from dam_sidecar.settings import SidecarSettings
@@ -127,6 +130,16 @@ def make_server(
     return HttpServer(sock, endpoints.fast, endpoints.slow, limits)
 
 
+def say_last_words(collector: SidecarCollector, path: str) -> int:
+    """One more sample of the probe files, then each rank's goodput figures into the
+    termination-message file at ``path`` (``dam_sidecar.farewell``); the ranks written."""
+    if not path:
+        return 0
+    collector.sample_now()
+    feed = next((f for f in collector.feeds if isinstance(f, ProbeFeed)), None)
+    return 0 if feed is None else farewell.say(path, feed.latest.ranks)
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -181,6 +194,9 @@ def main(argv: list[str]) -> int:
     log.info("stopping")
     server.shutdown()
     server.server_close()
+    said = say_last_words(collector, settings.termination_message_path)
+    if said:
+        log.info("wrote %d ranks' goodput figures to %s", said, settings.termination_message_path)
     collector.close()
     log.info("stopped")
     return 0

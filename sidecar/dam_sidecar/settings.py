@@ -23,6 +23,14 @@ class SidecarSettings(BaseSettings):
     host: str = Field(default="0.0.0.0", description="Address /metrics listens on.")
     port: int = Field(default=9450, ge=0, le=65535, description="Port of /metrics and /healthz.")
     interval_seconds: float = Field(default=1.0, gt=0, le=3600, description="Sampling period.")
+    termination_message_path: str = Field(
+        default="/dev/termination-log",
+        description=(
+            "The sidecar container's termination-message file (its terminationMessagePath): on SIGTERM "
+            "it writes each rank's goodput figures there for the operator (dam_sidecar.farewell); "
+            "the file is the kubelet's, never created. Empty: write nothing."
+        ),
+    )
     nvml_timeout_seconds: float = Field(
         default=2.0, gt=0, le=600, description="Watchdog: an NVML sample that takes longer marks NVML stuck."
     )

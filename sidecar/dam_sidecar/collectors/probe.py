@@ -23,6 +23,23 @@ _COLLECTIVE_COUNTERS = (
 )
 
 
+def badput_causes(r: RankSample) -> dict[str, float | None]:
+    """A rank's ``dam_badput_seconds_total`` by cause; None: not measured (its series absent)."""
+    return {
+        n.CAUSE_STARTUP: r.startup_seconds,
+        n.CAUSE_DATA_WAIT: r.wait_seconds,
+        # Measured when the collectives are timed; a process without a distributed rank waited
+        # on no peer (0). A ranked process whose collectives are not timed (DAM_PROBE_COLLECTIVES=0,
+        # a failed patch): unknown, its series absent (its exposed time counts as productive).
+        n.CAUSE_COMMUNICATION: (
+            r.collective_exposed_seconds if r.collectives is not None else (0.0 if r.rank is None else None)
+        ),
+        # Measured when its saves are timed (torch.save, dcp, safetensors); otherwise unknown.
+        n.CAUSE_CHECKPOINT: r.checkpoint_seconds,
+        n.CAUSE_OTHER: r.other_seconds,
+    }
+
+
 class ProbeFeed:
     """The probe files, read once a tick for every collector that is handed this feed: the probe
     collector (its families), the GPU collector (the UUIDs the probes published) and the host
@@ -160,21 +177,7 @@ def _goodput(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
     for r in known:
         rank = rank_value(r.rank)
         good.add_metric([rank], r.productive_seconds or 0.0)
-        causes: dict[str, float | None] = {
-            n.CAUSE_STARTUP: r.startup_seconds,
-            n.CAUSE_DATA_WAIT: r.wait_seconds,
-            # Measured when the collectives are timed; a process without a distributed rank waited
-            # on no peer (0). A ranked process whose collectives are not timed (DAM_PROBE_COLLECTIVES=0,
-            # a failed patch): unknown, its series absent (its exposed time counts as productive).
-            n.CAUSE_COMMUNICATION: (
-                r.collective_exposed_seconds
-                if r.collectives is not None
-                else (0.0 if r.rank is None else None)
-            ),
-            # Measured when its saves are timed (torch.save, dcp, safetensors); otherwise unknown.
-            n.CAUSE_CHECKPOINT: r.checkpoint_seconds,
-            n.CAUSE_OTHER: r.other_seconds,
-        }
+        causes = badput_causes(r)
         for cause in n.BADPUT_CAUSES:
             if (value := causes[cause]) is not None:
                 bad.add_metric([cause, rank], float(value))

@@ -114,6 +114,13 @@ class RankSample:
     # process's last publish to its successor's start. Counted for ranked processes only.
     restarts: int = 0
     restart_gap_seconds: float = 0.0
+    # Unix seconds of the latest publish of the rank's processes (kept after they ended): when its
+    # figures were taken (the sidecar's last words, ``dam_sidecar.farewell``). None: none seen.
+    published_seconds: float | None = None
+    # The steps since its latest save of the rank's process that ended last (every step when it
+    # saved none); None: no ended process of the rank timed its saves. Not exported (the series
+    # counts live processes); its last words' figure once no process of the rank is live.
+    ended_steps_since_checkpoint: int | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,19 @@ class ProbeSample:
 
 class ProbeSource(Protocol):
     def sample(self) -> ProbeSample: ...
+
+
+def _seconds(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e9
+
+
+def _since_save(rec: ProbeRecord) -> int | None:
+    """The process's own steps since its latest save (every step when it saved none); None when
+    it does not time its saves."""
+    if rec.last_checkpoint_ns is None or rec.last_checkpoint_steps is None:
+        return None
+    done = rec.last_checkpoint_steps if rec.last_checkpoint_ns > 0 else 0
+    return max(0, rec.steps - done)
 
 
 @dataclass
@@ -349,6 +369,8 @@ class ProbeReader:
     _precision_of: dict[RankKey, int] = field(default_factory=dict)  # its matmul precision, likewise
     _last_save_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest save
     _last_batch_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of the rank's latest batch
+    _published_of: dict[RankKey, int] = field(default_factory=dict)  # Unix ns of its latest publish
+    _ended_since: dict[RankKey, int] = field(default_factory=dict)  # its last ended process's, likewise
     _folded: set[Key] = field(default_factory=set)
     _throttled: HighWater = field(default_factory=HighWater)  # cgroup id -> highest throttled ns
     _ooms: HighWater = field(default_factory=HighWater)  # memory cgroup id -> highest OOM kills
@@ -407,6 +429,9 @@ class ProbeReader:
         self._restarts.ended(key, rank, last)
         if last is not None:
             self._carried.setdefault(rank, _Totals()).add(_Totals.of(last).minus(base))
+            self._published_of[rank] = max(self._published_of.get(rank, 0), last.last_update_ns)
+            if (since := _since_save(last)) is not None:
+                self._ended_since[rank] = since
             if self.keep_lives:
                 self._ended.append(last)
                 del self._ended[:-MAX_LIVES]
@@ -522,12 +547,11 @@ class ProbeReader:
             totals.setdefault(rank, _Totals()).add(_Totals.of(rec).minus(self._base.get(key) or _Totals()))
             if rank not in newest or rec.last_update_ns > newest[rank].last_update_ns:
                 newest[rank] = rec
-            if rec.last_checkpoint_ns is not None and rec.last_checkpoint_steps is not None:
-                # The process's own steps since its latest save; every step when it saved none.
-                done = rec.last_checkpoint_steps if rec.last_checkpoint_ns > 0 else 0
-                since_save[rank] = since_save.get(rank, 0) + max(0, rec.steps - done)
-                if rec.last_checkpoint_ns > self._last_save_of.get(rank, 0):
-                    self._last_save_of[rank] = rec.last_checkpoint_ns
+            self._published_of[rank] = max(self._published_of.get(rank, 0), rec.last_update_ns)
+            if (since := _since_save(rec)) is not None:
+                since_save[rank] = since_save.get(rank, 0) + since
+            if (rec.last_checkpoint_ns or 0) > self._last_save_of.get(rank, 0):
+                self._last_save_of[rank] = rec.last_checkpoint_ns or 0
             if (rec.last_batch_ns or 0) > self._last_batch_of.get(rank, 0):
                 self._last_batch_of[rank] = rec.last_batch_ns or 0
         out = []
@@ -561,19 +585,17 @@ class ProbeReader:
                     checkpoints=t.checkpoints,
                     flops_per_step_source=source,
                     steps_since_checkpoint=since_save.get(rank),
-                    last_checkpoint_seconds=(
-                        self._last_save_of[rank] / 1e9 if rank in self._last_save_of else None
-                    ),
+                    last_checkpoint_seconds=_seconds(self._last_save_of.get(rank)),
                     flops_unavailable=None if flops > 0 else self._flops_reason_of.get(rank),
-                    last_batch_seconds=(
-                        self._last_batch_of[rank] / 1e9 if rank in self._last_batch_of else None
-                    ),
+                    last_batch_seconds=_seconds(self._last_batch_of.get(rank)),
                     collective_sequence=n.collectives_entered if n is not None else None,
                     place=place_of(n) if n is not None else None,
                     loader=loader_of(n) if n is not None else None,
                     flops_precision=self._precision_of.get(rank),
                     restarts=self._restarts.of(rank),
                     restart_gap_seconds=self._restarts.gap_seconds(rank),
+                    published_seconds=_seconds(self._published_of.get(rank)),
+                    ended_steps_since_checkpoint=self._ended_since.get(rank),
                 )
             )
         return tuple(out)

@@ -17,7 +17,8 @@ import pytest
 
 from dam_probe import lastwords
 from dam_probe.bootstrap import install_into
-from dam_probe.lastwords import LastWords
+from dam_probe.lastwords import LastWords, Totals
+from dam_probe.layout import probe_files, read_file
 
 from .conftest import python_env, run_python
 
@@ -78,6 +79,30 @@ def test_a_clean_run_says_its_loader_and_steps_and_no_kill(site_dir: str, tmp_pa
     assert (words.loader_workers, words.worker_kills, words.steps) == (2, 0, 16)
 
 
+def test_a_clean_run_says_its_exit_totals_equal_to_its_closing_record(site_dir: str, tmp_path: Path) -> None:
+    """The totals are the figures the sidecar exports from the closing publish (milliseconds):
+    the operator counts, from them, what the process did after its pod's last scrape."""
+    code, message = _run(site_dir, tmp_path, kill_at_start=False)
+    assert code == 0
+    (words,) = lastwords.parse(message)
+    (path,) = probe_files(str(tmp_path / "probes"))
+    record = read_file(path)
+    assert record.closed and words.totals is not None
+    t = words.totals
+    assert record.productive_ns is not None and record.startup_ns is not None
+    assert record.other_ns is not None
+    assert t.productive_ms == record.productive_ns // 1_000_000 > 0  # 16 steps of 10 ms sleep
+    assert t.startup_ms == record.startup_ns // 1_000_000
+    assert t.other_ms == record.other_ns // 1_000_000
+    assert t.data_wait_ms == record.wait_ns // 1_000_000
+    assert t.communication_ms == 0  # no rank: it waited on no peer, as its sidecar says
+    # The process's seconds add up to its life: its start plus them is when they were taken.
+    process_start_ms = t.at_ms - (t.productive_ms + t.startup_ms + t.data_wait_ms + t.other_ms)
+    assert abs(process_start_ms - record.process_start_ns // 1_000_000) <= 8
+    # torch.save is timed (wrapped once torch loaded) and never called: every step since none.
+    assert (t.checkpoint_ms, t.steps_since_checkpoint) == (record.checkpoint_ns, 16) == (0, 16)
+
+
 def test_a_main_process_killed_by_sigkill_says_nothing(site_dir: str, tmp_path: Path) -> None:
     code, message = _run(site_dir, tmp_path, kill_at_start=False, main_killed=True)
     assert code == -signal.SIGKILL
@@ -111,6 +136,14 @@ def test_lines_round_trip_and_garbage_is_skipped_not_raised() -> None:
     words = LastWords(pid=12, rank=3, steps=40, loader_workers=4, worker_kills=1, kill_signal=9)
     assert lastwords.parse(words.line()) == (words,)
     assert lastwords.parse(LastWords(pid=5).line()) == (LastWords(pid=5),)  # unknown stays unknown
+    ended = LastWords(
+        pid=6, rank=0, steps=9, totals=Totals(1_796_322_802_040, 4_200, 90_000, 7_500, 5, 6_400)
+    )
+    assert lastwords.parse(ended.line()) == (ended,)
+    full = Totals(1_796_322_802_040, 4_200, 90_000, 7_500, 5, 6_400, 2_670, 34)
+    assert lastwords.parse(LastWords(pid=6, totals=full).line())[0].totals == full
+    # Totals without one of the figures every process has are no totals.
+    assert lastwords.parse("dam-probe/1 pid=6 at=1 good=2 startup=3 data=4")[0].totals is None
     message = "\n".join(
         [
             "Traceback (most recent call last):",  # the user's own text

@@ -17,6 +17,7 @@ import pytest
 
 from dam_contract import names as n
 from dam_contract.snapshot import parse_snapshot
+from dam_probe import lastwords
 from dam_sidecar.app import build_parser, http_limits, settings_from_args
 from dam_sidecar.httpserver import HttpLimits
 from dam_sidecar.settings import SidecarSettings
@@ -192,3 +193,85 @@ def test_every_http_setting_reaches_the_server_and_the_defaults_agree() -> None:
         http_max_body_bytes=10,
     )
     assert http_limits(changed) == HttpLimits(7, 8, 2, 1.5, 2.5, 3.5, 2048, 10)
+
+
+def _goodput_record(probe_dir: Path, *, closed: bool) -> dict[str, int]:
+    """A rank-0 process's file with goodput and checkpoint figures (its last publish 2 s ago)."""
+    now = time.time_ns()
+    fields = {
+        "pid": os.getpid(),
+        "steps": 40,
+        "wait_ns": 3_000_000_000,
+        "step_ns": 9_000_000_000,
+        "last_update_ns": now - 2 * 10**9,
+        "closed": closed,
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 2,
+        "collectives": 80,
+        "collective_ns": 2_000_000_000,
+        "collective_exposed_ns": 1_500_000_000,
+        "collective_bytes": 1024,
+        "process_start_ns": now - 30 * 10**9,
+        "startup_ns": 12_000_000_000,
+        "productive_ns": 4_000_000_000,
+        "other_ns": 7_000_000_000,
+        "flops_state": 0,
+        "checkpoint_ns": 2_500_000_000,
+        "checkpoint_step_ns": 0,
+        "checkpoints": 2,
+        "last_checkpoint_ns": now - 5 * 10**9,
+        "last_checkpoint_steps": 33,
+    }
+    write_probe(probe_dir, **fields)
+    return fields
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["running-when-stopped", "ended-before-the-stop"])
+def test_sigterm_writes_each_ranks_goodput_figures_to_the_termination_message_as_it_exports_them(
+    tmp_path: Path, closed: bool
+) -> None:
+    """``dam_sidecar.farewell``: what the operator reads from the Pod's last body is what its
+    scrapes read, taken at the rank's last publish, whether the process still ran or ended."""
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    fields = _goodput_record(probe_dir, closed=closed)
+    message = tmp_path / "termination-log"
+    message.write_text("")  # the kubelet's empty file
+    sc = start_sidecar(
+        tmp_path,
+        "--probe-dir",
+        str(probe_dir),
+        "--interval",
+        "0.2",
+        env={"DAM_TERMINATION_MESSAGE_PATH": str(message)},
+    )
+    try:
+        with httpx.Client() as client:
+            snap = parse_snapshot(client.get(sc.url + "/metrics").text)
+    finally:
+        rc, log = stop(sc)
+    assert rc == 0, log
+    (words,) = lastwords.parse(message.read_text())
+    t = words.totals
+    assert t is not None and words.rank == 0 and words.steps == 40
+    bad = {s.label("cause"): s.value for s in snap.samples(n.BADPUT_SECONDS_TOTAL)}
+    assert t.productive_ms == round(1000 * snap.series(n.GOODPUT_SECONDS_TOTAL)[(("rank", "0"),)]) == 4_000
+    assert (t.startup_ms, t.data_wait_ms, t.communication_ms, t.checkpoint_ms, t.other_ms) == tuple(
+        round(1000 * bad[c]) for c in ("startup", "data-wait", "communication", "checkpoint", "other")
+    )
+    assert abs(t.at_ms - fields["last_update_ns"] / 1e6) <= 1  # when the figures were taken
+    assert t.steps_since_checkpoint == 40 - 33
+    assert "wrote 1 ranks' goodput figures" in log
+
+
+def test_without_the_kubelets_file_the_sidecar_writes_nothing_and_stops_cleanly(tmp_path: Path) -> None:
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    _goodput_record(probe_dir, closed=False)
+    missing = tmp_path / "none"
+    sc = start_sidecar(
+        tmp_path, "--probe-dir", str(probe_dir), env={"DAM_TERMINATION_MESSAGE_PATH": str(missing)}
+    )
+    rc, log = stop(sc)
+    assert rc == 0 and not missing.exists(), log

@@ -182,7 +182,7 @@ class PodWatcher:
                 raise (GoneError if code == 410 else ApiError)(code, message)
             meta = obj.get("metadata") or {}
             if kind == "DELETED":
-                self._registry.remove_pod(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+                self._registry.depart_pod(pod_info(obj))  # its last body: its exit totals in
             elif kind in ("ADDED", "MODIFIED"):
                 self._registry.upsert_pod(pod_info(obj))
             self.version = str(meta.get("resourceVersion") or self.version)

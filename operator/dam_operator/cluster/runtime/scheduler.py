@@ -354,6 +354,7 @@ class Evaluator:
             ended=self._registry.oom_ended_pods_for(entry),
             finished=self._registry.finished_pods_for(entry),
             refused=self._refused(spec),
+            exited=self._registry.exited_pods_for(entry),
         )
         after, result = window_step(state.profile, inputs)
         # published once written (ProfileState.published): a write that raises tells it again

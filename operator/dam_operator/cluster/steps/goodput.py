@@ -33,7 +33,13 @@ the rank (or, without ranks, the place) of a pod of the same controller (``PodIn
 went Failed, or vanished while its processes ran (deleted, evicted: never seen Succeeded or
 Failed, its ranks up at its last scrape), is that pod's replacement: the time from the old pod's
 last scrape (or its end, ``state.terminated.finishedAt``, if that came first; what it did after
-its last scrape was never counted) to the new process's start counts the same way. A pod of
+its last scrape was never counted) to the new process's start counts the same way. Unless its
+processes said where their seconds went to their end (``dam_probe.lastwords``: the exit totals
+in the container's termination message, read from the Pod's last body even once the API deleted
+it, ``Registry.exited_pods_for``): then the increments from the last scrape to those totals count
+as what they were (steps, a save, the wait for a dead peer), and the restart runs from their end
+(issue 28's node runs: without them a deleted rank's restart was 3.1 s, 10 %, over the job's own,
+the half window between its last scrape and its end). A pod of
 another controller (the profile's next Job) starts a new run.
 
 Progress lost. The dead process's work since its last checkpoint is redone by the next one, so it
@@ -46,7 +52,8 @@ checkpoint (``job_steps_since_checkpoint``: of the processes that saved, in any 
 resumes them all from rank 0's save). A restart (or a Failed pod's replacement)
 moves what the pod's last scrape before the failure held from ``productive`` to ``restart``:
 it was counted productive when it happened, and the new process's redoing counts once. The work
-between that scrape and the failure is not seen (at most one window's). A sidecar that exports
+between that scrape and the failure is not seen (at most one window's) unless the exit totals
+tell it (their steps since the checkpoint then count too). A sidecar that exports
 no ``dam_steps_since_checkpoint`` (from before it, or a probe that does not time saves: torch
 never loaded) adds no lost progress. ``status.goodput.productiveSeconds`` drops at once; the
 operator's ``productive`` counter, which must never go down, holds its increments back until
@@ -76,6 +83,7 @@ from dam_contract.snapshot import Snapshot
 from dam_operator.cluster.steps.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART, USE_STALLED
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.diagnosis.goodput import behind_saves
+from dam_probe.lastwords import LastWords
 
 PROBE_CAUSES: tuple[str, ...] = names.BADPUT_CAUSES
 """``cause`` values of ``dam_badput_seconds_total`` (the probe's; ``restart`` is the operator's)."""
@@ -293,6 +301,62 @@ def _at_risk(
     return out, since_by, per_step, frozenset(saved)
 
 
+def exit_reading(words: Sequence[LastWords]) -> PodReading | None:
+    """A pod's goodput reading from its training processes' exit totals (``PodInfo.exit_words``),
+    as a scrape would read them (``read_pod``): per process key (its rank, ``""`` without), the
+    sum of its processes' figures; taken at the latest of them. None without totals."""
+    processes: dict[str, dict[str, float]] = {}
+    steps: dict[str, float] = {}
+    since: dict[str, float] = {}
+    unknown: set[str] = set()
+    at = 0.0
+    lines = 0
+    for w in words:
+        t = w.totals
+        if t is None:
+            continue
+        lines += 1
+        key = "" if w.rank is None else str(w.rank)
+        figures = processes.setdefault(key, dict.fromkeys(PROBE_USES, 0.0))
+        for use, ms in (
+            (USE_PRODUCTIVE, t.productive_ms),
+            (STARTUP, t.startup_ms),
+            (names.CAUSE_DATA_WAIT, t.data_wait_ms),
+            (names.CAUSE_OTHER, t.other_ms),
+            (COMMUNICATION, t.communication_ms),
+            (CHECKPOINT, t.checkpoint_ms),
+        ):
+            if ms is None:
+                unknown.add(use)
+            else:
+                figures[use] += ms / 1000.0
+        steps[key] = steps.get(key, 0.0) + w.steps
+        if t.steps_since_checkpoint is not None:
+            since[key] = since.get(key, 0.0) + t.steps_since_checkpoint
+        at = max(at, t.at_ms / 1000.0)
+    if not processes:
+        return None
+    at_risk: dict[str, float] = {}
+    per_step: dict[str, float] = {}
+    for key, n in since.items():
+        productive = processes[key][USE_PRODUCTIVE]
+        per_step[key] = productive / steps[key] if steps[key] else 0.0
+        at_risk[key] = min(productive, n * per_step[key])
+    saved = frozenset(k for k, n in since.items() if steps[k] and n < steps[k])
+    count = lines if set(processes) == {""} else len(processes)
+    return PodReading(
+        at,
+        processes,
+        min(count, MAX_PROCESSES_PER_POD),
+        None,
+        at_risk,
+        since,
+        per_step,
+        saved,
+        frozenset(c for c in PROBE_CAUSES if c not in unknown),
+    )
+
+
 # ---------------------------------------------------------------- the ledger
 
 
@@ -340,6 +404,9 @@ class _Pod:
     seen_at: float = 0.0
     ended: bool = False
     """Every process of the pod had ended at its last scrape (a vanished pod that ended is no failure)."""
+    said: bool = False
+    """Its last reading is its processes' exit totals (``GoodputLedger._farewell``): ``seen_at`` is
+    when they ended, and the time after it is the restart's, not an unseen tail."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +419,21 @@ class _Vacancy:
     """The failed process's productive seconds since its last checkpoint (redone by the next)."""
     owner: str | None = None
     """Its pod's controller (``PodInfo.owner``): only a pod of the same one takes the place."""
+
+
+def _summed(
+    deltas: Mapping[str, Mapping[str, float]], share_of: Mapping[str, float | None]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Process-seconds and accelerator-seconds by use of a window's increments (keyed
+    ``pod\x00process``; ``share_of``: each pod's accelerators per process, None: unknown)."""
+    process_seconds, accel = _zeros(), _zeros()
+    for process, delta in deltas.items():
+        share = share_of[process.split("\x00", 1)[0]]
+        for use, value in delta.items():
+            process_seconds[use] += value
+            if share is not None:
+                accel[use] += value * share
+    return process_seconds, accel
 
 
 def _downtime(start: float | None, failed_at: float | None) -> float:
@@ -410,9 +492,15 @@ class GoodputLedger:
         finished: Sequence[PodInfo] = (),
         stalled_since: float | None = None,
         now: float | None = None,
+        exited: Sequence[PodInfo] = (),
     ) -> None:
         """One window: the active ``pods``, the scrapes that ``answered``, and the profile's
         ``finished`` pods (a Failed one leaves its place to a replacement).
+
+        ``exited``: pods no longer active whose processes left their exit totals
+        (``Registry.exited_pods_for``): the time from their last scrape to their end counts as
+        what it was (steps, a save, the wait for a dead peer), and a replacement's restart from
+        that end (the module docstring's Restarts).
 
         ``stalled_since``: the job is Stalled (``progress_step``), since that Unix time. The
         processes' ``other`` time of the window is then ``stalled``: a stalled process takes no
@@ -422,43 +510,40 @@ class GoodputLedger:
         counters never go down: theirs starts at the detection). ``now``: this update's time."""
         active = {p.name: p for p in pods}
         failed = {p.name: p for p in finished if p.phase == "Failed"}
-        self._retire(active, failed, frozenset(p.name for p in finished))
         readings = {name: r for name, snap in sorted(answered.items()) if (r := read_pod(snap)) is not None}
-        job_since = job_steps_since_checkpoint(readings)
-        if job_since is not None:
-            readings = {name: r.with_job_checkpoint(job_since) for name, r in readings.items()}
+        readings, said, said_share = _last_seconds(self, exited, active, readings)
+        live_before = sum(p.count for p in self.pods.values())
+        self._retire(active, failed, frozenset(p.name for p in finished))
         if self.resume_pending and readings:
             self.resumed_at = min(r.at for r in readings.values())
             self.resume_pending = False
         deltas: dict[str, dict[str, float]] = {}
         share_of: dict[str, float | None] = {}
         for name, reading in readings.items():
-            info = active.get(name)
-            if info is None:
+            pod = active.get(name)
+            if pod is None:
                 continue
             self.unmeasured |= set(PROBE_CAUSES) - reading.measured
-            increments, share_of[name] = self._read(info, reading)
+            increments, share_of[name] = self._read(pod, reading)
             deltas |= {f"{name}\x00{key}": delta for key, delta in increments.items()}
         if not {CHECKPOINT, COMMUNICATION} & self.unmeasured:
             behind_saves(deltas)  # a rank's wait behind a peer's save is the save's
-        process_seconds = _zeros()
-        accel = _zeros()
-        for process, delta in deltas.items():
-            share = share_of[process.split("\x00", 1)[0]]
-            for use, value in delta.items():
-                process_seconds[use] += value
-                if share is not None:
-                    accel[use] += value * share
+            behind_saves(said)
+        process_seconds, accel = _summed(deltas, share_of)
+        said_seconds, said_accel = _summed(said, said_share)
         # The job's processes now: the pods' that report, and at least its world size (a pod that
         # reports its first figures, whole, before its peers do is still one of the world's).
         world = max((r.world for r in readings.values()), default=0)
         live = max(sum(p.count for p in self.pods.values()), min(world, MAX_PROCESSES_PER_POD * 64))
         _stall(self, stalled_since, now, process_seconds, accel)
-        if live > 0:
-            for use in ACCELERATOR_USES:
+        for use in ACCELERATOR_USES:
+            if live > 0:
                 self.seconds[use] += process_seconds[use] / live
-            # Lost progress leaves productive (counted when it happened) for restart.
-            self.seconds[USE_PRODUCTIVE] = max(0.0, self.seconds[USE_PRODUCTIVE])
+            if live_before > 0:
+                self.seconds[use] += said_seconds[use] / live_before
+            accel[use] += said_accel[use]
+        # Lost progress leaves productive (counted when it happened) for restart.
+        self.seconds[USE_PRODUCTIVE] = max(0.0, self.seconds[USE_PRODUCTIVE])
         # The productive counter never goes down: lost progress is taken from its increments.
         productive = accel[USE_PRODUCTIVE] - self.owed_productive
         self.owed_productive = max(0.0, -productive)
@@ -491,9 +576,14 @@ class GoodputLedger:
                 finished_at = parse_time(record.terminated_at if record else None)
                 # From its last scrape when that came before its end: what it did after that
                 # scrape was never counted, and it ended in a failure.
-                at = pod.seen_at if finished_at is None else min(finished_at, pod.seen_at or finished_at)
+                if pod.said:  # its processes' own end: counted to it, the restart from it
+                    at = pod.seen_at
+                else:
+                    at = pod.seen_at if finished_at is None else min(finished_at, pod.seen_at or finished_at)
             elif deleted is not None and deleted[0] == pod.uid:
-                at = deleted[1]  # deleted by the operator (onStall: Restart): its replacement restarts it
+                # Deleted by the operator (onStall: Restart): its replacement restarts it (from its
+                # processes' end when they said it: they ran on after the deletion, counted).
+                at = max(deleted[1], pod.seen_at) if pod.said else deleted[1]
             elif name not in finished and not pod.ended and pod.seen_at:
                 # Gone while its processes ran, neither Succeeded nor Failed: deleted (by a user,
                 # a controller, an eviction) or its node lost. A pod that takes its rank replaces
@@ -646,6 +736,55 @@ class GoodputLedger:
     def status(self) -> dict[str, Any] | None:
         """``status.goodput``; None while no process has reported goodput."""
         return _status_of(self)
+
+
+def _last_seconds(
+    ledger: GoodputLedger,
+    exited: Sequence[PodInfo],
+    active: Mapping[str, PodInfo],
+    readings: dict[str, PodReading],
+) -> tuple[dict[str, PodReading], dict[str, dict[str, float]], dict[str, float | None]]:
+    """The window's ``readings`` with the job's checkpoint in, and the increments of the processes
+    that ended since their pod's last scrape (``_farewell``, keyed ``pod\x00process``) with their
+    pods' accelerators per process; the checkpoint counts the ended processes' last saves too."""
+    finals = {
+        info.name: (info, r)
+        for info in exited
+        if info.name not in active and (r := exit_reading(info.exit_words)) is not None
+    }
+    job_since = job_steps_since_checkpoint({**readings, **{n: r for n, (_, r) in finals.items()}})
+    if job_since is not None:
+        readings = {name: r.with_job_checkpoint(job_since) for name, r in readings.items()}
+        finals = {name: (info, r.with_job_checkpoint(job_since)) for name, (info, r) in finals.items()}
+    said: dict[str, dict[str, float]] = {}
+    share: dict[str, float | None] = {}
+    for name, (info, reading) in sorted(finals.items()):
+        increments = _farewell(ledger, info, reading)
+        said |= {f"{name}\x00{key}": delta for key, delta in increments.items()}
+        share[name] = ledger.pods[name].share if increments else None
+    return readings, said, share
+
+
+def _farewell(ledger: GoodputLedger, info: PodInfo, reading: PodReading) -> dict[str, dict[str, float]]:
+    """The increments of a pod's processes from its last scrape to their exit totals (a reading
+    from their last words, ``exit_reading``); empty, and the pod left as it was, when they do
+    not continue that scrape: another pod (uid), other processes (a rank the scrape had not,
+    or one without a rank beside ranked ones), a restart inside the container, a figure
+    lower than the scrape's (a process the totals miss), or no time after it."""
+    pod = ledger.pods.get(info.name)
+    if pod is None or pod.uid != info.uid or pod.said or reading.at <= pod.seen_at:
+        return {}
+    if reading.processes.keys() != pod.processes.keys():
+        return {}
+    for key, values in reading.processes.items():
+        prev = pod.processes[key]
+        if prev.inside or any(v < prev.last.get(u, 0.0) for u, v in values.items()):
+            return {}
+    scrape = _Scrape(reading, info.owner, False, 0, 0.0, None, None)
+    out = {key: ledger._process(pod, scrape, key, values)[0] for key, values in reading.processes.items()}
+    ledger.unmeasured |= set(PROBE_CAUSES) - reading.measured
+    pod.seen_at, pod.said = reading.at, True
+    return out
 
 
 def _number(value: Any) -> float:

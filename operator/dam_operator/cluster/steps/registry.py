@@ -22,6 +22,8 @@ from dam_probe.lastwords import parse as parse_last_words
 
 ProfileKey = tuple[str, str]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+MAX_DEPARTED = 2048
+"""Deleted Pods whose exit totals the registry keeps for the windows after (``Registry.depart_pod``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,28 @@ def sidecar_restart(pod_status: Mapping[str, Any], name: str = SIDECAR_CONTAINER
     return None
 
 
+def exit_words(pod_status: Mapping[str, Any], sidecar: str = SIDECAR_CONTAINER) -> tuple[LastWords, ...]:
+    """The processes' exit totals (``dam_probe.lastwords``, lines with ``Totals``), from the
+    ``state.terminated.message`` of the containers that are down now: the ``sidecar``'s lines when
+    it wrote any (``dam_sidecar.farewell``: one a rank, the figures its scrapes read, taken at the
+    rank's last publish, whatever way the processes ended), else the training containers' (each
+    probe's own at a clean exit). Empty while they run, and when none was written."""
+    own: list[LastWords] = []
+    probes: list[LastWords] = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in pod_status.get(key) or ():
+            if not isinstance(cs, Mapping):
+                continue
+            is_sidecar = cs.get("name") == sidecar
+            if key == "initContainerStatuses" and not is_sidecar:
+                continue
+            message = _mapping(_mapping(cs.get("state")).get("terminated")).get("message")
+            if isinstance(message, str) and message:
+                said = [w for w in parse_last_words(message) if w.totals is not None]
+                (own if is_sidecar else probes).extend(said)
+    return tuple(own or probes)
+
+
 def last_oom_kill(pod_status: Mapping[str, Any]) -> str | None:
     """The latest ``finishedAt`` of an ``OOMKilled`` termination (``oom_record``)."""
     record = oom_record(pod_status)
@@ -174,6 +198,9 @@ class PodInfo:
     """When its sidecar last ended and was restarted (``sidecar_restart``); None when never."""
     started_at: str | None = None
     """``status.startTime`` (RFC 3339): when the kubelet took the pod; None until then."""
+    exit_words: tuple[LastWords, ...] = ()
+    """Its training processes' last words with their exit totals (``exit_words``), once their
+    containers ended: the goodput ledger counts what they did after the pod's last scrape."""
     owner: str | None = None
     """The uid of its controller (``metadata.ownerReferences`` with ``controller: true``: its Job,
     StatefulSet, ...); None for a bare pod. A pod replaces a failed or deleted one only under the
@@ -216,6 +243,7 @@ class PodInfo:
             restart=restart_record(status),
             sidecar_restarted_at=sidecar_restart(status),
             started_at=status.get("startTime") or None,
+            exit_words=exit_words(status),
             owner=controller_uid(meta),
         )
 
@@ -294,6 +322,11 @@ class Registry:
         self._label_index: dict[tuple[str, str, str], set[str]] = {}
         self._listeners: list[Listener] = []
         self._revision = 0
+        # Pods the API deleted whose training processes left exit totals (oldest first, at most
+        # MAX_DEPARTED), and the same by namespace: a window after their deletion still counts
+        # what they did after their last scrape (``exited_pods_for``).
+        self._departed: dict[tuple[str, str, str], PodInfo] = {}
+        self._departed_by_ns: dict[str, dict[tuple[str, str, str], PodInfo]] = {}
 
     # ------------------------------------------------------------ profiles
 
@@ -397,6 +430,25 @@ class Registry:
             del self._pods[namespace]
         return pod
 
+    def depart_pod(self, pod: PodInfo) -> None:
+        """The API deleted ``pod`` (its last body): out of the index; kept among the departed when
+        its processes left exit totals, until MAX_DEPARTED later ones push it out (a window or two
+        at any churn a cluster sees: 2,048 Pods deleted between two windows)."""
+        self.remove_pod(pod.namespace, pod.name)
+        if not pod.exit_words:
+            return
+        key = (pod.namespace, pod.name, pod.uid)
+        self._departed.pop(key, None)
+        self._departed[key] = pod
+        self._departed_by_ns.setdefault(pod.namespace, {})[key] = pod
+        while len(self._departed) > MAX_DEPARTED:
+            old = next(iter(self._departed))
+            del self._departed[old]
+            in_ns = self._departed_by_ns[old[0]]
+            del in_ns[old]
+            if not in_ns:
+                del self._departed_by_ns[old[0]]
+
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return self._pods.get(namespace, {}).get(name)
 
@@ -441,6 +493,17 @@ class Registry:
         """Finished pods (Failed, Succeeded) of the profile, by name: a Failed pod's replacement
         takes over its rank, and the time between is the job's restart badput."""
         return self._matching(entry, lambda p: p.phase in TERMINAL_PHASES)
+
+    def exited_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
+        """Pods of the profile no longer active whose training processes left exit totals
+        (``PodInfo.exit_words``): terminated or being deleted, and those the API deleted since
+        (``depart_pod``), by name. The goodput ledger counts their last seconds."""
+        out = self._matching(entry, lambda p: not p.active and bool(p.exit_words))
+        departed = self._departed_by_ns.get(entry.namespace)
+        if departed and entry.spec is not None:
+            selector = entry.spec.selector
+            out += [p for p in departed.values() if selector_matches(selector, p.labels)]
+        return sorted(out, key=lambda p: p.name)
 
     def oom_ended_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
         """Finished pods (Failed, Succeeded) of the profile whose container was OOM-killed, by name.

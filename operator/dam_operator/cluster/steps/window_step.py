@@ -388,13 +388,14 @@ def decide_window(
     refused: str | None = None,
     restart_allowed: bool = False,
     slowdown: SlowdownTracker | None = None,
+    exited: Sequence[PodInfo] = (),
 ) -> StepResult:
     """One window: difference each pod against its baseline, aggregate, diagnose, stabilize,
     act (``window_actions``), judge the job's progress and goodput (``_progress_and_goodput``).
     A pod OOM-killed before it formed a window is evidence (``_oom_windows``). ``refused``: as in
     ``initial_step``; ``restart_allowed``: pods/delete granted (``progress_step``); ``goodput``
     and ``slowdown``: the profile's ledger and slowdown tracker, updated in place (``window_step``
-    is the form that does not mutate: it passes copies)."""
+    is the form that does not mutate: it passes copies); ``exited``: as ``GoodputLedger.update``."""
     window_seconds = spec.evaluation.window_seconds
     scrape = _classify_with_gaps(pods, results, when, window_seconds)
     counts = count_pods(pods, scrape)
@@ -426,6 +427,7 @@ def decide_window(
         scrape=scrape,
         pods=pods,
         finished=finished,
+        exited=exited,
         goodput=goodput,
         generation=generation,
         when=when,
@@ -529,6 +531,8 @@ class WindowInputs:
     """Pods OOM-killed and gone (``Registry.oom_ended_pods_for``)."""
     finished: Sequence[PodInfo] = ()
     refused: str | None = None
+    exited: Sequence[PodInfo] = ()
+    """Pods no longer active whose processes left exit totals (``Registry.exited_pods_for``)."""
 
 
 def window_step(state: ProfileState, inputs: WindowInputs) -> tuple[ProfileState, StepResult]:
@@ -556,6 +560,7 @@ def window_step(state: ProfileState, inputs: WindowInputs) -> tuple[ProfileState
         refused=inputs.refused,
         restart_allowed=inputs.settings.restart_allowed,
         slowdown=slowdown,
+        exited=inputs.exited,
     )
     after = ProfileState(
         stabilizer=stabilizer,
@@ -601,6 +606,7 @@ def _progress_and_goodput(
     scrape: Scrape,
     pods: Sequence[PodInfo],
     finished: Sequence[PodInfo],
+    exited: Sequence[PodInfo],
     goodput: GoodputLedger | None,
     generation: int | None,
     when: dt.datetime,
@@ -631,6 +637,7 @@ def _progress_and_goodput(
             finished=finished,
             stalled_since=progress.stalled_since,
             now=when.timestamp(),
+            exited=exited,
         )
         if progress.delete_pods:
             goodput.pods_deleted(pods, progress.delete_pods, when.timestamp())
