@@ -188,3 +188,69 @@ def test_the_registry_keeps_a_deleted_pods_exit_totals_for_the_windows_after_and
     ended = PodInfo.from_body(_body("live-failed", line), instrumented=True)
     registry.upsert_pod(ended)  # Failed, still in the API: from the index
     assert "live-failed" in [p.name for p in registry.exited_pods_for(entry)]
+
+
+def test_a_pod_being_deleted_waits_in_the_ledger_for_its_last_words() -> None:
+    """The window runs while w-1 terminates (the kubelet stopping its containers): it is neither
+    retired nor counted; the next window has its last body, words in, from the departed."""
+    ledger = GoodputLedger()
+    _two_ranks_scraped(ledger)
+    terminating = dataclasses.replace(_pod("w-1"), deleting=True)
+    ledger.update(
+        pods=[_pod("w-0")],
+        exited=[terminating],
+        answered={"w-0": _snap(T0 + 10, {"0": {"productive": 100, "startup": 10, "steps": 100, "since": 30}})},
+        now=T0 + 10,
+    )
+    assert "w-1" in ledger.pods and not ledger.vacancies
+    w1 = _ended("w-1", _words(1, at=T0 + 6, productive=95, steps=95, since=95, data=1), phase="Failed")
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1b")],
+        exited=[w1],
+        answered={
+            "w-0": _snap(T0 + 60, {"0": {"productive": 150, "startup": 10, "steps": 150, "since": 80}}),
+            "w-1b": _snap(T0 + 60, {"1": {"productive": 15, "startup": 5}}),
+        },
+        now=T0 + 60,
+    )
+    out = ledger.status()
+    assert out is not None
+    # Rank 1: from its end (T0+6) to w-1b's start (T0+40), 5 s to its first batch, and the
+    # progress at risk at its end: the 20 steps since the job's checkpoint at its last scrape,
+    # and the 5 it took after (no save of the job seen in between; rank 0's figure of T0+60 is
+    # of now, not of rank 1's end). Over the job's 2 ranks.
+    assert out["badputSeconds"]["restart"] == pytest.approx((34 + 5 + 25) / 2)
+    assert out["badputSeconds"]["dataWait"] == pytest.approx(1 / 2)
+
+
+def test_a_replacement_reporting_first_ends_the_wait_and_restarts_from_the_last_scrape() -> None:
+    ledger = GoodputLedger()
+    _two_ranks_scraped(ledger)
+    terminating = dataclasses.replace(_pod("w-1"), deleting=True)
+    ledger.update(
+        pods=[_pod("w-0"), _pod("w-1b")],
+        exited=[terminating],
+        answered={
+            "w-0": _snap(T0 + 60, {"0": {"productive": 150, "startup": 10, "steps": 150, "since": 20}}),
+            "w-1b": _snap(T0 + 60, {"1": {"productive": 15, "startup": 5}}),
+        },
+        now=T0 + 60,
+    )
+    out = ledger.status()
+    assert out is not None and "w-1" not in ledger.pods
+    assert out["badputSeconds"]["restart"] == pytest.approx((40 + 5 + 20) / 2)
+
+
+def test_a_pod_that_never_says_its_last_words_is_retired_after_the_wait() -> None:
+    ledger = GoodputLedger()
+    _two_ranks_scraped(ledger)
+    terminating = dataclasses.replace(_pod("w-1"), deleting=True)
+    for at in (T0 + 10, T0 + 60, T0 + 131):
+        ledger.update(
+            pods=[_pod("w-0")],
+            exited=[terminating],
+            answered={"w-0": _snap(at, {"0": {"productive": at - T0 + 90, "startup": 10}})},
+            now=at,
+        )
+    assert "w-1" not in ledger.pods  # more than MAX_WAIT_SECONDS (120) after the first wait
+    assert [v.key for v in ledger.vacancies] == ["1"]

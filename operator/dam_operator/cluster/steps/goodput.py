@@ -81,7 +81,7 @@ from typing import Any
 from dam_contract import names
 from dam_contract.snapshot import Snapshot
 from dam_operator.cluster.steps.metric_names import ACCELERATOR_USES, USE_PRODUCTIVE, USE_RESTART, USE_STALLED
-from dam_operator.cluster.steps.registry import PodInfo
+from dam_operator.cluster.steps.registry import TERMINAL_PHASES, PodInfo
 from dam_operator.diagnosis.goodput import behind_saves
 from dam_probe.lastwords import LastWords
 
@@ -104,6 +104,8 @@ CHECKPOINT = names.CAUSE_CHECKPOINT
 COMMUNICATION = names.CAUSE_COMMUNICATION
 MAX_VACANCIES = 256
 """Failed pods' places kept for a replacement; the oldest go first beyond this."""
+MAX_WAIT_SECONDS = 120.0
+"""How long a pod being deleted stays in the ledger for its processes' last words (``_waiting``)."""
 MAX_PROCESSES_PER_POD = 1024
 """Process series (ranks) one pod may hold in the ledger; more are ignored (bounded memory)."""
 
@@ -404,6 +406,8 @@ class _Pod:
     seen_at: float = 0.0
     ended: bool = False
     """Every process of the pod had ended at its last scrape (a vanished pod that ended is no failure)."""
+    waiting_since: float | None = None
+    """Being deleted, its processes' last words not in yet, since then (``_waiting``)."""
     said: bool = False
     """Its last reading is its processes' exit totals (``GoodputLedger._farewell``): ``seen_at`` is
     when they ended, and the time after it is the restart's, not an unseen tail."""
@@ -513,7 +517,8 @@ class GoodputLedger:
         readings = {name: r for name, snap in sorted(answered.items()) if (r := read_pod(snap)) is not None}
         readings, said, said_share = _last_seconds(self, exited, active, readings)
         live_before = sum(p.count for p in self.pods.values())
-        self._retire(active, failed, frozenset(p.name for p in finished))
+        waiting = _waiting(self, exited, active, readings, now)
+        self._retire(active, failed, frozenset(p.name for p in finished), waiting)
         if self.resume_pending and readings:
             self.resumed_at = min(r.at for r in readings.values())
             self.resume_pending = False
@@ -558,15 +563,19 @@ class GoodputLedger:
             self.accelerators = None
 
     def _retire(
-        self, active: Mapping[str, PodInfo], failed: Mapping[str, PodInfo], finished: frozenset[str]
+        self,
+        active: Mapping[str, PodInfo],
+        failed: Mapping[str, PodInfo],
+        finished: frozenset[str],
+        waiting: frozenset[str] = frozenset(),
     ) -> None:
-        """Pods no longer active leave the ledger; one that Failed, or vanished while its processes
-        ran (``finished`` names the pods that ended, Succeeded or Failed), leaves its places to a
-        replacement."""
+        """Pods no longer active leave the ledger (but those ``waiting`` for their last words);
+        one that Failed, or vanished while its processes ran (``finished`` names the pods that
+        ended, Succeeded or Failed), leaves its places to a replacement."""
         for name in list(self.pods):
             pod = self.pods[name]
             info = active.get(name)
-            if info is not None and info.uid == pod.uid:
+            if (info is not None and info.uid == pod.uid) or name in waiting:
                 continue
             del self.pods[name]
             gone = failed.get(name)
@@ -752,25 +761,67 @@ def _last_seconds(
         for info in exited
         if info.name not in active and (r := exit_reading(info.exit_words)) is not None
     }
-    job_since = job_steps_since_checkpoint({**readings, **{n: r for n, (_, r) in finals.items()}})
+    job_since = job_steps_since_checkpoint(readings)
     if job_since is not None:
         readings = {name: r.with_job_checkpoint(job_since) for name, r in readings.items()}
-        finals = {name: (info, r.with_job_checkpoint(job_since)) for name, (info, r) in finals.items()}
+    # The job's checkpoint at the processes' end, of the ended processes that saved: a live
+    # process's figure is of now (a replacement's own saves), not of their end.
+    at_end = job_steps_since_checkpoint({n: r for n, (_, r) in finals.items()})
+    if at_end is not None:
+        finals = {name: (info, r.with_job_checkpoint(at_end)) for name, (info, r) in finals.items()}
     said: dict[str, dict[str, float]] = {}
     share: dict[str, float | None] = {}
     for name, (info, reading) in sorted(finals.items()):
-        increments = _farewell(ledger, info, reading)
+        increments = _farewell(ledger, info, reading, checkpointed=at_end is not None)
         said |= {f"{name}\x00{key}": delta for key, delta in increments.items()}
         share[name] = ledger.pods[name].share if increments else None
     return readings, said, share
 
 
-def _farewell(ledger: GoodputLedger, info: PodInfo, reading: PodReading) -> dict[str, dict[str, float]]:
+def _waiting(
+    ledger: GoodputLedger,
+    exited: Sequence[PodInfo],
+    active: Mapping[str, PodInfo],
+    readings: Mapping[str, PodReading],
+    now: float | None,
+) -> frozenset[str]:
+    """Pods being deleted whose processes' last words have not come yet (the kubelet stops the
+    training container, then the sidecar, which writes them: a second or two, or a SIGTERM
+    handler's grace period): kept in the ledger, not retired, until their words come, their pod
+    ends or goes without them, a pod that would take one of their places reports for the first
+    time (it must find the place vacated), or MAX_WAIT_SECONDS passed."""
+    newcomers = {
+        (key, info.owner)
+        for name, r in readings.items()
+        if name not in ledger.pods and (info := active.get(name)) is not None
+        for key in r.processes
+    }
+    out = set()
+    for info in exited:
+        pod = ledger.pods.get(info.name)
+        if pod is None or pod.uid != info.uid or pod.said:
+            continue
+        if not info.deleting or info.phase in TERMINAL_PHASES or info.exit_words:
+            continue
+        pod.waiting_since = pod.waiting_since if pod.waiting_since is not None else now
+        waited = 0.0 if now is None or pod.waiting_since is None else now - pod.waiting_since
+        if waited <= MAX_WAIT_SECONDS and not any((key, pod.owner) in newcomers for key in pod.processes):
+            out.add(info.name)
+    return frozenset(out)
+
+
+def _farewell(
+    ledger: GoodputLedger, info: PodInfo, reading: PodReading, *, checkpointed: bool
+) -> dict[str, dict[str, float]]:
     """The increments of a pod's processes from its last scrape to their exit totals (a reading
     from their last words, ``exit_reading``); empty, and the pod left as it was, when they do
     not continue that scrape: another pod (uid), other processes (a rank the scrape had not,
     or one without a rank beside ranked ones), a restart inside the container, a figure
-    lower than the scrape's (a process the totals miss), or no time after it."""
+    lower than the scrape's (a process the totals miss), or no time after it.
+
+    The progress at risk at their end: from the job's checkpoint then (``checkpointed``: one of
+    the ended processes saved); else the last scrape's and the productive time since, no save
+    seen in between."""
     pod = ledger.pods.get(info.name)
     if pod is None or pod.uid != info.uid or pod.said or reading.at <= pod.seen_at:
         return {}
@@ -780,8 +831,13 @@ def _farewell(ledger: GoodputLedger, info: PodInfo, reading: PodReading) -> dict
         prev = pod.processes[key]
         if prev.inside or any(v < prev.last.get(u, 0.0) for u, v in values.items()):
             return {}
+    before = {key: p.at_risk for key, p in pod.processes.items()}
     scrape = _Scrape(reading, info.owner, False, 0, 0.0, None, None)
     out = {key: ledger._process(pod, scrape, key, values)[0] for key, values in reading.processes.items()}
+    if not checkpointed:
+        for key, delta in out.items():
+            ended = pod.processes[key]
+            ended.at_risk = min(ended.last[USE_PRODUCTIVE], before[key] + max(0.0, delta[USE_PRODUCTIVE]))
     ledger.unmeasured |= set(PROBE_CAUSES) - reading.measured
     pod.seen_at, pod.said = reading.at, True
     return out

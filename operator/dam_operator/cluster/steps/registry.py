@@ -495,10 +495,14 @@ class Registry:
         return self._matching(entry, lambda p: p.phase in TERMINAL_PHASES)
 
     def exited_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
-        """Pods of the profile no longer active whose training processes left exit totals
-        (``PodInfo.exit_words``): terminated or being deleted, and those the API deleted since
-        (``depart_pod``), by name. The goodput ledger counts their last seconds."""
-        out = self._matching(entry, lambda p: not p.active and bool(p.exit_words))
+        """Pods of the profile no longer active whose processes left exit totals
+        (``PodInfo.exit_words``), terminated or being deleted, and those the API deleted since
+        (``depart_pod``); and the pods being deleted whose words have not come yet; by name. The
+        goodput ledger counts their last seconds (and waits for them)."""
+        out = self._matching(
+            entry,
+            lambda p: not p.active and (bool(p.exit_words) or (p.deleting and p.phase not in TERMINAL_PHASES)),
+        )
         departed = self._departed_by_ns.get(entry.namespace)
         if departed and entry.spec is not None:
             selector = entry.spec.selector
