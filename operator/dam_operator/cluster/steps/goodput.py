@@ -541,6 +541,8 @@ class GoodputLedger:
         world = max((r.world for r in readings.values()), default=0)
         live = max(sum(p.count for p in self.pods.values()), min(world, MAX_PROCESSES_PER_POD * 64))
         _stall(self, stalled_since, now, process_seconds, accel)
+        if stalled_since is not None:
+            _as_stalled(said_seconds, said_accel)  # the ended processes' last seconds too
         for use in ACCELERATOR_USES:
             if live > 0:
                 self.seconds[use] += process_seconds[use] / live
@@ -914,6 +916,11 @@ def _stall(
         ledger.seconds["other"] -= earlier
         ledger.seconds[USE_STALLED] += earlier
     ledger.stall_since, ledger.updated_at = since, now
-    for figures in (process_seconds, accel):
+    _as_stalled(process_seconds, accel)
+
+
+def _as_stalled(*uses: dict[str, float]) -> None:
+    """A stalled process's ``other`` time is ``stalled``: in place."""
+    for figures in uses:
         figures[USE_STALLED] += figures["other"]
         figures["other"] = 0.0
