@@ -23,7 +23,13 @@ from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.progress_step import MAX_RESTART_PODS_LISTED, progress_step
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import decide_window, initial_step
+from dam_operator.cluster.steps.window_step import (
+    ProfileState,
+    WindowInputs,
+    WindowSettings,
+    decide_window,
+    initial_step,
+)
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from tests.support.fake_sidecar import RankedJob, serve_handler
 
@@ -105,17 +111,16 @@ def test_a_window_of_1000_pods_by_8_ranks_names_the_late_rank_and_stays_under_64
     )
     status = first.patch["status"]
     result = decide_window(
-        spec=spec,
-        status=status,
-        generation=1,
-        pods=pods,
-        results=_scrapes(T0 + 30, clock, jobs),
-        baselines=first.baselines,
-        stabilizer=Stabilizer(confirm_windows=1),
-        published=None,
-        when=dt.datetime.fromtimestamp(T0 + 30, dt.UTC),
-        webhook_enabled=True,
-        max_baseline_seconds=90,
+        WindowInputs(
+            spec=spec,
+            status=status,
+            generation=1,
+            pods=pods,
+            results=_scrapes(T0 + 30, clock, jobs),
+            when=dt.datetime.fromtimestamp(T0 + 30, dt.UTC),
+            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=90),
+        ),
+        ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines=first.baselines),
     )
     status = result.patch["status"]
     late = (_name(LATE_POD), LATE_POD * RANKS + LATE_RANK)

@@ -27,7 +27,7 @@ from dam_operator.cluster.steps.goodput import (
 )
 from dam_operator.cluster.steps.registry import PodInfo, RestartRecord, restart_record
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import decide_window
+from dam_operator.cluster.steps.window_step import ProfileState, WindowInputs, WindowSettings, decide_window
 from dam_operator.diagnosis.hysteresis import Stabilizer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -767,18 +767,16 @@ def test_the_window_step_writes_status_goodput_and_removes_keys_gone_from_it() -
     ledger = GoodputLedger()
     previous = {"goodput": {"ratio": 0.1, "stale": 1}}
     result = decide_window(
-        spec=spec,
-        status=previous,
-        generation=1,
-        pods=[_pod("a")],
-        results={"a": _snap(T0, {"": {"productive": 90, "startup": 10}})},
-        baselines={},
-        stabilizer=Stabilizer(confirm_windows=1),
-        published=None,
-        when=dt.datetime.fromtimestamp(T0, dt.UTC),
-        webhook_enabled=True,
-        max_baseline_seconds=600.0,
-        goodput=ledger,
+        WindowInputs(
+            spec=spec,
+            status=previous,
+            generation=1,
+            pods=[_pod("a")],
+            results={"a": _snap(T0, {"": {"productive": 90, "startup": 10}})},
+            when=dt.datetime.fromtimestamp(T0, dt.UTC),
+            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+        ),
+        ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines={}, goodput=ledger),
     )
     goodput = result.patch["status"]["goodput"]
     assert goodput["ratio"] == pytest.approx(0.9)

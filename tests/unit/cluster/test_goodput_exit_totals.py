@@ -199,7 +199,9 @@ def test_a_pod_being_deleted_waits_in_the_ledger_for_its_last_words() -> None:
     ledger.update(
         pods=[_pod("w-0")],
         exited=[terminating],
-        answered={"w-0": _snap(T0 + 10, {"0": {"productive": 100, "startup": 10, "steps": 100, "since": 30}})},
+        answered={
+            "w-0": _snap(T0 + 10, {"0": {"productive": 100, "startup": 10, "steps": 100, "since": 30}})
+        },
         now=T0 + 10,
     )
     assert "w-1" in ledger.pods and not ledger.vacancies

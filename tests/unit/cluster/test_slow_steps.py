@@ -10,7 +10,7 @@ from dam_contract import names
 from dam_contract.snapshot import Sample, Snapshot
 from dam_operator.cluster.steps.registry import PodInfo
 from dam_operator.cluster.steps.spec import parse_spec
-from dam_operator.cluster.steps.window_step import decide_window
+from dam_operator.cluster.steps.window_step import ProfileState, WindowInputs, WindowSettings, decide_window
 from dam_operator.diagnosis.hysteresis import Stabilizer
 from dam_operator.diagnosis.model import Regime
 
@@ -38,17 +38,16 @@ def scrape(t: float) -> Snapshot:
 
 def step(baselines: dict[str, Snapshot], t: float, stabilizer: Stabilizer, max_baseline: float) -> Any:
     return decide_window(
-        spec=SPEC,
-        status={},
-        generation=1,
-        pods=[POD],
-        results={"p": scrape(t)},
-        baselines=baselines,
-        stabilizer=stabilizer,
-        published=None,
-        when=WHEN + dt.timedelta(seconds=t),
-        webhook_enabled=True,
-        max_baseline_seconds=max_baseline,
+        WindowInputs(
+            spec=SPEC,
+            status={},
+            generation=1,
+            pods=[POD],
+            results={"p": scrape(t)},
+            when=WHEN + dt.timedelta(seconds=t),
+            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=max_baseline),
+        ),
+        ProfileState(stabilizer=stabilizer, baselines=baselines),
     )
 
 

@@ -46,17 +46,16 @@ def _pair(job: Job) -> tuple[Snapshot, Snapshot]:
 
 def _window(spec: dict[str, Any], pods: list[PodInfo], before: dict[str, Any], after: dict[str, Any]) -> Any:
     return decide_window(
-        spec=parse_spec(spec),
-        status={},
-        generation=1,
-        pods=pods,
-        results=after,
-        baselines=before,
-        stabilizer=Stabilizer(confirm_windows=1),
-        published=None,
-        when=WHEN,
-        webhook_enabled=True,
-        max_baseline_seconds=600.0,
+        WindowInputs(
+            spec=parse_spec(spec),
+            status={},
+            generation=1,
+            pods=pods,
+            results=after,
+            when=WHEN,
+            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+        ),
+        ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines=before),
     )
 
 
@@ -86,19 +85,21 @@ def test_window_step_returns_the_next_state_and_leaves_the_one_it_was_given_as_i
     assert nxt.baselines == result.baselines
     assert nxt.baselines["a"] is not before
     again = decide_window(
-        spec=spec,
-        status={},
-        generation=1,
-        pods=[_pod("a", True)],
-        results={"a": after},
-        baselines={"a": before},
-        stabilizer=Stabilizer(confirm_windows=1),
-        published=None,
-        when=WHEN,
-        webhook_enabled=True,
-        max_baseline_seconds=600.0,
-        goodput=GoodputLedger(),
-        slowdown=SlowdownTracker(),
+        WindowInputs(
+            spec=spec,
+            status={},
+            generation=1,
+            pods=[_pod("a", True)],
+            results={"a": after},
+            when=WHEN,
+            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+        ),
+        ProfileState(
+            stabilizer=Stabilizer(confirm_windows=1),
+            baselines={"a": before},
+            goodput=GoodputLedger(),
+            slowdown=SlowdownTracker(),
+        ),
     )
     assert result.patch == again.patch
 
@@ -235,18 +236,17 @@ def test_a_refused_spec_lists_its_uninstrumented_pods_and_says_why_once_per_gene
     )
     assert [e.reason for e in newer.events] == [st.REASON_REFUSED]
     window = decide_window(
-        spec=spec,
-        status=written,
-        generation=2,
-        pods=pods,
-        results={},
-        baselines={},
-        stabilizer=Stabilizer(confirm_windows=1),
-        published=None,
-        when=WHEN,
-        webhook_enabled=True,
-        max_baseline_seconds=600.0,
-        refused=refused,
+        WindowInputs(
+            spec=spec,
+            status=written,
+            generation=2,
+            pods=pods,
+            results={},
+            when=WHEN,
+            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+            refused=refused,
+        ),
+        ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines={}),
     )
     assert _condition(window, st.SPEC_VALID)["reason"] == st.REASON_REFUSED
     fine = initial_step(
@@ -278,17 +278,20 @@ def test_a_job_of_three_pods_names_its_straggler_pod_and_posts_one_event() -> No
     assert "trainer-1" in next(e.message for e in first.events if e.reason == st.REASON_STRAGGLER)
     # The same straggler in the next window: no second Event.
     again = decide_window(
-        spec=parse_spec(spec),
-        status=first.patch["status"],
-        generation=1,
-        pods=pods,
-        results={n: p[1] for n, p in pairs.items()},
-        baselines={n: p[0] for n, p in pairs.items()},
-        stabilizer=Stabilizer(confirm_windows=1),
-        published=first.published,
-        when=WHEN,
-        webhook_enabled=True,
-        max_baseline_seconds=600.0,
+        WindowInputs(
+            spec=parse_spec(spec),
+            status=first.patch["status"],
+            generation=1,
+            pods=pods,
+            results={n: p[1] for n, p in pairs.items()},
+            when=WHEN,
+            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+        ),
+        ProfileState(
+            stabilizer=Stabilizer(confirm_windows=1),
+            baselines={n: p[0] for n, p in pairs.items()},
+            published=first.published,
+        ),
     )
     assert [e for e in again.events if e.reason == st.REASON_STRAGGLER] == []
 
@@ -425,17 +428,16 @@ def test_a_finished_jobs_verdict_is_kept_once_no_pod_of_the_profile_is_active() 
         pods: list[PodInfo], results: dict[str, Any], status: dict[str, Any], published: Any, n: int
     ) -> Any:
         return decide_window(
-            spec=spec,
-            status=status,
-            generation=1,
-            pods=pods,
-            results=results,
-            baselines={"a": before} if pods else {},
-            stabilizer=stabilizer,
-            published=published,
-            when=WHEN + dt.timedelta(seconds=30 * n),
-            webhook_enabled=True,
-            max_baseline_seconds=600.0,
+            WindowInputs(
+                spec=spec,
+                status=status,
+                generation=1,
+                pods=pods,
+                results=results,
+                when=WHEN + dt.timedelta(seconds=30 * n),
+                settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+            ),
+            ProfileState(stabilizer=stabilizer, baselines={"a": before} if pods else {}, published=published),
         )
 
     first = step([_pod("a", True)], {"a": after}, {}, None, 0)
@@ -493,19 +495,21 @@ def test_a_pod_oom_killed_before_a_window_counts_its_workers_once() -> None:
         "ns", "leaky", {"app": "t"}, phase="Failed", instrumented=True, last_oom_kill="2026-11-30T11:59:55Z"
     )
     step = decide_window(
-        spec=parse_spec({"selector": SELECTOR}),
-        status={},
-        generation=1,
-        pods=[],
-        results={},
-        baselines={"leaky": baseline(scrape(1000.0))},
-        stabilizer=Stabilizer(confirm_windows=1),
-        published=None,
-        when=WHEN,
-        webhook_enabled=True,
-        max_baseline_seconds=600.0,
-        ended=[killed],
-        marks={"leaky": memory_mark(scrape(1004.0))},
+        WindowInputs(
+            spec=parse_spec({"selector": SELECTOR}),
+            status={},
+            generation=1,
+            pods=[],
+            results={},
+            when=WHEN,
+            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+            ended=[killed],
+        ),
+        ProfileState(
+            stabilizer=Stabilizer(confirm_windows=1),
+            baselines={"leaky": baseline(scrape(1000.0))},
+            marks={"leaky": memory_mark(scrape(1004.0))},
+        ),
     )
     b = step.patch["status"]["bottleneck"]
     assert (b["regime"], b["lever"]) == ("memory-capacity", "reduce-loader-memory"), b
@@ -538,21 +542,23 @@ def test_the_scrape_at_the_kill_does_not_replace_the_memory_mark_that_names_the_
     stabilizer = Stabilizer(confirm_windows=1)
     running = PodInfo("ns", "leaky", {"app": "t"}, pod_ip="10.0.0.1", phase="Running", instrumented=True)
 
-    def step(pods: list[PodInfo], results: dict[str, Any], prev: Any, **more: Any) -> Any:
+    def step(pods: list[PodInfo], results: dict[str, Any], prev: Any, ended: Any = ()) -> Any:
         return decide_window(
-            spec=spec,
-            status={},
-            generation=1,
-            pods=pods,
-            results=results,
-            baselines=prev.baselines if prev else {},
-            stabilizer=stabilizer,
-            published=None,
-            when=WHEN,
-            webhook_enabled=True,
-            max_baseline_seconds=600.0,
-            marks=prev.marks if prev else {},
-            **more,
+            WindowInputs(
+                spec=spec,
+                status={},
+                generation=1,
+                pods=pods,
+                results=results,
+                when=WHEN,
+                settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
+                ended=ended,
+            ),
+            ProfileState(
+                stabilizer=stabilizer,
+                baselines=prev.baselines if prev else {},
+                marks=prev.marks if prev else {},
+            ),
         )
 
     lived = step([running], {"leaky": scrape(1000.0, alive=True)}, None)

@@ -368,43 +368,38 @@ def _memory_marks(
     }
 
 
-def decide_window(
-    *,
-    spec: DAMProfileSpec,
-    status: Mapping[str, Any],
-    generation: int | None,
-    pods: Sequence[PodInfo],
-    results: Results,
-    baselines: Mapping[str, Snapshot],
-    stabilizer: Stabilizer,
-    published: tuple[str, str] | None,
-    when: dt.datetime,
-    webhook_enabled: bool,
-    max_baseline_seconds: float,
-    ended: Sequence[PodInfo] = (),
-    marks: Mapping[str, Snapshot] | None = None,
-    goodput: GoodputLedger | None = None,
-    finished: Sequence[PodInfo] = (),
-    refused: str | None = None,
-    restart_allowed: bool = False,
-    slowdown: SlowdownTracker | None = None,
-    exited: Sequence[PodInfo] = (),
-) -> StepResult:
+def decide_window(inputs: WindowInputs, state: ProfileState) -> StepResult:
     """One window: difference each pod against its baseline, aggregate, diagnose, stabilize,
     act (``window_actions``), judge the job's progress and goodput (``_progress_and_goodput``).
-    A pod OOM-killed before it formed a window is evidence (``_oom_windows``). ``refused``: as in
-    ``initial_step``; ``restart_allowed``: pods/delete granted (``progress_step``); ``goodput``
-    and ``slowdown``: the profile's ledger and slowdown tracker, updated in place (``window_step``
-    is the form that does not mutate: it passes copies); ``exited``: as ``GoodputLedger.update``."""
-    window_seconds = spec.evaluation.window_seconds
-    scrape = _classify_with_gaps(pods, results, when, window_seconds)
-    counts = count_pods(pods, scrape)
-    known = {p.name for p in pods} | {p.name for p in ended}
-    new_marks = _memory_marks(marks or {}, known, scrape.answered)
-    windows, new_baselines = _pod_windows(
-        spec, pods, scrape, baselines, known, when=when, max_baseline_seconds=max_baseline_seconds
+    A pod OOM-killed before it formed a window is evidence (``_oom_windows``). ``state``'s
+    hysteresis, goodput ledger and slowdown tracker are updated in place (``window_step`` is the
+    form that does not mutate: it passes copies); its baselines, marks and verdict published are
+    read, the next ones returned."""
+    spec, status, generation, pods, when = (
+        inputs.spec,
+        inputs.status,
+        inputs.generation,
+        inputs.pods,
+        inputs.when,
     )
-    oom_notes = _oom_windows(windows, [*pods, *ended], baselines, new_marks, when, window_seconds)
+    published = state.published
+    window_seconds = spec.evaluation.window_seconds
+    scrape = _classify_with_gaps(pods, inputs.results, when, window_seconds)
+    counts = count_pods(pods, scrape)
+    known = {p.name for p in pods} | {p.name for p in inputs.ended}
+    new_marks = _memory_marks(state.marks, known, scrape.answered)
+    windows, new_baselines = _pod_windows(
+        spec,
+        pods,
+        scrape,
+        state.baselines,
+        known,
+        when=when,
+        max_baseline_seconds=inputs.settings.max_baseline_seconds,
+    )
+    oom_notes = _oom_windows(
+        windows, [*pods, *inputs.ended], state.baselines, new_marks, when, window_seconds
+    )
     patch, verdict, per_pod = _patch_and_verdict(
         spec,
         status,
@@ -413,27 +408,20 @@ def decide_window(
         active=bool(pods),
         counts=counts,
         scrape=scrape,
-        stabilizer=stabilizer,
+        stabilizer=state.stabilizer,
         generation=generation,
         when=when,
-        webhook_enabled=webhook_enabled,
-        refused=refused,
+        webhook_enabled=inputs.settings.webhook_enabled,
+        refused=inputs.refused,
     )
     acted = _act(patch["status"], spec, status, generation, pods, per_pod, verdict, when)
     progress = _progress_and_goodput(
-        spec,
-        status,
+        inputs,
         patch["status"],
         scrape=scrape,
-        pods=pods,
-        finished=finished,
-        exited=exited,
-        goodput=goodput,
-        generation=generation,
-        when=when,
-        restart_allowed=restart_allowed,
+        goodput=state.goodput,
         verdict=verdict,
-        slowdown=slowdown,
+        slowdown=state.slowdown,
     )
     verdict_events = _verdict_events(status, published, verdict) if verdict else []
     return StepResult(
@@ -541,35 +529,9 @@ def window_step(state: ProfileState, inputs: WindowInputs) -> tuple[ProfileState
     stabilizer = copy.deepcopy(state.stabilizer)
     goodput = copy.deepcopy(state.goodput)
     slowdown = copy.deepcopy(state.slowdown)
-    result = decide_window(
-        spec=inputs.spec,
-        status=inputs.status,
-        generation=inputs.generation,
-        pods=inputs.pods,
-        results=inputs.results,
-        baselines=state.baselines,
-        stabilizer=stabilizer,
-        published=state.published,
-        when=inputs.when,
-        webhook_enabled=inputs.settings.webhook_enabled,
-        max_baseline_seconds=inputs.settings.max_baseline_seconds,
-        ended=inputs.ended,
-        marks=state.marks,
-        goodput=goodput,
-        finished=inputs.finished,
-        refused=inputs.refused,
-        restart_allowed=inputs.settings.restart_allowed,
-        slowdown=slowdown,
-        exited=inputs.exited,
-    )
-    after = ProfileState(
-        stabilizer=stabilizer,
-        baselines=result.baselines,
-        marks=result.marks,
-        goodput=goodput,
-        slowdown=slowdown,
-        published=result.published,
-    )
+    working = replace(state, stabilizer=stabilizer, goodput=goodput, slowdown=slowdown)
+    result = decide_window(inputs, working)
+    after = replace(working, baselines=result.baselines, marks=result.marks, published=result.published)
     return after, result
 
 
@@ -599,23 +561,23 @@ def _act(  # noqa: PLR0917 (called once, in window_step)
 
 
 def _progress_and_goodput(
-    spec: DAMProfileSpec,
-    status: Mapping[str, Any],
+    inputs: WindowInputs,
     patch: dict[str, Any],
     *,
     scrape: Scrape,
-    pods: Sequence[PodInfo],
-    finished: Sequence[PodInfo],
-    exited: Sequence[PodInfo],
-    goodput: GoodputLedger | None,
-    generation: int | None,
-    when: dt.datetime,
-    restart_allowed: bool,
+    goodput: GoodputLedger,
     verdict: Verdict | None,
-    slowdown: SlowdownTracker | None,
+    slowdown: SlowdownTracker,
 ) -> ProgressStep:
     """The job's progress (and slowdown) into ``patch``, then the goodput ledger (which counts a
     stall's time)."""
+    spec, status, pods, when, generation = (
+        inputs.spec,
+        inputs.status,
+        inputs.pods,
+        inputs.when,
+        inputs.generation,
+    )
     progress = progress_step(
         spec=spec,
         status=status,
@@ -623,25 +585,24 @@ def _progress_and_goodput(
         pods=pods,
         generation=generation,
         when=when,
-        restart_allowed=restart_allowed,
+        restart_allowed=inputs.settings.restart_allowed,
     )
-    if slowdown is not None and progress.progress is not None:
+    if progress.progress is not None:
         progress.events += slowdown_update(
             slowdown, progress.progress, verdict, slowdown_key(generation, pods), st.format_time(when)
         )
     _progress_patch(patch, status, progress, st.format_time(when))
-    if goodput is not None:
-        goodput.update(
-            pods=pods,
-            answered=scrape.answered,
-            finished=finished,
-            stalled_since=progress.stalled_since,
-            now=when.timestamp(),
-            exited=exited,
-        )
-        if progress.delete_pods:
-            goodput.pods_deleted(pods, progress.delete_pods, when.timestamp())
-        patch["goodput"] = st.goodput_patch(status.get("goodput"), goodput.status())
+    goodput.update(
+        pods=pods,
+        answered=scrape.answered,
+        finished=inputs.finished,
+        stalled_since=progress.stalled_since,
+        now=when.timestamp(),
+        exited=inputs.exited,
+    )
+    if progress.delete_pods:
+        goodput.pods_deleted(pods, progress.delete_pods, when.timestamp())
+    patch["goodput"] = st.goodput_patch(status.get("goodput"), goodput.status())
     return progress
 
 
