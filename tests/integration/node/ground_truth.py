@@ -154,6 +154,14 @@ def _close(measured: float, truth: float, what: str, status: dict[str, Any], t: 
     )
 
 
+def _report(scenario: str, goodput: dict[str, Any], truth: dict[str, float]) -> None:
+    """The figures side by side (shown with ``pytest -rP``; docs/testing.md quotes them)."""
+    measured = {**goodput["badputSeconds"], "productive": goodput["productiveSeconds"]}
+    print(f"{scenario}: status / the job's own, s: " + ", ".join(
+        f"{k} {measured[k]:.2f} / {v:.2f}" for k, v in truth.items() if k in measured
+    ))  # fmt: skip
+
+
 def _rate(processes: list[Process], end: float, window: float) -> float:
     """Rank 0's steps a second in (end - window, end], from its own step times."""
     steps = [s for p in processes if p.rank == 0 for s in p.steps if end - window < s["at"] <= end]
@@ -218,6 +226,7 @@ def check_two_pods(scenarios: Launched) -> None:
     assert sorted(p.rank for p in processes) == [0, 0, 1, 1], [(p.rank, p.start) for p in processes]
     truth = _truth(processes)
     goodput = status["goodput"]
+    _report("truth", goodput, truth)
     assert goodput["restarts"] == 2, goodput  # both ranks: rank 1 deleted, rank 0 failed with it
     for key in ("startup", "restart", "dataWait", "checkpoint", "communication"):
         _close(goodput["badputSeconds"][key], truth[key], key, status, truth)
@@ -242,6 +251,7 @@ def check_one_pod(scenarios: Launched) -> None:
     assert sorted(p.rank for p in processes) == [0, 1], [(p.rank, p.start) for p in processes]
     truth = _truth(processes)
     goodput = status["goodput"]
+    _report("truth-1pod", goodput, truth)
     assert goodput["restarts"] == 0, goodput
     for key in ("startup", "dataWait", "checkpoint", "communication"):
         _close(goodput["badputSeconds"][key], truth[key], key, status, truth)
