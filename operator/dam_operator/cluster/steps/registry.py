@@ -501,7 +501,9 @@ class Registry:
         goodput ledger counts their last seconds (and waits for them)."""
         out = self._matching(
             entry,
-            lambda p: not p.active and (bool(p.exit_words) or (p.deleting and p.phase not in TERMINAL_PHASES)),
+            lambda p: (
+                not p.active and (bool(p.exit_words) or (p.deleting and p.phase not in TERMINAL_PHASES))
+            ),
         )
         departed = self._departed_by_ns.get(entry.namespace)
         if departed and entry.spec is not None:
