@@ -256,3 +256,22 @@ def test_a_pod_that_never_says_its_last_words_is_retired_after_the_wait() -> Non
         )
     assert "w-1" not in ledger.pods  # more than MAX_WAIT_SECONDS (120) after the first wait
     assert [v.key for v in ledger.vacancies] == ["1"]
+
+
+def test_departed_pods_are_found_by_the_selectors_labels_and_forgotten_from_every_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reg, "MAX_DEPARTED", 2)
+    registry = Registry()
+    line = _words(0, at=T0, productive=5, steps=5, since=5).line()
+    entries = {}
+    for job in ("a", "b"):
+        spec = parse_spec({"selector": {"matchLabels": {"app": "t", "job": job}}})
+        entries[job] = registry.upsert_profile("ns", job, uid=job, generation=1, spec=spec)
+    for name, job in (("a-0", "a"), ("b-0", "b"), ("b-1", "b")):
+        body = _body(name, line)
+        body["metadata"]["labels"] = {"app": "t", "job": job}
+        registry.depart_pod(PodInfo.from_body(body, instrumented=True))
+    assert [p.name for p in registry.exited_pods_for(entries["a"])] == []  # pushed out, all indexes
+    assert [p.name for p in registry.exited_pods_for(entries["b"])] == ["b-0", "b-1"]
+    assert registry._departed_index.keys() == {("ns", "app", "t"), ("ns", "job", "b")}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
@@ -327,6 +327,7 @@ class Registry:
         # what they did after their last scrape (``exited_pods_for``).
         self._departed: dict[tuple[str, str, str], PodInfo] = {}
         self._departed_by_ns: dict[str, dict[tuple[str, str, str], PodInfo]] = {}
+        self._departed_index: dict[tuple[str, str, str], set[tuple[str, str, str]]] = {}
 
     # ------------------------------------------------------------ profiles
 
@@ -438,16 +439,27 @@ class Registry:
         if not pod.exit_words:
             return
         key = (pod.namespace, pod.name, pod.uid)
-        self._departed.pop(key, None)
+        self._forget_departed(key)
         self._departed[key] = pod
         self._departed_by_ns.setdefault(pod.namespace, {})[key] = pod
+        for k, v in pod.labels.items():
+            self._departed_index.setdefault((pod.namespace, k, v), set()).add(key)
         while len(self._departed) > MAX_DEPARTED:
-            old = next(iter(self._departed))
-            del self._departed[old]
-            in_ns = self._departed_by_ns[old[0]]
-            del in_ns[old]
-            if not in_ns:
-                del self._departed_by_ns[old[0]]
+            self._forget_departed(next(iter(self._departed)))
+
+    def _forget_departed(self, key: tuple[str, str, str]) -> None:
+        pod = self._departed.pop(key, None)
+        if pod is None:
+            return
+        in_ns = self._departed_by_ns[pod.namespace]
+        del in_ns[key]
+        if not in_ns:
+            del self._departed_by_ns[pod.namespace]
+        for k, v in pod.labels.items():
+            keys = self._departed_index[(pod.namespace, k, v)]
+            keys.discard(key)
+            if not keys:
+                del self._departed_index[(pod.namespace, k, v)]
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return self._pods.get(namespace, {}).get(name)
@@ -505,11 +517,23 @@ class Registry:
                 not p.active and (bool(p.exit_words) or (p.deleting and p.phase not in TERMINAL_PHASES))
             ),
         )
-        departed = self._departed_by_ns.get(entry.namespace)
-        if departed and entry.spec is not None:
-            selector = entry.spec.selector
-            out += [p for p in departed.values() if selector_matches(selector, p.labels)]
-        return sorted(out, key=lambda p: p.name)
+        return sorted([*out, *self._departed_for(entry)], key=lambda p: p.name)
+
+    def _departed_for(self, entry: ProfileEntry) -> list[PodInfo]:
+        """The departed pods the profile's selector matches, from the rarest of its
+        ``matchLabels`` pairs' index, as ``_matching`` does (not every departed pod a window)."""
+        in_ns = self._departed_by_ns.get(entry.namespace)
+        if not in_ns or entry.spec is None:
+            return []
+        selector = entry.spec.selector
+        candidates: Collection[tuple[str, str, str]] = in_ns.keys()
+        for k, v in selector.match_labels.items():
+            keys = self._departed_index.get((entry.namespace, k, v))
+            if not keys:
+                return []
+            if len(keys) < len(candidates):
+                candidates = keys
+        return [p for key in list(candidates) if selector_matches(selector, (p := in_ns[key]).labels)]
 
     def oom_ended_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
         """Finished pods (Failed, Succeeded) of the profile whose container was OOM-killed, by name.
