@@ -34,13 +34,13 @@ went Failed, or vanished while its processes ran (deleted, evicted: never seen S
 Failed, its ranks up at its last scrape), is that pod's replacement: the time from the old pod's
 last scrape (or its end, ``state.terminated.finishedAt``, if that came first; what it did after
 its last scrape was never counted) to the new process's start counts the same way. Unless its
-processes said where their seconds went to their end (``dam_probe.lastwords``: the exit totals
-in the container's termination message, read from the Pod's last body even once the API deleted
-it, ``Registry.exited_pods_for``): then the increments from the last scrape to those totals count
-as what they were (steps, a save, the wait for a dead peer), and the restart runs from their end
-(issue 28's node runs: without them a deleted rank's restart was 3.1 s, 10 %, over the job's own,
-the half window between its last scrape and its end). A pod of
-another controller (the profile's next Job) starts a new run.
+processes' figures to their end were said (``dam_probe.lastwords`` lines with totals, in a
+termination message: the sidecar's, ``dam_sidecar.farewell``, else each probe's at a clean exit;
+read from the Pod's last body even once the API deleted it, ``Registry.exited_pods_for``): then
+the increments from the last scrape to those totals count as what they were (steps, a save, the
+wait for a dead peer), and the restart runs from their end (issue 28's node runs: without them a
+deleted rank's restart was 3.1 s, 10 %, over the job's own, the half window between its last
+scrape and its end). A pod of another controller (the profile's next Job) starts a new run.
 
 Progress lost. The dead process's work since its last checkpoint is redone by the next one, so it
 was not productive after all: at each scrape the ledger keeps, per process, the productive time
@@ -409,7 +409,7 @@ class _Pod:
     waiting_since: float | None = None
     """Being deleted, its processes' last words not in yet, since then (``_waiting``)."""
     said: bool = False
-    """Its last reading is its processes' exit totals (``GoodputLedger._farewell``): ``seen_at`` is
+    """Its last reading is its processes' exit totals (``_farewell``): ``seen_at`` is
     when they ended, and the time after it is the restart's, not an unseen tail."""
 
 
