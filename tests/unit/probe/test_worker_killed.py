@@ -76,10 +76,12 @@ def test_a_worker_killed_by_sigkill_is_counted_in_the_probe_file(
     probes = tmp_path / "probes"
     env = python_env(PYTHONPATH=site_dir, DAM_PROBE_DIR=str(probes))
     result = run_python(TRAIN.format(catch=catch, work=work), env, timeout=120)
-    said = result.stdout + result.stderr  # DataLoader's two messages or the pipe, as the timing falls
-    assert any(m in said for m in ("killed by signal: Killed", "exited unexpectedly", "ConnectionReset")), (
-        said
-    )
+    # DataLoader's two messages, the pipe, or the queue's end of file (the worker died mid-send
+    # and the main process read the short message first: stop 39's clean-clone run), as the
+    # timing falls; whichever, the probe must have counted the kill (below).
+    said = result.stdout + result.stderr
+    seen = ("killed by signal: Killed", "exited unexpectedly", "ConnectionReset", "caught: EOFError")
+    assert any(m in said for m in seen), said
     assert result.returncode == code, result.stderr
     assert probe_lines(result.stderr) == []
     (path,) = probe_files(str(probes))
