@@ -279,28 +279,36 @@ def _per_process(snapshot: Snapshot, name: str, processes: Mapping[str, object])
 def _at_risk(
     snapshot: Snapshot, processes: Mapping[str, Mapping[str, float]]
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float], frozenset[str]]:
-    """Per process, the productive seconds since its latest checkpoint (its steps since that save
-    times its rank's productive seconds per step, at most its productive time), its steps since
-    that save, its productive seconds per step; and the processes that saved at all."""
+    """``_risk`` of a scrape's ``dam_steps_total`` and ``dam_steps_since_checkpoint``."""
     steps = {
         s.label(names.RANK_LABEL): v for s in snapshot.samples(names.STEPS_TOTAL) if (v := _valid(s.value))
     }
+    since = {
+        key: v
+        for s in snapshot.samples(names.STEPS_SINCE_CHECKPOINT)
+        if (v := _valid(s.value)) is not None and (key := s.label(names.RANK_LABEL)) in processes
+    }
+    return _risk(processes, steps, since)
+
+
+def _risk(
+    processes: Mapping[str, Mapping[str, float]], steps: Mapping[str, float], since: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], frozenset[str]]:
+    """Per process with ``since`` (its steps since its latest checkpoint), the productive seconds
+    since that save (those steps times its rank's productive seconds per step, at most its
+    productive time), its steps since that save, its productive seconds per step; and the
+    processes that saved at all (fewer steps since their save than ``steps``)."""
     out: dict[str, float] = {}
-    since_by: dict[str, float] = {}
     per_step: dict[str, float] = {}
     saved: set[str] = set()
-    for s in snapshot.samples(names.STEPS_SINCE_CHECKPOINT):
-        key = s.label(names.RANK_LABEL)
-        since, total, figures = _valid(s.value), steps.get(key), processes.get(key)
-        if since is None or figures is None:
-            continue
-        productive = figures[USE_PRODUCTIVE]
+    for key, n in since.items():
+        total = steps.get(key)
+        productive = processes[key][USE_PRODUCTIVE]
         per_step[key] = productive / total if total else 0.0
-        since_by[key] = since
-        if total and since < total:
+        if total and n < total:
             saved.add(key)
-        out[key] = min(productive, since * per_step[key])
-    return out, since_by, per_step, frozenset(saved)
+        out[key] = min(productive, n * per_step[key])
+    return out, dict(since), per_step, frozenset(saved)
 
 
 def exit_reading(words: Sequence[LastWords]) -> PodReading | None:
@@ -338,13 +346,7 @@ def exit_reading(words: Sequence[LastWords]) -> PodReading | None:
         at = max(at, t.at_ms / 1000.0)
     if not processes:
         return None
-    at_risk: dict[str, float] = {}
-    per_step: dict[str, float] = {}
-    for key, n in since.items():
-        productive = processes[key][USE_PRODUCTIVE]
-        per_step[key] = productive / steps[key] if steps[key] else 0.0
-        at_risk[key] = min(productive, n * per_step[key])
-    saved = frozenset(k for k, n in since.items() if steps[k] and n < steps[k])
+    at_risk, since, per_step, saved = _risk(processes, steps, since)
     count = lines if set(processes) == {""} else len(processes)
     return PodReading(
         at,
@@ -757,7 +759,8 @@ def _last_seconds(
 ) -> tuple[dict[str, PodReading], dict[str, dict[str, float]], dict[str, float | None]]:
     """The window's ``readings`` with the job's checkpoint in, and the increments of the processes
     that ended since their pod's last scrape (``_farewell``, keyed ``pod\x00process``) with their
-    pods' accelerators per process; the checkpoint counts the ended processes' last saves too."""
+    pods' accelerators per process. The ended processes' progress at risk counts from the job's
+    checkpoint at their end, of those of them that saved (not from the live scrapes', of now)."""
     finals = {
         info.name: (info, r)
         for info in exited

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from dam_operator.cluster.steps.injection import ANNOTATION_ACTION, SIDECAR_CONTAINER, pod_notes
 from dam_operator.cluster.steps.spec import DAMProfileSpec, selector_matches
@@ -21,6 +21,7 @@ from dam_probe.lastwords import LastWords
 from dam_probe.lastwords import parse as parse_last_words
 
 ProfileKey = tuple[str, str]
+_K = TypeVar("_K")
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 MAX_DEPARTED = 2048
 """Deleted Pods whose exit totals the registry keeps for the windows after (``Registry.depart_pod``)."""
@@ -246,6 +247,25 @@ class PodInfo:
             exit_words=exit_words(status),
             owner=controller_uid(meta),
         )
+
+
+def _rarest(
+    index: Mapping[tuple[str, str, str], Collection[_K]],
+    namespace: str,
+    match_labels: Mapping[str, str],
+    every: Collection[_K],
+) -> Collection[_K]:
+    """A selector's candidates from a label index ((namespace, key, value) -> entries): those of
+    its rarest ``matchLabels`` pair, none when a pair has none, ``every`` without ``matchLabels``
+    (its expressions are checked on each candidate by the caller)."""
+    smallest: Collection[_K] | None = None
+    for k, v in match_labels.items():
+        found = index.get((namespace, k, v))
+        if not found:
+            return ()
+        if smallest is None or len(found) < len(smallest):
+            smallest = found
+    return every if smallest is None else smallest
 
 
 def controller_uid(meta: Mapping[str, Any]) -> str | None:
@@ -482,14 +502,7 @@ class Registry:
             return []
         selector = entry.spec.selector
         in_ns = self._pods.get(entry.namespace, {})
-        smallest: set[str] | None = None
-        for k, v in selector.match_labels.items():
-            names = self._label_index.get((entry.namespace, k, v))
-            if not names:
-                return []
-            if smallest is None or len(names) < len(smallest):
-                smallest = names
-        candidates: Iterable[str] = in_ns.keys() if smallest is None else list(smallest)
+        candidates = list(_rarest(self._label_index, entry.namespace, selector.match_labels, in_ns.keys()))
         out = [
             pod
             for name in candidates
@@ -526,14 +539,8 @@ class Registry:
         if not in_ns or entry.spec is None:
             return []
         selector = entry.spec.selector
-        candidates: Collection[tuple[str, str, str]] = in_ns.keys()
-        for k, v in selector.match_labels.items():
-            keys = self._departed_index.get((entry.namespace, k, v))
-            if not keys:
-                return []
-            if len(keys) < len(candidates):
-                candidates = keys
-        return [p for key in list(candidates) if selector_matches(selector, (p := in_ns[key]).labels)]
+        candidates = list(_rarest(self._departed_index, entry.namespace, selector.match_labels, in_ns.keys()))
+        return [p for key in candidates if selector_matches(selector, (p := in_ns[key]).labels)]
 
     def oom_ended_pods_for(self, entry: ProfileEntry) -> list[PodInfo]:
         """Finished pods (Failed, Succeeded) of the profile whose container was OOM-killed, by name.
