@@ -30,6 +30,14 @@ WHEN = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 SELECTOR = {"matchLabels": {"app": "t"}}
 
 
+def _inputs(spec: Any, pods: Any, results: Any, **fields: Any) -> WindowInputs:
+    """One window's inputs: the profile's first generation, no status yet, at WHEN, the webhook
+    on and 600 s of baseline, unless ``fields`` say otherwise."""
+    defaults: dict[str, Any] = {"status": {}, "generation": 1, "when": WHEN}
+    settings = WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0)
+    return WindowInputs(spec=spec, pods=pods, results=results, settings=settings, **(defaults | fields))
+
+
 def _pod(name: str, instrumented: bool) -> PodInfo:
     return PodInfo("ns", name, {"app": "t"}, pod_ip="10.0.0.1", phase="Running", instrumented=instrumented)
 
@@ -44,15 +52,7 @@ def _pair(job: Job) -> tuple[Snapshot, Snapshot]:
 
 def _window(spec: dict[str, Any], pods: list[PodInfo], before: dict[str, Any], after: dict[str, Any]) -> Any:
     return decide_window(
-        WindowInputs(
-            spec=parse_spec(spec),
-            status={},
-            generation=1,
-            pods=pods,
-            results=after,
-            when=WHEN,
-            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
-        ),
+        _inputs(parse_spec(spec), pods, after),
         ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines=before),
     )
 
@@ -64,15 +64,7 @@ def test_window_step_returns_the_next_state_and_leaves_the_one_it_was_given_as_i
     before, after = _pair(Job(seconds=30.0, steps=60.0, wait_ratio=0.5))
     spec = parse_spec({"selector": SELECTOR, "evaluation": {"windowSeconds": 30}})
     state = ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines={"a": before})
-    inputs = WindowInputs(
-        spec=spec,
-        status={},
-        generation=1,
-        pods=[_pod("a", True)],
-        results={"a": after},
-        when=WHEN,
-        settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
-    )
+    inputs = _inputs(spec, [_pod("a", True)], {"a": after})
     frozen = pickle.dumps(state)
     nxt, result = window_step(state, inputs)
     assert pickle.dumps(state) == frozen
@@ -218,16 +210,7 @@ def test_a_refused_spec_lists_its_uninstrumented_pods_and_says_why_once_per_gene
     )
     assert [e.reason for e in newer.events] == [st.REASON_REFUSED]
     window = decide_window(
-        WindowInputs(
-            spec=spec,
-            status=written,
-            generation=2,
-            pods=pods,
-            results={},
-            when=WHEN,
-            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
-            refused=refused,
-        ),
+        _inputs(spec, pods, {}, status=written, generation=2, refused=refused),
         ProfileState(stabilizer=Stabilizer(confirm_windows=1), baselines={}),
     )
     assert _condition(window, st.SPEC_VALID)["reason"] == st.REASON_REFUSED
@@ -260,15 +243,7 @@ def test_a_job_of_three_pods_names_its_straggler_pod_and_posts_one_event() -> No
     assert "trainer-1" in next(e.message for e in first.events if e.reason == st.REASON_STRAGGLER)
     # The same straggler in the next window: no second Event.
     again = decide_window(
-        WindowInputs(
-            spec=parse_spec(spec),
-            status=first.patch["status"],
-            generation=1,
-            pods=pods,
-            results={n: p[1] for n, p in pairs.items()},
-            when=WHEN,
-            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
-        ),
+        _inputs(parse_spec(spec), pods, {n: p[1] for n, p in pairs.items()}, status=first.patch["status"]),
         ProfileState(
             stabilizer=Stabilizer(confirm_windows=1),
             baselines={n: p[0] for n, p in pairs.items()},
@@ -410,15 +385,7 @@ def test_a_finished_jobs_verdict_is_kept_once_no_pod_of_the_profile_is_active() 
         pods: list[PodInfo], results: dict[str, Any], status: dict[str, Any], published: Any, n: int
     ) -> Any:
         return decide_window(
-            WindowInputs(
-                spec=spec,
-                status=status,
-                generation=1,
-                pods=pods,
-                results=results,
-                when=WHEN + dt.timedelta(seconds=30 * n),
-                settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
-            ),
+            _inputs(spec, pods, results, status=status, when=WHEN + dt.timedelta(seconds=30 * n)),
             ProfileState(stabilizer=stabilizer, baselines={"a": before} if pods else {}, published=published),
         )
 
@@ -477,16 +444,7 @@ def test_a_pod_oom_killed_before_a_window_counts_its_workers_once() -> None:
         "ns", "leaky", {"app": "t"}, phase="Failed", instrumented=True, last_oom_kill="2026-11-30T11:59:55Z"
     )
     step = decide_window(
-        WindowInputs(
-            spec=parse_spec({"selector": SELECTOR}),
-            status={},
-            generation=1,
-            pods=[],
-            results={},
-            when=WHEN,
-            settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
-            ended=[killed],
-        ),
+        _inputs(parse_spec({"selector": SELECTOR}), [], {}, ended=[killed]),
         ProfileState(
             stabilizer=Stabilizer(confirm_windows=1),
             baselines={"leaky": baseline(scrape(1000.0))},
@@ -526,16 +484,7 @@ def test_the_scrape_at_the_kill_does_not_replace_the_memory_mark_that_names_the_
 
     def step(pods: list[PodInfo], results: dict[str, Any], prev: Any, ended: Any = ()) -> Any:
         return decide_window(
-            WindowInputs(
-                spec=spec,
-                status={},
-                generation=1,
-                pods=pods,
-                results=results,
-                when=WHEN,
-                settings=WindowSettings(webhook_enabled=True, max_baseline_seconds=600.0),
-                ended=ended,
-            ),
+            _inputs(spec, pods, results, ended=ended),
             ProfileState(
                 stabilizer=stabilizer,
                 baselines=prev.baselines if prev else {},
