@@ -32,7 +32,9 @@ the ``cpu`` gauges), so the order here is the order of /metrics
 (tests/unit/sidecar/test_exposition_golden.py pins the text) and of docs/metrics.md.
 
 A new figure from a source the sidecar already reads is its field in the sampler plus one
-declaration here (docs/CONTRIBUTING.md, "Add a signal").
+declaration here (docs/CONTRIBUTING.md, "Add a signal"). A figure the probe sums over a rank's
+processes is a row of the probe's field table marked ``summed`` (``dam_probe.layout``) and one
+declaration here with ``sample="totals.<key>"``: the sampler and the collector need no edit.
 """
 
 from __future__ import annotations
@@ -127,22 +129,29 @@ GPU_LABELS: Final = ("gpu", "uuid")  # the NVML index and the UUID of every GPU 
 RANK_LABELS: Final = (RANK_LABEL,)  # present only when the training process has a distributed rank
 
 # --- training loop (from the in-process probe) -----------------------------
+STEPS_TOTAL: Final = _metric(
+    "dam_steps_total",
+    COUNTER,
+    "Steps (batches consumed), summed over training processes.",
+    RANK_LABELS,
+    "probe",
+    sample="totals.steps",
+)
 DATALOADER_WAIT_SECONDS_TOTAL: Final = _metric(
     "dam_dataloader_wait_seconds_total",
     COUNTER,
     "Time the training loop blocked waiting for the next batch, summed over training processes.",
-    (),
+    RANK_LABELS,
     "probe",
+    sample="totals.wait_seconds",
 )
 STEP_SECONDS_TOTAL: Final = _metric(
     "dam_step_seconds_total",
     COUNTER,
     "Wall time covered by steps (between successive batch fetches), summed over training processes.",
-    (),
+    RANK_LABELS,
     "probe",
-)
-STEPS_TOTAL: Final = _metric(
-    "dam_steps_total", COUNTER, "Steps (batches consumed), summed over training processes.", (), "probe"
+    sample="totals.step_seconds",
 )
 PROBE_UP: Final = _metric(
     "dam_probe_up", GAUGE, "1 while at least one in-process probe is live, else 0.", (), "probe"
@@ -242,6 +251,14 @@ PROCESS_RESTART_GAP_SECONDS_TOTAL: Final = _metric(
     RANK_LABELS,
     "probe",
 )
+COLLECTIVES_TOTAL: Final = _metric(
+    "dam_collectives_total",
+    COUNTER,
+    "Collectives completed (explicit torch.distributed calls and DDP gradient buckets).",
+    RANK_LABELS,
+    "probe",
+    sample="totals.collectives",
+)
 COLLECTIVE_SECONDS_TOTAL: Final = _metric(
     "dam_collective_seconds_total",
     COUNTER,
@@ -249,6 +266,7 @@ COLLECTIVE_SECONDS_TOTAL: Final = _metric(
     "including the wait for peers (label rank when the process has one).",
     RANK_LABELS,
     "probe",
+    sample="totals.collective_seconds",
 )
 COLLECTIVE_EXPOSED_SECONDS_TOTAL: Final = _metric(
     "dam_collective_exposed_seconds_total",
@@ -258,13 +276,7 @@ COLLECTIVE_EXPOSED_SECONDS_TOTAL: Final = _metric(
     "whole (label rank when the process has one).",
     RANK_LABELS,
     "probe",
-)
-COLLECTIVES_TOTAL: Final = _metric(
-    "dam_collectives_total",
-    COUNTER,
-    "Collectives completed (explicit torch.distributed calls and DDP gradient buckets).",
-    RANK_LABELS,
-    "probe",
+    sample="totals.collective_exposed_seconds",
 )
 COLLECTIVE_BYTES_TOTAL: Final = _metric(
     "dam_collective_bytes_total",
@@ -272,6 +284,7 @@ COLLECTIVE_BYTES_TOTAL: Final = _metric(
     "Bytes this process contributed to collectives (input tensor sizes).",
     RANK_LABELS,
     "probe",
+    sample="totals.collective_bytes",
 )
 PROCESS_RANK_INFO: Final = _metric(
     "dam_process_rank_info",

@@ -573,6 +573,10 @@ class Field:
     kind: str = "gauge"  # "counter" | "gauge" | "info"
     put: Callable[[Any], Any] = _q  # record value (None = unknown) -> raw
     get: Callable[[Any], Any] = _keep  # raw -> record value
+    summed: bool = False
+    """A cumulative figure of the process's own work that adds up over the processes of a rank:
+    the sidecar carries it across their lives (``RANK_TOTALS``; its ``RankSample.totals``, and a
+    family declared with ``sample="totals.<total_key>"`` exports it per rank)."""
     packer: struct.Struct = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -604,10 +608,10 @@ FIELDS: Final = (
     Field("local_rank", "i", 516, 2, 0, "", _I, _rank_field, _rank_or_none),
     Field("world_size", "i", 520, 2, 0, "", _I, _rank_field, _rank_or_none),
     Field("matmul_precision", "I", 524, 2, FLAG_PRECISION, "", _I, _u(32), _one_of(PRECISION_NAMES, 0)),
-    Field("collectives", "Q", 528, 2, FLAG_COLLECTIVES, "count", _C),
-    Field("collective_ns", "Q", 536, 2, FLAG_COLLECTIVES, "ns", _C),
-    Field("collective_exposed_ns", "Q", 544, 2, FLAG_COLLECTIVES, "ns", _C),
-    Field("collective_bytes", "Q", 552, 2, FLAG_COLLECTIVES, "bytes", _C),
+    Field("collectives", "Q", 528, 2, FLAG_COLLECTIVES, "count", _C, summed=True),
+    Field("collective_ns", "Q", 536, 2, FLAG_COLLECTIVES, "ns", _C, summed=True),
+    Field("collective_exposed_ns", "Q", 544, 2, FLAG_COLLECTIVES, "ns", _C, summed=True),
+    Field("collective_bytes", "Q", 552, 2, FLAG_COLLECTIVES, "bytes", _C, summed=True),
     Field("memory_usage_bytes", "Q", 560, 2, FLAG_MEMORY, "bytes"),
     Field("memory_limit_bytes", "Q", 568, 2, FLAG_MEMORY, "bytes"),
     Field("oom_kills", "Q", 576, 2, FLAG_MEMORY, "count", _C),
@@ -623,12 +627,12 @@ FIELDS: Final = (
     Field("loader_worker_kills", "I", 648, 2, FLAG_LOADER_KILLS, "count", _C, _u(32)),
     Field("loader_kill_signal", "I", 652, 2, FLAG_LOADER_KILLS, "", _I, _u(32)),
     Field("process_start_ns", "Q", 656, 2, FLAG_GOODPUT, "ns", _I),
-    Field("startup_ns", "Q", 664, 2, FLAG_GOODPUT, "ns"),
-    Field("productive_ns", "Q", 672, 2, FLAG_GOODPUT, "ns", _C),
-    Field("other_ns", "Q", 680, 2, FLAG_GOODPUT, "ns", _C),
-    Field("checkpoint_ns", "Q", 688, 2, FLAG_CHECKPOINTS, "ns", _C),
+    Field("startup_ns", "Q", 664, 2, FLAG_GOODPUT, "ns", summed=True),
+    Field("productive_ns", "Q", 672, 2, FLAG_GOODPUT, "ns", _C, summed=True),
+    Field("other_ns", "Q", 680, 2, FLAG_GOODPUT, "ns", _C, summed=True),
+    Field("checkpoint_ns", "Q", 688, 2, FLAG_CHECKPOINTS, "ns", _C, summed=True),
     Field("checkpoint_step_ns", "Q", 696, 2, FLAG_CHECKPOINTS, "ns", _C),
-    Field("checkpoints", "Q", 704, 2, FLAG_CHECKPOINTS, "count", _C),
+    Field("checkpoints", "Q", 704, 2, FLAG_CHECKPOINTS, "count", _C, summed=True),
     Field("last_checkpoint_ns", "Q", 712, 2, FLAG_CHECKPOINTS, "ns", _I),
     Field("last_checkpoint_steps", "Q", 720, 2, FLAG_CHECKPOINTS, "count", _I),
     Field(
@@ -684,6 +688,22 @@ FIELDS: Final = (
     ),
 )
 _FIELDS_OF: Final = {v: tuple(f for f in FIELDS if f.version <= v) for v in SIZES}
+
+
+def total_key(name: str, unit: str) -> str:
+    """The key of a summed field in ``RankSample.totals``: its name in base units (``wait_ns``
+    is ``wait_seconds``, in seconds); a count keeps its name."""
+    return f"{name.removesuffix('_ns')}_seconds" if unit == "ns" else name
+
+
+RANK_TOTALS: Final = (
+    ("steps", "count"),
+    ("wait_ns", "ns"),
+    ("step_ns", "ns"),
+    *((f.name, f.unit) for f in FIELDS if f.summed),
+)
+"""``(field, unit)`` of every figure summed per rank: the version-1 core's steps and times, then
+each field of the table marked ``summed``, in table order."""
 
 
 def _runs(fields: tuple[Field, ...]) -> tuple[tuple[int, struct.Struct, tuple[Field, ...]], ...]:

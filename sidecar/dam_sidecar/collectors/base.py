@@ -134,16 +134,22 @@ def declared(*sources: str) -> tuple[MetricSpec, ...]:
     return tuple(m for m in CATALOG if m.source in sources and m.sample)
 
 
-def fields(specs: Iterable[MetricSpec], rows: Iterable[tuple[tuple[str, ...], object]]) -> Iterator[Family]:
+def fields(
+    specs: Iterable[MetricSpec],
+    rows: Iterable[tuple[tuple[str, ...], object]],
+    *,
+    optional_labels: bool = False,
+) -> Iterator[Family]:
     """Each spec's family from its sample field, read on every row (label values, sample object).
 
-    A field that is None on a row leaves that series out, and a family without a series is left
-    out. For ``(label value, path)`` pairs, each pair's value is a series with that value as the
-    family's last label.
+    A field that is None on a row (or a key its dict lacks) leaves that series out, and a family
+    without a series is left out. For ``(label value, path)`` pairs, each pair's value is a series
+    with that value as the family's last label. ``optional_labels``: an empty label value is left
+    out of its series (the probe's ``rank`` where a process has none).
     """
     rows = tuple(rows)
     for spec in specs:
-        fam = Family(spec.name, spec.kind, spec.help, spec.labels)
+        fam = Family(spec.name, spec.kind, spec.help, spec.labels, optional_labels)
         readers = _readers(spec)
         for labels, obj in rows:
             for label, read in readers:

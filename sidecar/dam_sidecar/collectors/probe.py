@@ -6,21 +6,14 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from dam_contract import names as n
-from dam_sidecar.collectors.base import Feed, gauge, labelled, per_rank, rank_value, single
+from dam_sidecar.collectors.base import Feed, declared, fields, gauge, labelled, per_rank, rank_value, single
 from dam_sidecar.exposition import Family
 from dam_sidecar.samplers.probe import ProbeSample, ProbeSource, RankSample
 
-_RANK_COUNTERS = (
-    (n.STEPS_TOTAL, "steps"),
-    (n.DATALOADER_WAIT_SECONDS_TOTAL, "wait_seconds"),
-    (n.STEP_SECONDS_TOTAL, "step_seconds"),
-)
-_COLLECTIVE_COUNTERS = (
-    (n.COLLECTIVES_TOTAL, "collectives"),
-    (n.COLLECTIVE_SECONDS_TOTAL, "collective_seconds"),
-    (n.COLLECTIVE_EXPOSED_SECONDS_TOTAL, "collective_exposed_seconds"),
-    (n.COLLECTIVE_BYTES_TOTAL, "collective_bytes"),
-)
+_PER_RANK = declared("probe")
+"""The probe families that are one figure of a rank's sample (``sample=`` in their declaration):
+``totals.<key>`` for what the sidecar sums per rank from the probe's field table. Built first,
+in declaration order."""
 
 
 def badput_causes(r: RankSample) -> dict[str, float | None]:
@@ -83,15 +76,13 @@ class ProbeCollector:
         ranks = p.ranks or (  # a sample built without per-rank figures: its totals, unlabelled
             RankSample(
                 rank=None,
-                steps=p.steps,
-                wait_seconds=p.wait_seconds,
-                step_seconds=p.step_seconds,
+                totals={"steps": p.steps, "wait_seconds": p.wait_seconds, "step_seconds": p.step_seconds},
                 batch_size=p.batch_size,
                 flops_per_step=p.flops_per_step,
                 live=p.up,
             ),
         )
-        yield from _counters(ranks)
+        yield from fields(_PER_RANK, (((rank_value(r.rank),), r) for r in ranks), optional_labels=True)
         yield single(n.PROBE_UP, 1.0 if p.up else 0.0)
         yield single(n.PROBE_PROCESSES, float(len(p.live_pids)))
         if p.loader_worker_kills is not None:  # absent until a probe that counts them published
@@ -105,21 +96,6 @@ class ProbeCollector:
             for i in p.rank_info:
                 info.add_metric([str(i.rank), rank_value(i.local_rank), rank_value(i.world_size)], 1.0)
             yield info
-
-
-def _counters(ranks: tuple[RankSample, ...]) -> Iterator[Family]:
-    for name, attr in _RANK_COUNTERS:
-        c = per_rank(name)
-        for r in ranks:
-            c.add_metric([rank_value(r.rank)], float(getattr(r, attr)))
-        yield c
-    for name, attr in _COLLECTIVE_COUNTERS:
-        c = per_rank(name)
-        for r in ranks:
-            if r.collectives is not None:  # absent for ranks whose probe does not time collectives
-                c.add_metric([rank_value(r.rank)], float(getattr(r, attr)))
-        if c.samples:
-            yield c
 
 
 def _model(ranks: tuple[RankSample, ...]) -> Iterator[Family]:

@@ -36,17 +36,19 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Final, Protocol
 
 from dam_probe.layout import (
     FILE_PREFIX,
     FILE_SUFFIX,
     PLACE_NAMES,
+    RANK_TOTALS,
     NotRegularFileError,
     ProbeFormatError,
     ProbeRecord,
     read_file,
+    total_key,
 )
 from dam_sidecar.errors import ErrorLog
 
@@ -68,24 +70,15 @@ class RankSample:
     """Totals of the processes of one rank (``rank`` None: processes without a rank), monotonic."""
 
     rank: int | None
-    steps: int = 0
-    wait_seconds: float = 0.0
-    step_seconds: float = 0.0
-    # None until a process of this rank published collective counters (layout version 2).
-    collectives: int | None = None
-    collective_seconds: float = 0.0
-    collective_exposed_seconds: float = 0.0
-    collective_bytes: int = 0
+    totals: dict[str, float] = field(default_factory=dict)
+    """The rank's summed figures (``dam_probe.layout.RANK_TOTALS``) in base units, by
+    ``total_key`` (``steps``, ``wait_seconds``, ``collective_bytes``, ...), monotonic; a figure
+    no process of the rank published yet (its collectives or saves not timed, no goodput
+    accounting: an older probe) is absent, not zero. A family declared with
+    ``sample="totals.<key>"`` exports it per rank (``collectors.probe``)."""
     batch_size: int = 0  # from the newest live record of this rank
     flops_per_step: float = 0.0
     live: bool = False
-    # Goodput (layout flag bit 7): None until a process of this rank published it.
-    productive_seconds: float | None = None
-    startup_seconds: float = 0.0
-    other_seconds: float = 0.0
-    # Checkpoint saves (flag bit 8): None until a process of this rank timed its saves.
-    checkpoint_seconds: float | None = None
-    checkpoints: int = 0
     flops_per_step_source: str = ""  # "declared", "measured" or "" (unknown), with flops_per_step
     # Progress since the latest save (flag bit 8): steps the rank's live processes took since their
     # latest save (all their steps when they saved none yet); None when no live process times saves.
@@ -121,6 +114,51 @@ class RankSample:
     # saved none); None: no ended process of the rank timed its saves. Not exported (the series
     # counts live processes); its last words' figure once no process of the rank is live.
     ended_steps_since_checkpoint: int | None = None
+
+    # The totals the sidecar itself reads, typed (a figure only exported needs none of these).
+    @property
+    def steps(self) -> int:
+        return int(self.totals.get("steps", 0))
+
+    @property
+    def wait_seconds(self) -> float:
+        return self.totals.get("wait_seconds", 0.0)
+
+    @property
+    def step_seconds(self) -> float:
+        return self.totals.get("step_seconds", 0.0)
+
+    @property
+    def collectives(self) -> int | None:
+        """None until a process of this rank published collective counters."""
+        value = self.totals.get("collectives")
+        return None if value is None else int(value)
+
+    @property
+    def collective_exposed_seconds(self) -> float:
+        return self.totals.get("collective_exposed_seconds", 0.0)
+
+    @property
+    def productive_seconds(self) -> float | None:
+        """None until a process of this rank published its goodput accounting."""
+        return self.totals.get("productive_seconds")
+
+    @property
+    def startup_seconds(self) -> float:
+        return self.totals.get("startup_seconds", 0.0)
+
+    @property
+    def other_seconds(self) -> float:
+        return self.totals.get("other_seconds", 0.0)
+
+    @property
+    def checkpoint_seconds(self) -> float | None:
+        """None until a process of this rank timed its saves."""
+        return self.totals.get("checkpoint_seconds")
+
+    @property
+    def checkpoints(self) -> int:
+        return int(self.totals.get("checkpoints", 0))
 
 
 @dataclass(frozen=True)
@@ -215,50 +253,46 @@ def _since_save(rec: ProbeRecord) -> int | None:
     return max(0, rec.steps - done)
 
 
-@dataclass
+_SUMMED: Final = tuple(name for name, _ in RANK_TOTALS)
+_CORE: Final = frozenset(_SUMMED[:3])  # steps, wait and step time: in every record (version 1)
+_KEYS: Final = tuple(
+    (name, total_key(name, unit), 1e-9 if unit == "ns" else 1.0) for name, unit in RANK_TOTALS
+)
+
+
 class _Totals:
-    steps: int = 0
-    wait_ns: int = 0
-    step_ns: int = 0
-    collectives: int = 0
-    collective_ns: int = 0
-    exposed_ns: int = 0
-    collective_bytes: int = 0
-    productive_ns: int = 0
-    startup_ns: int = 0
-    other_ns: int = 0
-    checkpoint_ns: int = 0
-    checkpoints: int = 0
+    """The summed figures (``RANK_TOTALS``) of one process or rank, raw (ns, counts)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: dict[str, int] | None = None) -> None:
+        self.values = dict.fromkeys(_SUMMED, 0) if values is None else values
 
     @classmethod
     def of(cls, r: ProbeRecord) -> _Totals:
-        return cls(
-            r.steps,
-            r.wait_ns,
-            r.step_ns,
-            r.collectives or 0,
-            r.collective_ns or 0,
-            r.collective_exposed_ns or 0,
-            r.collective_bytes or 0,
-            r.productive_ns or 0,
-            r.startup_ns or 0,
-            r.other_ns or 0,
-            r.checkpoint_ns or 0,
-            r.checkpoints or 0,
-        )
+        return cls({name: getattr(r, name) or 0 for name in _SUMMED})
 
     def add(self, other: _Totals, sign: int = 1) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + sign * getattr(other, f.name))
+        mine, theirs = self.values, other.values
+        for name in _SUMMED:
+            mine[name] += sign * theirs[name]
 
     def minus(self, other: _Totals) -> _Totals:
-        out = _Totals()
-        out.add(self)
+        out = _Totals(dict(self.values))
         out.add(other, -1)
         return out
 
     def went_back(self, prev: _Totals) -> bool:
-        return any(getattr(self, f.name) < getattr(prev, f.name) for f in fields(self))
+        return any(self.values[n] < prev.values[n] for n in _SUMMED)
+
+    def in_base_units(self, known: set[str]) -> dict[str, float]:
+        """``RankSample.totals``: the ``known`` figures by ``total_key``, in base units."""
+        return {key: self.values[name] * scale for name, key, scale in _KEYS if name in known}
+
+
+def _published_totals(r: ProbeRecord) -> set[str]:
+    """The summed figures a record carries (not None: its flag bit set)."""
+    return {name for name in _SUMMED if getattr(r, name) is not None}
 
 
 @dataclass
@@ -359,9 +393,8 @@ class ProbeReader:
     _last: dict[Key, ProbeRecord] = field(default_factory=dict)
     _rank_of: dict[Key, RankKey] = field(default_factory=dict)  # the rank a live process counts under
     _base: dict[Key, _Totals] = field(default_factory=dict)  # its totals when it took that rank
-    _coll_known: set[RankKey] = field(default_factory=set)  # ranks that ever published collectives
-    _goodput_known: set[RankKey] = field(default_factory=set)  # ... goodput accounting (flag bit 7)
-    _ckpt_known: set[RankKey] = field(default_factory=set)  # ... checkpoint counters (flag bit 8)
+    # The summed figures any process of each rank ever published (the rest are unknown, not 0).
+    _known: dict[RankKey, set[str]] = field(default_factory=dict)
     # The latest FLOPs per step (and source) each rank published: kept after its process ended
     # (a model's FLOPs do not change when it stops; ``dam run``'s last sample comes after the exit).
     _flops_of: dict[RankKey, tuple[float, str]] = field(default_factory=dict)
@@ -438,12 +471,7 @@ class ProbeReader:
 
     def _adopt(self, key: Key, rec: ProbeRecord) -> None:
         """Counts a live process under the rank of its latest record (see the module docstring)."""
-        if rec.collectives is not None:
-            self._coll_known.add(rec.rank)
-        if rec.productive_ns is not None:
-            self._goodput_known.add(rec.rank)
-        if rec.checkpoint_ns is not None:
-            self._ckpt_known.add(rec.rank)
+        self._known.setdefault(rec.rank, set()).update(_published_totals(rec))
         if key not in self._rank_of:
             self._rank_of[key] = rec.rank
             self._base[key] = _Totals()
@@ -557,7 +585,6 @@ class ProbeReader:
         out = []
         for rank in sorted(totals, key=lambda k: (k is None, k or 0)):
             t, n = totals[rank], newest.get(rank)
-            known = rank in self._coll_known
             if n is not None and n.effective_flops_per_step[0] > 0:
                 self._flops_of[rank] = n.effective_flops_per_step
             if n is not None and n.flops_reason and n.flops_detail is not None:
@@ -568,21 +595,10 @@ class ProbeReader:
             out.append(
                 RankSample(
                     rank=rank,
-                    steps=t.steps,
-                    wait_seconds=t.wait_ns / 1e9,
-                    step_seconds=t.step_ns / 1e9,
-                    collectives=t.collectives if known else None,
-                    collective_seconds=t.collective_ns / 1e9,
-                    collective_exposed_seconds=t.exposed_ns / 1e9,
-                    collective_bytes=t.collective_bytes,
+                    totals=t.in_base_units(self._known.get(rank, set()) | _CORE),
                     batch_size=n.batch_size if n else 0,
                     flops_per_step=flops,
                     live=n is not None,
-                    productive_seconds=t.productive_ns / 1e9 if rank in self._goodput_known else None,
-                    startup_seconds=t.startup_ns / 1e9,
-                    other_seconds=t.other_ns / 1e9,
-                    checkpoint_seconds=t.checkpoint_ns / 1e9 if rank in self._ckpt_known else None,
-                    checkpoints=t.checkpoints,
                     flops_per_step_source=source,
                     steps_since_checkpoint=since_save.get(rank),
                     last_checkpoint_seconds=_seconds(self._last_save_of.get(rank)),

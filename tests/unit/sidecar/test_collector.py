@@ -226,9 +226,11 @@ def test_fast_renderer_matches_the_client_library_sample_for_sample() -> None:
 
 def test_the_local_snapshot_is_what_parsing_the_served_text_gives_sample_for_sample() -> None:
     ranks = (
-        RankSample(rank=None, steps=3, wait_seconds=0.5, step_seconds=1.0, live=True),
+        RankSample(rank=None, totals={"steps": 3, "wait_seconds": 0.5, "step_seconds": 1.0}, live=True),
         RankSample(
-            rank=1, steps=7, collectives=4, collective_seconds=0.25, productive_seconds=2.0, live=True
+            rank=1,
+            totals={"steps": 7, "collectives": 4, "collective_seconds": 0.25, "productive_seconds": 2.0},
+            live=True,
         ),
     )
     probe = replace(LIVE, device_uuids=tuple(UUIDS), ranks=ranks, rank_info=(RankInfo(1, None, 2),))

@@ -43,27 +43,31 @@ class Fixed:
 RANKS = (
     RankSample(
         rank=0,
-        steps=120,
-        wait_seconds=3.5,
-        step_seconds=60.25,
-        collectives=480,
-        collective_seconds=7.5,
-        collective_exposed_seconds=1.25,
-        collective_bytes=1 << 30,
+        totals={
+            "steps": 120,
+            "wait_seconds": 3.5,
+            "step_seconds": 60.25,
+            "collectives": 480,
+            "collective_seconds": 7.5,
+            "collective_exposed_seconds": 1.25,
+            "collective_bytes": 1 << 30,
+            "productive_seconds": 50.0,
+            "startup_seconds": 4.0,
+            "other_seconds": 0.5,
+            "checkpoint_seconds": 2.0,
+            "checkpoints": 2,
+        },
         batch_size=32,
         flops_per_step=1.5e12,
         live=True,
-        productive_seconds=50.0,
-        startup_seconds=4.0,
-        other_seconds=0.5,
-        checkpoint_seconds=2.0,
-        checkpoints=2,
         flops_per_step_source="measured",
         steps_since_checkpoint=20,
         last_checkpoint_seconds=1_700_000_000.5,
     ),
-    RankSample(rank=1, steps=118, wait_seconds=4.0, step_seconds=60.0, batch_size=32, live=True),
-    RankSample(rank=None, steps=5, wait_seconds=0.25, step_seconds=1.0, flops_per_step=2e9),
+    RankSample(
+        rank=1, totals={"steps": 118, "wait_seconds": 4.0, "step_seconds": 60.0}, batch_size=32, live=True
+    ),
+    RankSample(rank=None, totals={"steps": 5, "wait_seconds": 0.25, "step_seconds": 1.0}, flops_per_step=2e9),
 )
 
 FULL_PROBE = ProbeSample(

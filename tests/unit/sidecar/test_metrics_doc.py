@@ -12,10 +12,12 @@ import pytest
 
 from dam_contract import names
 from dam_contract.names import BY_NAME, CATALOG, MetricSpec
+from dam_probe.layout import RANK_TOTALS, total_key
 from dam_sidecar import catalog
 from dam_sidecar.collectors.base import read_field
 from dam_sidecar.collectors.host import HostReading
 from dam_sidecar.samplers.nvml import GpuSample
+from dam_sidecar.samplers.probe import RankSample
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -49,7 +51,10 @@ SAMPLE_TYPES: dict[str, type] = {
     "gpm": GpuSample,
     "cpu": HostReading,
     "memory": HostReading,
+    "probe": RankSample,
 }
+# The keys of RankSample.totals: what the sidecar sums per rank from the probe's field table.
+RANK_TOTAL_KEYS = {total_key(name, unit) for name, unit in RANK_TOTALS}
 
 
 def field_names(kind: object) -> set[str]:
@@ -68,6 +73,8 @@ def test_every_declared_sample_field_is_a_field_of_its_collector_sample(spec: Me
         nested = typing.get_type_hints(sample)[head]
         if rest and dataclasses.is_dataclass(nested):  # else a key of a dict field (gpm)
             assert rest in field_names(nested), f"{spec.name}: {path}"
+        if head == "totals":
+            assert rest in RANK_TOTAL_KEYS, f"{spec.name}: {path} is not a summed probe field"
     if not isinstance(spec.sample, str):  # one series per pair, told apart by the last label
         assert len({label for label, _ in spec.sample}) == len(spec.sample) > 1
         assert spec.labels, spec.name

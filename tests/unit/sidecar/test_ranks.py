@@ -11,8 +11,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from dam_contract import names as n
+from dam_contract.names import MetricSpec
 from dam_contract.snapshot import Snapshot, labels_of, parse
+from dam_probe.layout import RANK_TOTALS, total_key
 from dam_sidecar.collector import SidecarCollector, build_collector
+from dam_sidecar.collectors import probe as probe_collector
 from dam_sidecar.errors import ErrorLog
 from dam_sidecar.samplers.probe import ProbeReader
 from dam_sidecar.settings import SidecarSettings
@@ -52,7 +55,7 @@ def test_each_rank_has_its_own_totals_and_the_job_totals_are_their_sums(tmp_path
     assert (ranks[0].steps, ranks[1].steps, s.steps) == (5, 7, 12)
     assert ranks[1].wait_seconds == pytest.approx(3.0) and s.wait_seconds == pytest.approx(4.0)
     assert (ranks[0].collectives, ranks[1].collectives) == (10, 12)
-    assert ranks[0].collective_seconds == pytest.approx(2.0)
+    assert ranks[0].totals["collective_seconds"] == pytest.approx(2.0)
     assert ranks[0].collective_exposed_seconds == pytest.approx(0.5)
     assert [(i.rank, i.world_size) for i in s.rank_info] == [(0, 2), (1, 2)]
 
@@ -153,3 +156,58 @@ def test_mixed_ranked_and_unranked_samples_render_as_valid_exposition(tmp_path: 
         pytest.skip("promtool not installed")
     result = subprocess.run([promtool, "check", "metrics"], input=c.text(), capture_output=True, check=False)
     assert result.returncode == 0, result.stderr.decode()
+
+
+# --- the field table drives the per-rank totals --------------------------------------------------
+
+# Every group a summed field belongs to, filled (a group is published whole or not at all).
+GROUPS: dict[str, int] = {
+    **COLL,
+    "process_start_ns": 1,
+    "startup_ns": 3 * 10**9,
+    "productive_ns": 7 * 10**9,
+    "other_ns": 10**9,
+    "flops_state": 0,
+    "checkpoint_ns": 2 * 10**9,
+    "checkpoint_step_ns": 0,
+    "checkpoints": 2,
+    "last_checkpoint_ns": 0,
+    "last_checkpoint_steps": 0,
+}
+
+
+@pytest.mark.parametrize(("name", "unit"), RANK_TOTALS[3:], ids=str)
+def test_every_summed_field_of_the_table_is_carried_per_rank_across_a_restart(
+    tmp_path: Path, name: str, unit: str
+) -> None:
+    probe, r = setup(tmp_path, 10, 20)
+    first = write_probe(probe, pid=10, rank=1, steps=5, **{**GROUPS, name: 40})
+    r.sample()
+    Path(first).unlink()  # rank 1 restarts as pid 20: its counters start from zero
+    write_probe(probe, pid=20, start_time_ns=9, rank=1, steps=1, **{**GROUPS, name: 2})
+    write_probe(probe, pid=30, start_time_ns=9, rank=2, steps=1)  # publishes none of the groups
+    (tmp_path / "proc" / "30").mkdir()
+    ranks = {x.rank: x for x in r.sample().ranks}
+    scale = 1e-9 if unit == "ns" else 1.0
+    assert ranks[1].totals[total_key(name, unit)] == pytest.approx(42 * scale)
+    assert total_key(name, unit) not in ranks[2].totals  # unknown, not zero
+
+
+def test_a_family_declared_on_a_rank_total_is_exported_per_rank_without_collector_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extra = MetricSpec(
+        "dam_test_startup_seconds_total",
+        "counter",
+        "A test family.",
+        n.RANK_LABELS,
+        "probe",
+        "totals.startup_seconds",
+    )
+    monkeypatch.setattr(probe_collector, "_PER_RANK", (*probe_collector._PER_RANK, extra))
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    write_probe(probe, pid=10, rank=0, steps=5, **GROUPS)
+    write_probe(probe, pid=11, steps=5)  # no rank and no goodput accounting: no series
+    _, snap = snap_of(tmp_path)
+    assert snap.series("dam_test_startup_seconds_total") == {(("rank", "0"),): pytest.approx(3.0)}
