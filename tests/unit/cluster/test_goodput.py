@@ -4,6 +4,7 @@ counted from the kubelet's container status, the operator's accelerator-seconds 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
 from dam_operator.cluster.steps import metric_names as mn
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.goodput import (
+    MAX_HANDOVER_PROCESSES,
     PROBE_CAUSES,
     STATUS_KEYS,
     GoodputLedger,
@@ -671,8 +673,10 @@ def test_after_an_operator_restart_the_status_resumes_and_running_processes_are_
         pods=pods, answered={"a": _snap(T0, {"": {"productive": 600, "startup": 30, "data-wait": 70}})}
     )
     written = {"goodput": first.status(), "lastEvaluationTime": _iso(T0)}
+    # An older operator's status: the totals without the pods' readings.
+    older = {**written, "goodput": {k: v for k, v in written["goodput"].items() if k != "handover"}}
 
-    resumed = GoodputLedger.resume(written)
+    resumed = GoodputLedger.resume(older)
     # The same process, 20 s later (the operator's downtime), then 30 s more.
     resumed.update(
         pods=pods, answered={"a": _snap(T0 + 20, {"": {"productive": 615, "startup": 30, "data-wait": 75}})}
@@ -689,9 +693,80 @@ def test_after_an_operator_restart_the_status_resumes_and_running_processes_are_
     assert out["acceleratorSecondsLost"] == pytest.approx(100.0 + 5.0)
 
     # A process that started after the status was written counts whole.
-    late = GoodputLedger.resume(written)
+    late = GoodputLedger.resume(older)
     late.update(pods=[_pod("b")], answered={"b": _snap(T0 + 100, {"": {"productive": 40, "startup": 10}})})
     assert late.status()["productiveSeconds"] == pytest.approx(640.0)  # type: ignore[index]
+
+
+def test_a_resumed_ledger_goes_on_from_the_handover_as_if_its_owner_had_not_changed() -> None:
+    def scrapes(t: float, a: float, b: float) -> dict[str, Snapshot]:
+        return {
+            "a": _snap(t, {"0": {"productive": a, "startup": 30, "data-wait": a / 4}}),
+            "b": _snap(t, {"1": {"productive": b, "startup": 20, "data-wait": b / 2}}),
+        }
+
+    pods = [_pod("a"), _pod("b")]
+    stayed, moved = GoodputLedger(), GoodputLedger()
+    for ledger in (stayed, moved):
+        ledger.update(pods=pods, answered=scrapes(T0, 600, 500))
+    written = {"goodput": moved.status(), "lastEvaluationTime": _iso(T0)}
+    assert isinstance(written["goodput"]["handover"], str)  # type: ignore[index]
+    # Its owner is SIGKILLed; another replica takes the profile over from the status, 25 s later.
+    moved = GoodputLedger.resume(json.loads(json.dumps(written)))  # through the API server's JSON
+    for t, a, b in ((T0 + 25, 620, 510), (T0 + 35, 628, 514)):
+        stayed.update(pods=pods, answered=scrapes(t, a, b))
+        moved.update(pods=pods, answered=scrapes(t, a, b))
+    out, truth = moved.status(), stayed.status()
+    assert out is not None and truth is not None
+    for key in ("productiveSeconds", "elapsedSeconds", "restarts"):
+        assert out[key] == pytest.approx(truth[key], abs=0.1), key
+    assert out["badputSeconds"] == pytest.approx(truth["badputSeconds"], abs=0.1)
+    # The job's own figures: each process's productive seconds, over the job's 2 processes.
+    assert out["productiveSeconds"] == pytest.approx((628 + 514) / 2, abs=0.1)
+
+
+def test_a_handover_that_does_not_parse_or_names_another_pod_is_a_baseline_never_an_error() -> None:
+    first = GoodputLedger()
+    first.update(pods=[_pod("a")], answered={"a": _snap(T0, {"": {"productive": 600, "startup": 30}})})
+    good = first.status()
+    assert good is not None
+    row = json.loads(good["handover"])
+    for broken in (
+        "{",
+        json.dumps({"v": 99, "pods": row["pods"]}),
+        json.dumps({"v": 1, "pods": {"a": ["uid-a", "x"]}}),
+        json.dumps(
+            {"v": 1, "pods": {"a": [*row["pods"]["a"][:-1], {"": ["no dict", 1, False, 0, 0, 0, 0]}]}}
+        ),
+        12,
+        None,
+    ):
+        resumed = GoodputLedger.resume(
+            {"goodput": {**good, "handover": broken}, "lastEvaluationTime": _iso(T0)}
+        )
+        resumed.update(
+            pods=[_pod("a")], answered={"a": _snap(T0 + 20, {"": {"productive": 615, "startup": 30}})}
+        )
+        assert resumed.status()["productiveSeconds"] == pytest.approx(600.0), broken  # type: ignore[index]
+    # A pod of the same name but another uid (recreated in between) is not the handover's pod.
+    resumed = GoodputLedger.resume(good and {"goodput": good, "lastEvaluationTime": _iso(T0)})
+    resumed.update(
+        pods=[_pod("a", uid="uid-new")],
+        answered={"a": _snap(T0 + 20, {"": {"productive": 5, "startup": 3}})},
+    )
+    assert resumed.status()["productiveSeconds"] == pytest.approx(605.0)  # type: ignore[index]
+
+
+def test_the_handover_is_bounded_whatever_the_job_size() -> None:
+    ledger = GoodputLedger()
+    ranks = {str(r): {"productive": 100.0 + r, "startup": 30.0, "data-wait": 5.0} for r in range(8)}
+    pods = [_pod(f"p{i:04d}") for i in range(1000)]
+    ledger.update(pods=pods, answered={p.name: _snap(T0, ranks) for p in pods})
+    out = ledger.status()
+    assert out is not None
+    carried = json.loads(out["handover"])["pods"]
+    assert len(carried) == MAX_HANDOVER_PROCESSES // 8
+    assert len(out["handover"]) < 40_000
 
 
 def test_a_cpu_only_job_loses_zero_accelerator_seconds_and_unknown_gpus_are_not_zero() -> None:

@@ -59,11 +59,15 @@ never loaded) adds no lost progress. ``status.goodput.productiveSeconds`` drops 
 operator's ``productive`` counter, which must never go down, holds its increments back until
 the amount is paid (``owed_productive``).
 
-Operator restarts. ``resume`` takes the totals from ``status.goodput``; a process first seen
-after that which started before the status was last written (``lastEvaluationTime``) was
-counted already: its scrape is a baseline, not an increment. What it did between that write
-and the operator's return is lost (the operator's downtime, plus at most the status'
-tolerance of 1 %). The metric (``accelerator_seconds``) counts only this process's increments:
+Operator restarts and moves. ``resume`` takes the totals from ``status.goodput`` and each pod's
+last readings from its ``handover`` (the figures those totals were counted up to): a pod of the
+handover (same uid) goes on from them, so a profile that moved to another replica, or whose
+operator restarted, counts the time between the last write and its next scrape as if its owner
+had not changed. A process first seen after that which is not in the handover (an older
+operator's status, a pod past ``MAX_HANDOVER_PROCESSES``) and started before the status was last
+written (``lastEvaluationTime``) was counted already: its scrape is a baseline, not an
+increment, and what it did between that write and the operator's return is lost (the
+operator's downtime, plus at most the status' tolerance of 1 %). The metric (``accelerator_seconds``) counts only this process's increments:
 a Prometheus counter that starts at 0 when the operator starts.
 
 Pure: no I/O, no clock; the window step passes the pods and scrapes in and reads ``status()``.
@@ -73,6 +77,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +113,11 @@ MAX_WAIT_SECONDS = 120.0
 """How long a pod being deleted stays in the ledger for its processes' last words (``_waiting``)."""
 MAX_PROCESSES_PER_POD = 1024
 """Process series (ranks) one pod may hold in the ledger; more are ignored (bounded memory)."""
+HANDOVER_VERSION = 1
+MAX_HANDOVER_PROCESSES = 256
+"""Processes whose last readings ``status.goodput.handover`` carries (pods by name, whole pods):
+about 100 bytes each, so at most ~26 KB of the status; the others' first scrape after a move is
+a baseline, as before there was a handover."""
 
 
 def _zeros() -> dict[str, float]:
@@ -873,7 +883,90 @@ def _resumed(ledger: GoodputLedger, status: Mapping[str, Any]) -> GoodputLedger:
         ledger.unmeasured = {c for c in PROBE_CAUSES if STATUS_KEYS[c] not in measured}
     ledger.resumed_at = parse_time(status.get("lastEvaluationTime"))
     ledger.resume_pending = ledger.resumed_at is None
+    ledger.pods = taken_over(raw.get("handover"))
     return ledger
+
+
+# ------------------------------------------------------------ handover
+# What the status totals alone cannot give the next owner of a profile (another replica after a
+# move, this one after a restart): each pod's last readings, which those totals counted up to.
+# With them its next scrape is an increment, as if the owner had not changed; without them (an
+# older operator's status, past MAX_HANDOVER_PROCESSES) that scrape is a baseline and the time
+# from the last write to it is lost (``resumed_at``). One JSON string, versioned; anything in it
+# that does not parse is ignored, pod by pod (a tenant can write the status subresource only with
+# the operator's rights, but an edited or truncated one must never fail a window).
+
+
+def _handover_of(ledger: GoodputLedger) -> str | None:
+    """``status.goodput.handover``: the pods' readings (``_Pod``), whole pods by name, at most
+    ``MAX_HANDOVER_PROCESSES`` processes; None when the ledger holds no pod."""
+    pods: dict[str, list[Any]] = {}
+    carried = 0
+    for name in sorted(ledger.pods):
+        pod = ledger.pods[name]
+        carried += len(pod.processes)
+        if carried > MAX_HANDOVER_PROCESSES:
+            break
+        processes = {
+            key: [{u: round(v, 3) for u, v in p.last.items()}, round(p.seen_at, 3), p.restarting]
+            + [round(x, 3) for x in (p.at_risk, p.inside, p.gap, p.absorb)]
+            for key, p in sorted(pod.processes.items())
+        }
+        share = None if pod.share is None else round(pod.share, 6)
+        pods[name] = [pod.uid, pod.restarts, pod.owner, pod.count, share, round(pod.seen_at, 3), pod.ended]
+        pods[name].append(processes)
+    if not pods:
+        return None
+    return json.dumps({"v": HANDOVER_VERSION, "pods": pods}, separators=(",", ":"), sort_keys=True)
+
+
+def taken_over(raw: Any) -> dict[str, _Pod]:
+    """The pods of a ``status.goodput.handover`` (``_handover_of``); {} when there is none or it
+    is not this version's; a pod that does not parse is left out whole (its next scrape is then a
+    baseline, as without a handover)."""
+    if not isinstance(raw, str) or len(raw) > 64 * MAX_HANDOVER_PROCESSES * 16:
+        return {}
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict) or doc.get("v") != HANDOVER_VERSION or not isinstance(doc.get("pods"), dict):
+        return {}
+    out: dict[str, _Pod] = {}
+    for name, row in doc["pods"].items():
+        pod = _pod_of(row)
+        if pod is not None and isinstance(name, str):
+            out[name] = pod
+    return out
+
+
+def _pod_of(row: Any) -> _Pod | None:
+    try:
+        uid, restarts, owner, count, share, seen_at, ended, processes = row
+        pod = _Pod(
+            uid=str(uid),
+            restarts=int(restarts),
+            owner=None if owner is None else str(owner),
+            count=int(count),
+            share=None if share is None else _number(share),
+            seen_at=_number(seen_at),
+            ended=bool(ended),
+        )
+        for key, (last, at, restarting, at_risk, inside, gap, absorb) in dict(processes).items():
+            if not isinstance(last, dict) or len(pod.processes) >= MAX_PROCESSES_PER_POD:
+                return None  # the whole pod or none of it: a process left out would count twice
+            pod.processes[str(key)] = _Process(
+                last={str(u): _number(v) for u, v in last.items()},
+                seen_at=_number(at),
+                restarting=bool(restarting),
+                at_risk=_number(at_risk),
+                inside=_number(inside),
+                gap=_number(gap),
+                absorb=_number(absorb),
+            )
+    except (TypeError, ValueError):
+        return None
+    return pod
 
 
 def _status_of(ledger: GoodputLedger) -> dict[str, Any] | None:
@@ -900,6 +993,9 @@ def _status_of(ledger: GoodputLedger) -> dict[str, Any] | None:
         out["acceleratorSecondsLost"] = round(lost, 1)
     if ledger.accelerators is not None:
         out["accelerators"] = round(ledger.accelerators, 3)
+    handover = _handover_of(ledger)
+    if handover is not None:
+        out["handover"] = handover
     return out
 
 
