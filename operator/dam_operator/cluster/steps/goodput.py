@@ -67,8 +67,9 @@ had not changed. A process first seen after that which is not in the handover (a
 operator's status, a pod past ``MAX_HANDOVER_PROCESSES``) and started before the status was last
 written (``lastEvaluationTime``) was counted already: its scrape is a baseline, not an
 increment, and what it did between that write and the operator's return is lost (the
-operator's downtime, plus at most the status' tolerance of 1 %). The metric (``accelerator_seconds``) counts only this process's increments:
-a Prometheus counter that starts at 0 when the operator starts.
+operator's downtime, plus at most the status' tolerance of 1 %). The metric
+(``accelerator_seconds``) counts only this process's increments: a Prometheus counter that
+starts at 0 when the operator starts.
 
 Pure: no I/O, no clock; the window step passes the pods and scrapes in and reads ``status()``.
 """
