@@ -37,7 +37,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, Generic, Protocol, TypeVar
 
 from dam_probe.layout import (
     FILE_PREFIX,
@@ -63,6 +63,23 @@ MAX_LIVES = 1024  # ended processes' latest records kept for ``ProbeReader.lives
 
 
 RankKey = int | None  # a distributed rank, or None for processes without one
+
+
+V = TypeVar("V")
+D = TypeVar("D")
+
+
+class _Total(Generic[V, D]):
+    """A typed view of one key of ``RankSample.totals``: ``kind(value)``, ``default`` when absent."""
+
+    __slots__ = ("default", "key", "kind")
+
+    def __init__(self, key: str, kind: Callable[[float], V], default: D) -> None:
+        self.key, self.kind, self.default = key, kind, default
+
+    def __get__(self, sample: RankSample | None, owner: type | None = None) -> V | D:
+        value = None if sample is None else sample.totals.get(self.key)
+        return self.default if value is None else self.kind(value)
 
 
 @dataclass(frozen=True)
@@ -116,49 +133,19 @@ class RankSample:
     ended_steps_since_checkpoint: int | None = None
 
     # The totals the sidecar itself reads, typed (a figure only exported needs none of these).
-    @property
-    def steps(self) -> int:
-        return int(self.totals.get("steps", 0))
-
-    @property
-    def wait_seconds(self) -> float:
-        return self.totals.get("wait_seconds", 0.0)
-
-    @property
-    def step_seconds(self) -> float:
-        return self.totals.get("step_seconds", 0.0)
-
-    @property
-    def collectives(self) -> int | None:
-        """None until a process of this rank published collective counters."""
-        value = self.totals.get("collectives")
-        return None if value is None else int(value)
-
-    @property
-    def collective_exposed_seconds(self) -> float:
-        return self.totals.get("collective_exposed_seconds", 0.0)
-
-    @property
-    def productive_seconds(self) -> float | None:
-        """None until a process of this rank published its goodput accounting."""
-        return self.totals.get("productive_seconds")
-
-    @property
-    def startup_seconds(self) -> float:
-        return self.totals.get("startup_seconds", 0.0)
-
-    @property
-    def other_seconds(self) -> float:
-        return self.totals.get("other_seconds", 0.0)
-
-    @property
-    def checkpoint_seconds(self) -> float | None:
-        """None until a process of this rank timed its saves."""
-        return self.totals.get("checkpoint_seconds")
-
-    @property
-    def checkpoints(self) -> int:
-        return int(self.totals.get("checkpoints", 0))
+    steps = _Total("steps", int, 0)
+    wait_seconds = _Total("wait_seconds", float, 0.0)
+    step_seconds = _Total("step_seconds", float, 0.0)
+    collectives = _Total("collectives", int, None)
+    """None until a process of this rank published collective counters."""
+    collective_exposed_seconds = _Total("collective_exposed_seconds", float, 0.0)
+    productive_seconds = _Total("productive_seconds", float, None)
+    """None until a process of this rank published its goodput accounting."""
+    startup_seconds = _Total("startup_seconds", float, 0.0)
+    other_seconds = _Total("other_seconds", float, 0.0)
+    checkpoint_seconds = _Total("checkpoint_seconds", float, None)
+    """None until a process of this rank timed its saves."""
+    checkpoints = _Total("checkpoints", int, 0)
 
 
 @dataclass(frozen=True)
