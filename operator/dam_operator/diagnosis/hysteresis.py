@@ -26,6 +26,7 @@ Pure apart from its own state: the clock is passed in.
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime
 
 from dam_operator.diagnosis.axes import Kind
@@ -107,6 +108,12 @@ class Stabilizer:
         self._straggler: Straggler | None = None
         self._straggler_pending: _StragglerKey = None
         self._straggler_pending_count = 0
+
+    def copy(self) -> Stabilizer:
+        """A copy to update while this one stays as it was (``window_step``). Shallow: what it
+        holds (a ``Bottleneck``, a ``Straggler``, a regime, counts) is replaced, never changed
+        in place."""
+        return copy.copy(self)
 
     @property
     def current(self) -> Bottleneck | None:

@@ -42,6 +42,7 @@ healthy windows (the signals' and the ranks' baselines are their medians over th
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import statistics
@@ -165,6 +166,14 @@ class SlowdownTracker:
         self.rates = deque(maxlen=self.settings.memory_windows)
         self.recent = deque(maxlen=self.settings.baseline_windows)
         self.warmup_left = self.settings.warmup_windows
+
+    def copy(self) -> SlowdownTracker:
+        """A copy to update while this one stays as it was (``window_step``): its deques new, the
+        rest values (a ``_Kept`` and a ``Slowdown`` are replaced, never changed in place)."""
+        out = copy.copy(self)
+        out.rates = deque(self.rates, maxlen=self.rates.maxlen)
+        out.recent = deque(self.recent, maxlen=self.recent.maxlen)
+        return out
 
     def reset(self) -> None:
         """Forget the baseline and any slowdown (a new spec or Pod template: a new normal)."""

@@ -459,13 +459,26 @@ def _downtime(start: float | None, failed_at: float | None) -> float:
     return max(0.0, start - failed_at)
 
 
+def _ledger_copy(ledger: GoodputLedger) -> GoodputLedger:
+    """``GoodputLedger.copy``: every container new, down to each process's readings; what they
+    hold is scalars and frozen records (``_Vacancy``, tuples). A few times cheaper than
+    ``copy.deepcopy``, once per window (tests/unit/cluster/test_state_copies.py)."""
+    return dataclasses.replace(
+        ledger,
+        seconds=dict(ledger.seconds),
+        accelerator_seconds=dict(ledger.accelerator_seconds),
+        pods={name: _copied(pod) for name, pod in ledger.pods.items()},
+        vacancies=list(ledger.vacancies),
+        deleted=dict(ledger.deleted),
+        unmeasured=set(ledger.unmeasured),
+    )
+
+
 @dataclass(slots=True)
 class GoodputLedger:
-    """A profile's goodput so far; ``update`` it every window, read ``status()``.
-
-    ``seconds``: the job's seconds by use (see the module's units). ``accelerator_seconds``:
-    accelerator-seconds by use counted by this ledger (what the operator's counter exports).
-    """
+    """A profile's goodput so far; ``update`` it every window, read ``status()``. ``seconds``:
+    the job's seconds by use (see the module's units); ``accelerator_seconds``: accelerator-
+    seconds by use counted by this ledger (what the operator's counter exports)."""
 
     seconds: dict[str, float] = field(default_factory=_zeros)
     accelerator_seconds: dict[str, float] = field(default_factory=_zeros)
@@ -760,6 +773,13 @@ class GoodputLedger:
     def status(self) -> dict[str, Any] | None:
         """``status.goodput``; None while no process has reported goodput."""
         return _status_of(self)
+
+    copy = _ledger_copy  # a copy to update while this one stays as it was (window_step)
+
+
+def _copied(pod: _Pod) -> _Pod:
+    processes = {key: dataclasses.replace(p, last=dict(p.last)) for key, p in pod.processes.items()}
+    return dataclasses.replace(pod, processes=processes)
 
 
 def _last_seconds(

@@ -15,7 +15,6 @@ works on copies of the mutable ``Stabilizer``, ``GoodputLedger`` and ``SlowdownT
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -526,9 +525,9 @@ class WindowInputs:
 def window_step(state: ProfileState, inputs: WindowInputs) -> tuple[ProfileState, StepResult]:
     """One window (``decide_window``) as a function of the profile's state: the next state and
     what to write. ``state`` is left as it was: the step works on copies of its mutable parts."""
-    stabilizer = copy.deepcopy(state.stabilizer)
-    goodput = copy.deepcopy(state.goodput)
-    slowdown = copy.deepcopy(state.slowdown)
+    stabilizer = state.stabilizer.copy()
+    goodput = state.goodput.copy()
+    slowdown = state.slowdown.copy()
     working = replace(state, stabilizer=stabilizer, goodput=goodput, slowdown=slowdown)
     result = decide_window(inputs, working)
     after = replace(working, baselines=result.baselines, marks=result.marks, published=result.published)
