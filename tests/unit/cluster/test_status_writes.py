@@ -50,6 +50,19 @@ def test_figures_within_measurement_noise_are_no_change() -> None:
     )
 
 
+def test_the_goodput_handover_alone_is_no_change_and_rides_with_a_real_one() -> None:
+    """The ledger's readings for the next owner change every window a pod reports: a write for
+    them alone would be a write per profile per window (docs/damprofile.md, ``handover``)."""
+    goodput = {"productiveSeconds": 600.0, "elapsedSeconds": 1000.0, "handover": '{"v":1,"pods":{}}'}
+    previous = {**PREVIOUS, "goodput": goodput}
+    later = {**goodput, "productiveSeconds": 600.5, "handover": '{"v":1,"pods":{"a":[]}}'}
+    assert not st.changes_status(previous, _patch(goodput=later))
+    older = {**PREVIOUS, "goodput": {k: v for k, v in goodput.items() if k != "handover"}}
+    assert not st.changes_status(older, _patch(goodput=later))  # an older operator's status
+    assert st.changes_status(previous, _patch(goodput={**later, "productiveSeconds": 700.0}))
+    assert previous["goodput"]["handover"] == '{"v":1,"pods":{}}'  # the caller's status untouched
+
+
 def test_a_figure_that_really_moved_is_a_change() -> None:
     assert st.changes_status(PREVIOUS, _patch(metrics={"stepsPerSecond": 8.0 * 1.011}))
     assert st.changes_status(PREVIOUS, _patch(metrics={"stepsPerSecond": 8.0 * 0.989}))

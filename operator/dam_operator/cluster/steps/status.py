@@ -551,6 +551,17 @@ def _by_identity(status: dict[str, Any], known: Mapping[str, tuple[str, str]]) -
     status["bottleneck"] = {**bottleneck, "evidence": lines}
 
 
+def _readers_part(status: dict[str, Any]) -> dict[str, Any]:
+    """``status`` without what no reader uses: ``lastEvaluationTime`` and ``goodput.handover``
+    (the ledger's readings for the next owner: they change every window a pod reports, and are
+    written with the totals they belong to whenever those are)."""
+    status.pop("lastEvaluationTime", None)
+    goodput = status.get("goodput")
+    if isinstance(goodput, Mapping) and "handover" in goodput:
+        status["goodput"] = {k: v for k, v in goodput.items() if k != "handover"}
+    return status
+
+
 def changes_status(
     previous_status: Mapping[str, Any] | None,
     patch: Mapping[str, Any],
@@ -561,22 +572,20 @@ def changes_status(
 ) -> bool:
     """Whether writing ``patch`` (``{"status": {...}}``) would change anything a reader can use.
 
-    ``lastEvaluationTime`` alone is not a change, nor a figure that moved by less than
-    ``rel_tol`` (relative) or ``abs_tol`` (absolute), nor an evidence line whose record finds the
-    same (``Evidence.identity``: only the window's sample size differs, "(240 steps in 30 s)": a
-    window stretched by an operator under load finds the same thing). ``records`` are the records
-    behind the evidence sentences on either side (those the status holds, those of the patch's
-    verdict: ``Bottleneck.records()``); a line with none is compared as text, so after an operator
-    restart (no records of what the status holds) the first such window writes once. Text,
-    order, keys added or removed are changes.
+    ``lastEvaluationTime`` alone is not a change, nor ``goodput.handover``, nor a figure that
+    moved by less than ``rel_tol`` (relative) or ``abs_tol`` (absolute), nor an evidence line
+    whose record finds the same (``Evidence.identity``: only the window's sample size differs,
+    "(240 steps in 30 s)": a window stretched by an operator under load finds the same thing).
+    ``records`` are the records behind the evidence sentences on either side (those the status
+    holds, those of the patch's verdict: ``Bottleneck.records()``); a line with none is compared
+    as text, so after an operator restart (no records of what the status holds) the first such
+    window writes once. Text, order, keys added or removed are changes.
     The operator skips such a write, so a profile whose job and pods do not change costs the
     API server no write (and its watchers no event) per window; ``lastEvaluationTime`` is then
     the time of the evaluation that last changed the status.
     """
-    before = dict(previous_status or {})
-    after = _apply_merge_patch(before, patch.get("status") or {})
-    before.pop("lastEvaluationTime", None)
-    after.pop("lastEvaluationTime", None)
+    before = _readers_part(dict(previous_status or {}))
+    after = _readers_part(_apply_merge_patch(dict(previous_status or {}), patch.get("status") or {}))
     known = {r.sentence: r.identity for r in records}
     if known:
         _by_identity(before, known)
