@@ -20,6 +20,7 @@ from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
 from dam_operator.cluster.steps import metric_names as mn
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.goodput import (
+    MAX_HANDOVER_CHARS,
     MAX_HANDOVER_PROCESSES,
     PROBE_CAUSES,
     STATUS_KEYS,
@@ -869,6 +870,8 @@ def test_the_status_it_writes_is_valid_against_the_crd() -> None:
     assert goodput is not None
     assert set(goodput["badputSeconds"]) == set(STATUS_KEYS.values())
     assert set(goodput) <= set(schema["properties"]["status"]["properties"]["goodput"]["properties"])
+    handover = schema["properties"]["status"]["properties"]["goodput"]["properties"]["handover"]
+    assert handover["maxLength"] == MAX_HANDOVER_CHARS
     doc = {
         "apiVersion": "dam.mlsys.dev/v1alpha1",
         "kind": "DAMProfile",

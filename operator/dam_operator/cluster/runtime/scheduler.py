@@ -57,7 +57,7 @@ from dam_operator.cluster.adapters.sources import MetricSource, PodResults, PodT
 from dam_operator.cluster.runtime.opmetrics import OperatorMetrics
 from dam_operator.cluster.steps import status as st
 from dam_operator.cluster.steps.actions import EVENT_OUTCOMES, record_resizes
-from dam_operator.cluster.steps.goodput import GoodputLedger
+from dam_operator.cluster.steps.goodput import GoodputLedger, goodput_ratio
 from dam_operator.cluster.steps.injection import InjectionSettings, resize_patch, sidecar_refusals
 from dam_operator.cluster.steps.registry import ChangeKind, PodInfo, ProfileEntry, ProfileKey, Registry
 from dam_operator.cluster.steps.sharding import bucket_of
@@ -141,7 +141,7 @@ def observe_window(
         entry.namespace,
         entry.name,
         accelerator_seconds=gp.accelerator_seconds if gp.accelerators_known else None,
-        ratio=(gp.status() or {}).get("ratio"),
+        ratio=goodput_ratio(gp),
         uses=gp.measured_uses(),
     )
     metrics.observe_progress(

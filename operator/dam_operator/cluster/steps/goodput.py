@@ -119,6 +119,9 @@ MAX_HANDOVER_PROCESSES = 256
 """Processes whose last readings ``status.goodput.handover`` carries (pods by name, whole pods):
 about 100 bytes each, so at most ~26 KB of the status; the others' first scrape after a move is
 a baseline, as before there was a handover."""
+MAX_HANDOVER_CHARS = 262_144
+"""The longest handover read (the CRD's ``maxLength`` of ``status.goodput.handover``): ten times
+what ``MAX_HANDOVER_PROCESSES`` writes."""
 
 
 def _zeros() -> dict[str, float]:
@@ -934,8 +937,8 @@ def _handover_of(ledger: GoodputLedger) -> str | None:
             for key, p in sorted(pod.processes.items())
         }
         share = None if pod.share is None else round(pod.share, 6)
-        pods[name] = [pod.uid, pod.restarts, pod.owner, pod.count, share, round(pod.seen_at, 3), pod.ended]
-        pods[name].append(processes)
+        seen_at = round(pod.seen_at, 3)
+        pods[name] = [pod.uid, pod.restarts, pod.owner, pod.count, share, seen_at, pod.ended, processes]
     if not pods:
         return None
     return json.dumps({"v": HANDOVER_VERSION, "pods": pods}, separators=(",", ":"), sort_keys=True)
@@ -945,7 +948,7 @@ def taken_over(raw: Any) -> dict[str, _Pod]:
     """The pods of a ``status.goodput.handover`` (``_handover_of``); {} when there is none or it
     is not this version's; a pod that does not parse is left out whole (its next scrape is then a
     baseline, as without a handover)."""
-    if not isinstance(raw, str) or len(raw) > 64 * MAX_HANDOVER_PROCESSES * 16:
+    if not isinstance(raw, str) or len(raw) > MAX_HANDOVER_CHARS:
         return {}
     try:
         doc = json.loads(raw)
@@ -990,13 +993,21 @@ def _pod_of(row: Any) -> _Pod | None:
     return pod
 
 
+def goodput_ratio(ledger: GoodputLedger) -> float | None:
+    """``status.goodput.ratio`` without the rest of the status (the operator's gauge reads it
+    every window); None while no process has reported goodput."""
+    elapsed = ledger.elapsed_seconds
+    return round(min(1.0, ledger.seconds[USE_PRODUCTIVE] / elapsed), 4) if elapsed > 0 else None
+
+
 def _status_of(ledger: GoodputLedger) -> dict[str, Any] | None:
     """``GoodputLedger.status``."""
     elapsed = ledger.elapsed_seconds
-    if elapsed <= 0:
+    ratio = goodput_ratio(ledger)
+    if ratio is None:
         return None
     out: dict[str, Any] = {
-        "ratio": round(min(1.0, ledger.seconds[USE_PRODUCTIVE] / elapsed), 4),
+        "ratio": ratio,
         "elapsedSeconds": round(elapsed, 1),
         "productiveSeconds": round(ledger.seconds[USE_PRODUCTIVE], 1),
         "badputSeconds": {
